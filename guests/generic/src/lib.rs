@@ -1,0 +1,240 @@
+//! The generic backend: devices found by path globs under `/dev`, for hardware that needs nothing
+//! but its device node in the container (`/dev/kvm`, `/dev/fuse`, `/dev/net/tun`, serial adapters).
+//!
+//! Config (TOML), one table per resource:
+//! ```toml
+//! [[resource]]
+//! name = "devplug.io/serial"
+//! paths = ["ttyUSB*", "ttyACM*"]  # globs relative to /dev; each matching node is one device
+//! count = 1                        # >1: every node is shared by this many schedulable devices
+//! together = false                 # true: all matching nodes form a single device
+//! ```
+//! With no config it serves `/dev/kvm`, `/dev/fuse` and `/dev/net/tun`, 16 shares each.
+
+use devplug_sdk::{
+    edits, invalid_config, Backend, BackendError, ContainerEdits, Device, Health, Info, Node,
+    NodeKind, Resource, ResourceInfo, Sys,
+};
+use serde::Deserialize;
+
+const DEFAULT_CONFIG: &str = r#"
+[[resource]]
+name = "devplug.io/kvm"
+paths = ["kvm"]
+count = 16
+
+[[resource]]
+name = "devplug.io/fuse"
+paths = ["fuse"]
+count = 16
+
+[[resource]]
+name = "devplug.io/tun"
+paths = ["net/tun"]
+count = 16
+"#;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    resource: Vec<ResourceConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResourceConfig {
+    name: String,
+    paths: Vec<String>,
+    #[serde(default = "one")]
+    count: u32,
+    #[serde(default)]
+    together: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// Kubelet caps device IDs at 63 characters.
+const MAX_ID: usize = 63;
+/// A resource may not ask for absurd share counts: kubelet keeps every ID in memory.
+const MAX_COUNT: u32 = 1024;
+
+pub struct Generic {
+    resources: Vec<ResourceConfig>,
+}
+
+impl Backend for Generic {
+    fn init(config: &str, _sys: &dyn Sys) -> Result<(Self, Info), BackendError> {
+        let text = if config.trim().is_empty() { DEFAULT_CONFIG } else { config };
+        let cfg: Config = toml::from_str(text).map_err(invalid_config)?;
+        for r in &cfg.resource {
+            if !r.name.contains('/') {
+                return Err(invalid_config(format!(
+                    "resource {:?}: name must be an extended resource name like example.com/thing",
+                    r.name
+                )));
+            }
+            if r.paths.is_empty() {
+                return Err(invalid_config(format!("resource {:?}: paths is empty", r.name)));
+            }
+            if r.count == 0 || r.count > MAX_COUNT {
+                return Err(invalid_config(format!(
+                    "resource {:?}: count must be 1..={MAX_COUNT}, got {}",
+                    r.name, r.count
+                )));
+            }
+        }
+        let info = Info {
+            name: "generic".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            resources: cfg
+                .resource
+                .iter()
+                .map(|r| ResourceInfo {
+                    name: r.name.clone(),
+                    preferred_allocation: false,
+                    pre_start_required: false,
+                })
+                .collect(),
+        };
+        Ok((Generic { resources: cfg.resource }, info))
+    }
+
+    fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
+        Ok(self.resources.iter().map(|r| discover_one(sys, r)).collect())
+    }
+}
+
+fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
+    let mut nodes: Vec<Node> = Vec::new();
+    for pattern in &r.paths {
+        // A refused or missing glob just finds nothing: the host already logged the refusal.
+        for node in sys.dev_glob(pattern).unwrap_or_default() {
+            if matches!(node.kind, NodeKind::Character | NodeKind::Block)
+                && !nodes.iter().any(|n| n.path == node.path)
+            {
+                nodes.push(node);
+            }
+        }
+    }
+    let groups: Vec<(String, Vec<&Node>)> = if r.together {
+        if nodes.is_empty() { Vec::new() } else { vec![(short_name(&r.name), nodes.iter().collect())] }
+    } else {
+        nodes.iter().map(|n| (sanitize(&n.path), vec![n])).collect()
+    };
+    let mut devices = Vec::new();
+    for (base, group) in groups {
+        let node_edits: ContainerEdits = edits::nodes(group.iter().map(|n| n.path.as_str()));
+        for i in 0..r.count {
+            let id = if r.count == 1 { base.clone() } else { format!("{base}-{i}") };
+            devices.push(Device {
+                id: truncate_id(id),
+                health: Health::Healthy,
+                numa_nodes: Vec::new(),
+                attributes: vec![(
+                    "paths".into(),
+                    group.iter().map(|n| format!("/dev/{}", n.path)).collect::<Vec<_>>().join(","),
+                )],
+                edits: node_edits.clone(),
+            });
+        }
+    }
+    Resource { name: r.name.clone(), devices, common_edits: edits::empty() }
+}
+
+/// `devplug.io/kvm` → `kvm`.
+fn short_name(resource: &str) -> String {
+    sanitize(resource.rsplit('/').next().unwrap_or(resource))
+}
+
+/// Device IDs may hold `[A-Za-z0-9._-]`: `net/tun` → `net_tun`.
+fn sanitize(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
+fn truncate_id(mut id: String) -> String {
+    id.truncate(MAX_ID);
+    id
+}
+
+devplug_sdk::backend!(Generic);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devplug_sdk::FixtureSys;
+
+    fn machine() -> (tempfile::TempDir, FixtureSys) {
+        let d = tempfile::tempdir().unwrap();
+        for (rel, content) in [
+            ("dev/kvm", "c 10:232"),
+            ("dev/net/tun", "c 10:200"),
+            ("dev/ttyUSB0", "c 188:0"),
+            ("dev/ttyUSB1", "c 188:1"),
+            ("dev/not-a-node", "hello"),
+        ] {
+            let p = d.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+        let sys = FixtureSys::machine(d.path());
+        (d, sys)
+    }
+
+    #[test]
+    fn default_config_shares_each_present_node_sixteen_ways() {
+        let (_d, sys) = machine();
+        let (b, info) = Generic::init("", &sys).unwrap();
+        assert_eq!(info.resources.len(), 3);
+        let res = b.discover(&sys).unwrap();
+        let kvm = res.iter().find(|r| r.name == "devplug.io/kvm").unwrap();
+        assert_eq!(kvm.devices.len(), 16);
+        assert_eq!(kvm.devices[3].id, "kvm-3");
+        assert_eq!(kvm.devices[0].edits.device_nodes[0].container_path, "/dev/kvm");
+        let fuse = res.iter().find(|r| r.name == "devplug.io/fuse").unwrap();
+        assert!(fuse.devices.is_empty(), "no /dev/fuse in the fixture");
+        let tun = res.iter().find(|r| r.name == "devplug.io/tun").unwrap();
+        assert_eq!(tun.devices[0].id, "net_tun-0");
+    }
+
+    #[test]
+    fn globs_make_one_device_per_node_and_skip_regular_files() {
+        let (_d, sys) = machine();
+        let cfg = "[[resource]]\nname = \"x.io/serial\"\npaths = [\"ttyUSB*\", \"not-a-node\"]\n";
+        let (b, _) = Generic::init(cfg, &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        let ids: Vec<_> = res[0].devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["ttyUSB0", "ttyUSB1"]);
+    }
+
+    #[test]
+    fn together_groups_all_matches_into_one_device() {
+        let (_d, sys) = machine();
+        let cfg = "[[resource]]\nname = \"x.io/serial\"\npaths = [\"ttyUSB*\"]\ntogether = true\n";
+        let (b, _) = Generic::init(cfg, &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res[0].devices.len(), 1);
+        assert_eq!(res[0].devices[0].id, "serial");
+        assert_eq!(res[0].devices[0].edits.device_nodes.len(), 2);
+    }
+
+    #[test]
+    fn bad_configs_are_refused_with_the_reason() {
+        let (_d, sys) = machine();
+        for (cfg, needle) in [
+            ("[[resource]]\nname = \"nodomain\"\npaths = [\"kvm\"]\n", "extended resource name"),
+            ("[[resource]]\nname = \"a.io/b\"\npaths = []\n", "paths is empty"),
+            ("[[resource]]\nname = \"a.io/b\"\npaths = [\"kvm\"]\ncount = 0\n", "count must be"),
+            ("[[resource]]\nname = \"a.io/b\"\npaths = [\"kvm\"]\ncolour = 1\n", "colour"),
+            ("not toml at all [", ""),
+        ] {
+            match Generic::init(cfg, &sys) {
+                Err(BackendError::InvalidConfig(msg)) => assert!(msg.contains(needle), "{msg}"),
+                Err(e) => panic!("wrong error for {cfg:?}: {e:?}"),
+                Ok(_) => panic!("accepted {cfg:?}"),
+            }
+        }
+    }
+}

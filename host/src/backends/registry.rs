@@ -1,0 +1,338 @@
+//! The registry: loaded backends, which resource each one serves, the latest device list of every
+//! resource (health polled through `discover`), and the [`ResourceOps`] that route kubelet's calls
+//! to the backend's current instance.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use tokio::sync::watch;
+
+use super::source::{BackendSource, Origin};
+use crate::config::{BackendSettings, DefaultGrant};
+use crate::kubelet::names::resource_name_problem;
+use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
+use crate::model::{ContainerEdits, Health, Resource, ResourceOptions, device_id_problem};
+use crate::runtime::caps::{Capabilities, Globs, Jail};
+use crate::runtime::state::{RefusalLog, Sandbox};
+use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
+
+/// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
+struct Slot {
+    origin: Origin,
+    current: ArcSwap<BackendInstance>,
+    last_error: Mutex<Option<String>>,
+}
+
+struct ResSlot {
+    backend: String,
+    options: ResourceOptions,
+    tx: watch::Sender<Arc<Resource>>,
+    published: bool,
+    logged: HashSet<String>,
+}
+
+/// What a poll found.
+#[derive(Default)]
+pub struct PollReport {
+    /// Resources that have devices for the first time: start serving them to kubelet.
+    pub ready: Vec<ResourceHandle>,
+}
+
+/// One backend, for `devplug discover` and status.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackendSummary {
+    pub name: String,
+    pub version: String,
+    pub wit_version: String,
+    pub digest: String,
+    pub origin: String,
+    pub breaker_open: bool,
+    pub resources: Vec<String>,
+}
+
+pub struct Registry {
+    runtime: Arc<Runtime>,
+    sysfs_root: PathBuf,
+    dev_root: PathBuf,
+    settings: BTreeMap<String, BackendSettings>,
+    default_grant: DefaultGrant,
+    backends: Mutex<BTreeMap<String, Arc<Slot>>>,
+    resources: Mutex<BTreeMap<String, ResSlot>>,
+}
+
+impl Registry {
+    pub fn new(
+        runtime: Arc<Runtime>,
+        sysfs_root: PathBuf,
+        dev_root: PathBuf,
+        settings: BTreeMap<String, BackendSettings>,
+        default_grant: DefaultGrant,
+    ) -> Self {
+        Registry {
+            runtime,
+            sysfs_root,
+            dev_root,
+            settings,
+            default_grant,
+            backends: Mutex::new(BTreeMap::new()),
+            resources: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Whether the operator's config turns this backend off.
+    pub fn enabled(&self, name: &str) -> bool {
+        self.settings.get(name).is_none_or(|s| s.enabled)
+    }
+
+    fn capabilities(&self, src: &BackendSource) -> Result<Capabilities, LoadError> {
+        let requested = &src.manifest.requests;
+        let granted: Globs = match self.settings.get(&src.name).and_then(|s| s.grant.clone()) {
+            Some(g) => g,
+            None if src.origin == Origin::Embedded => requested.clone(),
+            None => match self.default_grant {
+                DefaultGrant::Requested => requested.clone(),
+                DefaultGrant::None => {
+                    if !requested.sysfs.is_empty() || !requested.dev.is_empty() {
+                        tracing::warn!(
+                            backend = %src.name,
+                            "no grant in the config: this backend sees nothing; add [backends.{}.grant] or set default_grant = \"requested\"",
+                            src.name
+                        );
+                    }
+                    Globs::default()
+                }
+            },
+        };
+        Capabilities::new(requested, &granted).map_err(LoadError::Manifest)
+    }
+
+    /// Compile, instantiate and `init` a backend and claim its resources. Blocking.
+    pub fn load(&self, src: BackendSource) -> Result<(), LoadError> {
+        let caps = self.capabilities(&src)?;
+        let sandbox = Sandbox {
+            backend: src.name.as_str().into(),
+            sysfs: Arc::new(Jail::new(&self.sysfs_root, caps.sysfs)),
+            dev: Arc::new(Jail::new(&self.dev_root, caps.dev)),
+            refusals: Arc::new(RefusalLog::default()),
+            memory_cap: self.runtime.config.memory_cap,
+        };
+        let config = self.settings.get(&src.name).map(|s| s.config.clone()).unwrap_or_default();
+        let inst = BackendInstance::load(&self.runtime, &src.bytes, config, sandbox)?;
+        let info = inst.info().clone();
+        tracing::info!(
+            backend = %src.name,
+            version = %info.version,
+            wit = inst.wit_version(),
+            digest = &inst.digest()[..12],
+            origin = %src.origin,
+            cache = ?inst.cache,
+            "backend loaded"
+        );
+        let mut resources = self.resources.lock().expect("registry lock");
+        for (name, options) in &info.resources {
+            if let Some(why) = resource_name_problem(name) {
+                tracing::error!(backend = %src.name, resource = %name, "resource skipped: kubelet would refuse it: {why}");
+                continue;
+            }
+            match resources.get(name) {
+                Some(r) if r.backend != src.name => {
+                    tracing::error!(
+                        backend = %src.name,
+                        resource = %name,
+                        owner = %r.backend,
+                        "resource skipped: already served by another backend (the first one loaded keeps it)"
+                    );
+                }
+                Some(_) => {}
+                None => {
+                    let (tx, _) = watch::channel(Arc::new(Resource { name: name.clone(), ..Default::default() }));
+                    resources.insert(
+                        name.clone(),
+                        ResSlot { backend: src.name.clone(), options: *options, tx, published: false, logged: HashSet::new() },
+                    );
+                }
+            }
+        }
+        drop(resources);
+        let slot = Slot { origin: src.origin, current: ArcSwap::from_pointee(inst), last_error: Mutex::new(None) };
+        self.backends.lock().expect("registry lock").insert(src.name, Arc::new(slot));
+        Ok(())
+    }
+
+    /// Run every backend's `discover` and update the device lists.
+    pub async fn poll_once(&self) -> PollReport {
+        let slots: Vec<(String, Arc<Slot>)> =
+            self.backends.lock().expect("registry lock").iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        let mut report = PollReport::default();
+        for (name, slot) in slots {
+            let inst = slot.current.load_full();
+            let probe = inst.clone();
+            let result = tokio::task::spawn_blocking(move || probe.discover())
+                .await
+                .unwrap_or_else(|e| Err(CallError::Trap(format!("discover panicked in the host: {e}"))));
+            self.note_error(&name, &slot, result.as_ref().err());
+            let breaker = inst.breaker_open();
+            let ok = result.is_ok();
+            let found: BTreeMap<String, Resource> = match result {
+                Ok(list) => list.into_iter().map(|r| (r.name.clone(), r)).collect(),
+                Err(_) => BTreeMap::new(),
+            };
+            let mut resources = self.resources.lock().expect("registry lock");
+            for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
+                let prev = rs.tx.borrow().clone();
+                let mut next = match found.get(rname) {
+                    Some(r) => clean(r, &name, &mut rs.logged),
+                    // A failed discover keeps the last list (a passing fault must not empty
+                    // kubelet's view); an answer without this resource means no devices.
+                    None if ok => Resource { name: rname.clone(), ..Default::default() },
+                    None => (*prev).clone(),
+                };
+                if breaker {
+                    next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
+                }
+                let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
+                if kubelet_changed {
+                    for d in &next.devices {
+                        let before = prev.device(&d.id).map(|p| p.health);
+                        if before.is_some_and(|b| b != d.health) {
+                            tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
+                        }
+                    }
+                }
+                rs.tx.send_if_modified(|v| {
+                    *v = Arc::new(next);
+                    kubelet_changed
+                });
+                if !rs.published && !rs.tx.borrow().devices.is_empty() {
+                    rs.published = true;
+                    report.ready.push(ResourceHandle {
+                        name: rname.clone(),
+                        options: rs.options,
+                        devices: rs.tx.subscribe(),
+                        ops: Arc::new(BackendOps { slot: slot.clone(), resource: rname.clone() }),
+                    });
+                }
+            }
+            let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
+            for extra in extras {
+                let key = format!("undeclared {extra}");
+                if let Some(r) = resources.values_mut().find(|r| r.backend == name) {
+                    if r.logged.insert(key) {
+                        tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    fn note_error(&self, backend: &str, slot: &Slot, err: Option<&CallError>) {
+        let Ok(mut last) = slot.last_error.lock() else { return };
+        let now = err.map(|e| e.to_string());
+        if now != *last {
+            match &now {
+                Some(e) if !err.is_some_and(CallError::is_fault) => {
+                    tracing::warn!(backend, error = %e, "discover failed; keeping the last device list")
+                }
+                None if last.is_some() => tracing::info!(backend, "discover works again"),
+                _ => {}
+            }
+            *last = now;
+        }
+    }
+
+    /// Current device lists, by resource name.
+    pub fn snapshot(&self) -> Vec<Arc<Resource>> {
+        self.resources.lock().expect("registry lock").values().map(|r| r.tx.borrow().clone()).collect()
+    }
+
+    /// The backend serving `resource`.
+    pub fn instance_for(&self, resource: &str) -> Option<Arc<BackendInstance>> {
+        let backend = self.resources.lock().expect("registry lock").get(resource)?.backend.clone();
+        Some(self.backends.lock().expect("registry lock").get(&backend)?.current.load_full())
+    }
+
+    pub fn summaries(&self) -> Vec<BackendSummary> {
+        let resources = self.resources.lock().expect("registry lock");
+        self.backends
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .map(|(name, slot)| {
+                let inst = slot.current.load();
+                BackendSummary {
+                    name: name.clone(),
+                    version: inst.info().version.clone(),
+                    wit_version: inst.wit_version().to_owned(),
+                    digest: inst.digest().to_owned(),
+                    origin: slot.origin.to_string(),
+                    breaker_open: inst.breaker_open(),
+                    resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Drop devices kubelet would choke on (bad or duplicate IDs), logging each problem once.
+fn clean(r: &Resource, backend: &str, logged: &mut HashSet<String>) -> Resource {
+    let mut seen = HashSet::new();
+    let mut out = r.clone();
+    out.devices.retain(|d| {
+        let problem = device_id_problem(&d.id).or_else(|| (!seen.insert(d.id.clone())).then(|| format!("duplicate device ID {:?}", d.id)));
+        match problem {
+            None => true,
+            Some(p) => {
+                if logged.insert(p.clone()) {
+                    tracing::warn!(backend, resource = %r.name, "device left out: {p}");
+                }
+                false
+            }
+        }
+    });
+    out
+}
+
+/// Routes one resource's kubelet calls to its backend's current instance, off the async runtime.
+struct BackendOps {
+    slot: Arc<Slot>,
+    resource: String,
+}
+
+fn op_error(e: CallError) -> OpError {
+    match e {
+        CallError::Guest(m) => OpError::Backend(m),
+        other => OpError::Unavailable(other.to_string()),
+    }
+}
+
+impl BackendOps {
+    async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
+    ) -> Result<T, OpError> {
+        let inst = self.slot.current.load_full();
+        let resource = self.resource.clone();
+        tokio::task::spawn_blocking(move || f(&inst, &resource))
+            .await
+            .map_err(|e| OpError::Unavailable(format!("backend call panicked in the host: {e}")))?
+            .map_err(op_error)
+    }
+}
+
+#[async_trait::async_trait]
+impl ResourceOps for BackendOps {
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError> {
+        self.run(move |b, r| b.allocate(r, &ids)).await
+    }
+
+    async fn preferred_allocation(&self, available: Vec<String>, must: Vec<String>, size: u32) -> Result<Vec<String>, OpError> {
+        self.run(move |b, r| b.preferred_allocation(r, &available, &must, size)).await
+    }
+
+    async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError> {
+        self.run(move |b, r| b.pre_start(r, &ids)).await
+    }
+}

@@ -1,0 +1,249 @@
+//! The command line: `devplug run | discover | inspect`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::backends::{BackendSource, Registry};
+use crate::config::{Config, DefaultGrant};
+use crate::kubelet::RegistrationMode;
+use crate::observe::LogFormat;
+use crate::runtime::bindings::exported_version;
+use crate::runtime::caps::Manifest;
+use crate::runtime::{Runtime, RuntimeConfig};
+
+#[derive(Parser, Debug)]
+#[command(name = "devplug", version, about = "Kubernetes device plugins as sandboxed WebAssembly backends")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve every backend's resources to kubelet (the DaemonSet's job).
+    Run(RunArgs),
+    /// Run each backend's discover once and print what it found.
+    Discover(DiscoverArgs),
+    /// Show a backend component's WIT version, imports, exports, capabilities and size.
+    Inspect(InspectArgs),
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub struct RunArgs {
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Kubelet's device-plugins dir (kubelet.sock and our sockets).
+    #[arg(long)]
+    pub kubelet_dir: Option<PathBuf>,
+    /// Kubelet's plugin-watcher dir (default: plugins_registry beside --kubelet-dir).
+    #[arg(long)]
+    pub plugins_registry_dir: Option<PathBuf>,
+    /// How to register with kubelet.
+    #[arg(long, value_enum)]
+    pub registration: Option<RegistrationMode>,
+    /// Directory of backend .wasm files (with NAME.toml manifests).
+    #[arg(long = "backends")]
+    pub backends_dir: Option<PathBuf>,
+    /// Do not load the first-party backends built into the binary.
+    #[arg(long)]
+    pub no_embedded: bool,
+    /// Where /sys is (a fixture tree in tests).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Where /dev is (a fixture tree in tests).
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+    /// Where CDI spec files go.
+    #[arg(long)]
+    pub cdi_dir: Option<PathBuf>,
+    /// Address for /healthz and /readyz.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Directory for compiled backends (skips compilation on restart).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// How often backends' discover runs (device health).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub poll_interval: Option<Duration>,
+    /// What directory backends get when the config grants them nothing.
+    #[arg(long, value_enum)]
+    pub default_grant: Option<DefaultGrant>,
+}
+
+impl RunArgs {
+    /// The config file (or defaults) with these flags applied.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut c = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = &self.$f { c.$f = v.clone(); } )* };
+        }
+        set!(kubelet_dir, registration, sysfs_root, dev_root, cdi_dir, metrics_addr, poll_interval, default_grant);
+        if self.plugins_registry_dir.is_some() {
+            c.plugins_registry_dir = self.plugins_registry_dir.clone();
+        }
+        if self.backends_dir.is_some() {
+            c.backends_dir = self.backends_dir.clone();
+        }
+        if self.cache_dir.is_some() {
+            c.cache_dir = self.cache_dir.clone();
+        }
+        if self.no_embedded {
+            c.embedded = false;
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiscoverArgs {
+    /// Backend .wasm files (default: the embedded first-party backends).
+    #[arg(long = "backend")]
+    pub backends: Vec<PathBuf>,
+    /// Also load the embedded backends when --backend is given.
+    #[arg(long)]
+    pub embedded: bool,
+    /// Config file for backend settings and grants (without it, backends get what they request).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    #[arg(long, default_value = "/dev")]
+    pub dev_root: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+/// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
+pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
+    let cfg = match &args.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
+    };
+    let runtime = Runtime::new(cfg.runtime_config())?;
+    let registry = Arc::new(Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant));
+    let mut sources = Vec::new();
+    if args.backends.is_empty() || args.embedded {
+        sources.extend(BackendSource::embedded());
+    }
+    let mut errors = Vec::new();
+    for path in &args.backends {
+        match BackendSource::from_file(path) {
+            Ok(s) => sources.push(s),
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    for src in sources {
+        let origin = src.origin.to_string();
+        let r = registry.clone();
+        match tokio::task::spawn_blocking(move || r.load(src)).await? {
+            Ok(()) => {}
+            Err(e) => errors.push(format!("{origin}: {e}")),
+        }
+    }
+    registry.poll_once().await;
+    let resources: Vec<serde_json::Value> = registry
+        .snapshot()
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "devices": r.devices.iter().map(|d| serde_json::json!({
+                    "id": d.id,
+                    "health": d.health.as_str(),
+                    "numa_nodes": d.numa_nodes,
+                    "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    "edits": d.edits,
+                })).collect::<Vec<_>>(),
+                "common_edits": r.common_edits,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({ "backends": registry.summaries(), "resources": resources, "errors": errors }))
+}
+
+/// Render `discover`'s JSON as a table for people.
+pub fn discover_table(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    for b in v["backends"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "backend {} {} (wit {}, {}){}\n",
+            b["name"].as_str().unwrap_or("?"),
+            b["version"].as_str().unwrap_or("?"),
+            b["wit_version"].as_str().unwrap_or("?"),
+            b["origin"].as_str().unwrap_or("?"),
+            if b["breaker_open"].as_bool() == Some(true) { " BREAKER OPEN" } else { "" }
+        ));
+    }
+    out.push_str(&format!("{:<28} {:<40} {:<10} {}\n", "RESOURCE", "DEVICE", "HEALTH", "NUMA"));
+    for r in v["resources"].as_array().into_iter().flatten() {
+        let devices = r["devices"].as_array().cloned().unwrap_or_default();
+        if devices.is_empty() {
+            out.push_str(&format!("{:<28} {:<40} {:<10}\n", r["name"].as_str().unwrap_or("?"), "(none)", "-"));
+        }
+        for d in devices {
+            let numa: Vec<String> = d["numa_nodes"].as_array().into_iter().flatten().map(|n| n.to_string()).collect();
+            out.push_str(&format!(
+                "{:<28} {:<40} {:<10} {}\n",
+                r["name"].as_str().unwrap_or("?"),
+                d["id"].as_str().unwrap_or("?"),
+                d["health"].as_str().unwrap_or("?"),
+                if numa.is_empty() { "-".into() } else { numa.join(",") }
+            ));
+        }
+    }
+    for e in v["errors"].as_array().into_iter().flatten() {
+        out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("?")));
+    }
+    out
+}
+
+/// `devplug inspect`: what a component is, without running it.
+pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let (component, _) = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let ty = component.component_type();
+    let engine = runtime.engine();
+    let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+    let manifest_path = path.with_extension("toml");
+    let manifest = match std::fs::read_to_string(&manifest_path) {
+        Ok(t) => Some(Manifest::parse(&t).map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?),
+        Err(_) => None,
+    };
+    Ok(serde_json::json!({
+        "file": path.display().to_string(),
+        "size": bytes.len(),
+        "sha256": crate::runtime::sha256_hex(&bytes),
+        "wit_version": exported_version(engine, &component),
+        "supported": exported_version(engine, &component).is_some_and(|v| crate::runtime::bindings::SUPPORTED.contains(&v.as_str())),
+        "exports": exports,
+        "imports": imports,
+        "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
+    }))
+}

@@ -1,0 +1,186 @@
+//! `devplug run` settings: a TOML file (`--config`) with command-line flags on top.
+//!
+//! ```toml
+//! kubelet_dir = "/var/lib/kubelet/device-plugins"
+//! registration = "auto"            # auto | kubelet-socket | plugin-watcher
+//! backends_dir = "/backends"
+//! poll_interval = "5s"
+//! default_grant = "none"           # what a backend from the dir gets with no [backends.X.grant]
+//!
+//! [limits]
+//! discover_timeout = "2s"
+//! call_timeout = "250ms"
+//! memory_mb = 64
+//!
+//! [backends.generic]
+//! config = '''
+//! [[resource]]
+//! name = "devplug.io/kvm"
+//! paths = ["kvm"]
+//! '''
+//! grant = { dev = ["kvm"] }
+//! ```
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::kubelet::RegistrationMode;
+use crate::runtime::caps::Globs;
+
+/// What a backend from the directory may touch when the config grants it nothing explicitly.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum DefaultGrant {
+    /// Nothing (the safe default): every third-party backend needs an explicit grant.
+    #[default]
+    None,
+    /// Whatever its manifest requests.
+    Requested,
+}
+
+/// Per-backend settings.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSettings {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Passed to the backend's `init` as is (TOML by convention).
+    #[serde(default)]
+    pub config: String,
+    /// Capabilities granted; `None` → the default for the backend's origin.
+    pub grant: Option<Globs>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    #[serde(with = "humantime_serde")]
+    pub discover_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    pub memory_mb: usize,
+    pub breaker_threshold: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            discover_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_millis(250),
+            memory_mb: 64,
+            breaker_threshold: 3,
+        }
+    }
+}
+
+/// Everything `devplug run` needs.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub kubelet_dir: PathBuf,
+    pub plugins_registry_dir: Option<PathBuf>,
+    pub registration: RegistrationMode,
+    pub backends_dir: Option<PathBuf>,
+    /// Load the first-party backends built into the binary.
+    pub embedded: bool,
+    pub sysfs_root: PathBuf,
+    pub dev_root: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub metrics_addr: SocketAddr,
+    pub cache_dir: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    pub default_grant: DefaultGrant,
+    pub limits: Limits,
+    pub backends: BTreeMap<String, BackendSettings>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kubelet_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
+            plugins_registry_dir: None,
+            registration: RegistrationMode::Auto,
+            backends_dir: None,
+            embedded: true,
+            sysfs_root: PathBuf::from("/sys"),
+            dev_root: PathBuf::from("/dev"),
+            cdi_dir: PathBuf::from("/var/run/cdi"),
+            metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            cache_dir: None,
+            poll_interval: Duration::from_secs(5),
+            default_grant: DefaultGrant::None,
+            limits: Limits::default(),
+            backends: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Read a config file; errors name the file and what is wrong in it.
+    pub fn from_file(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let cfg: Config = toml::from_str(text)?;
+        anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
+        anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
+        Ok(cfg)
+    }
+
+    /// `plugins_registry` beside the device-plugins dir unless set.
+    pub fn plugins_registry_dir(&self) -> PathBuf {
+        self.plugins_registry_dir.clone().unwrap_or_else(|| {
+            self.kubelet_dir.parent().map(|p| p.join("plugins_registry")).unwrap_or_else(|| PathBuf::from("plugins_registry"))
+        })
+    }
+
+    pub fn runtime_config(&self) -> crate::runtime::RuntimeConfig {
+        crate::runtime::RuntimeConfig {
+            discover_deadline: self.limits.discover_timeout,
+            call_deadline: self.limits.call_timeout,
+            memory_cap: self.limits.memory_mb << 20,
+            breaker_threshold: self.limits.breaker_threshold.max(1),
+            cache_dir: self.cache_dir.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_config() {
+        let c = Config::parse(
+            "kubelet_dir = \"/k\"\nregistration = \"plugin-watcher\"\npoll_interval = \"1s\"\n[limits]\ncall_timeout = \"100ms\"\n[backends.generic]\nconfig = \"x\"\ngrant = { dev = [\"kvm\"] }\n",
+        )
+        .unwrap();
+        assert_eq!(c.kubelet_dir, PathBuf::from("/k"));
+        assert_eq!(c.registration, RegistrationMode::PluginWatcher);
+        assert_eq!(c.poll_interval, Duration::from_secs(1));
+        assert_eq!(c.limits.call_timeout, Duration::from_millis(100));
+        assert_eq!(c.backends["generic"].grant.as_ref().unwrap().dev, ["kvm"]);
+        assert_eq!(c.plugins_registry_dir(), PathBuf::from("/plugins_registry"));
+    }
+
+    #[test]
+    fn malformed_configs_say_what_is_wrong() {
+        let e = Config::parse("kubelet_dirr = \"/k\"").unwrap_err().to_string();
+        assert!(e.contains("kubelet_dirr"), "{e}");
+        let e = Config::parse("poll_interval = \"1ms\"").unwrap_err().to_string();
+        assert!(e.contains("poll_interval"), "{e}");
+        let e = Config::parse("poll_interval = \"soon\"").unwrap_err().to_string();
+        assert!(e.contains("poll_interval") || e.contains("soon"), "{e}");
+    }
+}

@@ -1,0 +1,69 @@
+//! The kubelet-facing side: one DevicePlugin gRPC server per resource on its own Unix socket,
+//! registration (kubelet socket or plugin watcher), and recovery from every kind of kubelet
+//! restart. It sees devices only as [`crate::model`] values behind a [`ResourceHandle`].
+
+mod dirwatch;
+mod endpoint;
+pub mod names;
+mod registration;
+mod service;
+pub mod uds;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+pub use dirwatch::{DirEvent, DirWatcher};
+pub use endpoint::{EndpointState, Endpoints, RegistrationMode};
+pub use service::DevicePluginService;
+
+use crate::model::{ContainerEdits, Resource, ResourceOptions};
+
+/// Why an operation on a resource failed, mapped to a gRPC status by the service.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OpError {
+    /// Kubelet asked for something wrong (unknown or unhealthy IDs): `InvalidArgument`.
+    #[error("{0}")]
+    Invalid(String),
+    /// The backend cannot answer right now (breaker open, trap, timeout): `Unavailable`.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The backend answered with an error: `Internal`.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// The calls kubelet can make that need a backend.
+#[async_trait::async_trait]
+pub trait ResourceOps: Send + Sync + 'static {
+    /// Edits that depend on the whole set of IDs (per-device and common edits are added by the
+    /// service from the device list).
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError>;
+    async fn preferred_allocation(
+        &self,
+        available: Vec<String>,
+        must_include: Vec<String>,
+        size: u32,
+    ) -> Result<Vec<String>, OpError>;
+    async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError>;
+}
+
+/// Everything the kubelet layer needs to serve one resource.
+#[derive(Clone)]
+pub struct ResourceHandle {
+    pub name: String,
+    pub options: ResourceOptions,
+    /// The current device list (with health); every change is streamed to kubelet.
+    pub devices: watch::Receiver<Arc<Resource>>,
+    pub ops: Arc<dyn ResourceOps>,
+}
+
+/// Where kubelet lives.
+#[derive(Clone, Debug)]
+pub struct KubeletPaths {
+    /// `/var/lib/kubelet/device-plugins`: kubelet.sock and our sockets in socket mode.
+    pub device_plugin_dir: PathBuf,
+    /// `/var/lib/kubelet/plugins_registry`: our sockets in plugin-watcher mode.
+    pub plugins_registry_dir: PathBuf,
+}

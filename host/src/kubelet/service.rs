@@ -1,0 +1,308 @@
+//! The `v1beta1.DevicePlugin` gRPC service for one resource.
+//!
+//! Kubelet's requests are checked against the current device list before any backend is called:
+//! unknown, unhealthy or duplicate IDs are `InvalidArgument` with the IDs named. Preferred
+//! allocations from a backend are checked too and replaced by a plain choice when wrong.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+use tokio_stream::{Stream, StreamExt, wrappers::WatchStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::{OpError, ResourceHandle};
+use crate::model::{ContainerEdits, Health, Resource};
+use crate::proto::deviceplugin as pb;
+
+/// Tracks the ListAndWatch streams of one serving generation, to notice kubelet letting go.
+#[derive(Default)]
+pub struct StreamTracker {
+    open: AtomicUsize,
+    all_closed: Notify,
+}
+
+impl StreamTracker {
+    /// Resolves when the last open stream closes (never, if none was ever opened).
+    pub async fn all_closed(&self) {
+        self.all_closed.notified().await
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+struct StreamGuard(Arc<StreamTracker>);
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all_closed.notify_one();
+        }
+    }
+}
+
+/// One resource's DevicePlugin service, for one serving generation.
+#[derive(Clone)]
+pub struct DevicePluginService {
+    handle: ResourceHandle,
+    streams: Arc<StreamTracker>,
+    cancel: CancellationToken,
+}
+
+impl DevicePluginService {
+    pub fn new(handle: ResourceHandle, streams: Arc<StreamTracker>, cancel: CancellationToken) -> Self {
+        DevicePluginService { handle, streams, cancel }
+    }
+
+    fn snapshot(&self) -> Arc<Resource> {
+        self.handle.devices.borrow().clone()
+    }
+
+    /// Check a container's IDs: known, healthy, no duplicates.
+    fn check_ids(&self, snap: &Resource, ids: &[String], need_healthy: bool) -> Result<(), Status> {
+        let mut seen = HashSet::new();
+        let dups: Vec<&str> = ids.iter().filter(|id| !seen.insert(id.as_str())).map(String::as_str).collect();
+        if !dups.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "{}: device IDs requested twice: {}",
+                self.handle.name,
+                dups.join(", ")
+            )));
+        }
+        let unknown: Vec<&str> = ids.iter().filter(|id| snap.device(id).is_none()).map(String::as_str).collect();
+        if !unknown.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "{}: unknown device IDs: {} ({} devices are known; kubelet's view may be stale, it gets a fresh list on ListAndWatch)",
+                self.handle.name,
+                unknown.join(", "),
+                snap.devices.len()
+            )));
+        }
+        if need_healthy {
+            let sick: Vec<&str> = ids
+                .iter()
+                .filter(|id| snap.device(id).is_some_and(|d| d.health != Health::Healthy))
+                .map(String::as_str)
+                .collect();
+            if !sick.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "{}: devices are Unhealthy and cannot be allocated: {}",
+                    self.handle.name,
+                    sick.join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn status(resource: &str, e: OpError) -> Status {
+    match e {
+        OpError::Invalid(m) => Status::invalid_argument(format!("{resource}: {m}")),
+        OpError::Unavailable(m) => Status::unavailable(format!("{resource}: {m}")),
+        OpError::Backend(m) => Status::internal(format!("{resource}: {m}")),
+    }
+}
+
+/// The device list as kubelet wants it.
+pub fn to_proto_devices(r: &Resource) -> Vec<pb::Device> {
+    r.devices
+        .iter()
+        .map(|d| pb::Device {
+            id: d.id.clone(),
+            health: d.health.as_str().to_owned(),
+            topology: (!d.numa_nodes.is_empty()).then(|| pb::TopologyInfo {
+                nodes: d.numa_nodes.iter().map(|n| pb::NumaNode { id: i64::from(*n) }).collect(),
+            }),
+        })
+        .collect()
+}
+
+/// Classic Allocate answer: DeviceSpecs, mounts, env and annotations.
+pub fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: edits.env.iter().cloned().collect(),
+        mounts: edits
+            .mounts
+            .iter()
+            .map(|m| pb::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: edits
+            .device_nodes
+            .iter()
+            .map(|n| pb::DeviceSpec {
+                container_path: n.container_path.clone(),
+                host_path: n.host_path().to_owned(),
+                permissions: n.permissions().to_owned(),
+            })
+            .collect(),
+        annotations: edits.annotations.iter().cloned().collect(),
+        cdi_devices: Vec::new(),
+    }
+}
+
+/// A valid preferred allocation, or why the backend's is not.
+fn preferred_problem(answer: &[String], available: &[String], must: &[String], size: usize) -> Option<String> {
+    let set: HashSet<&str> = answer.iter().map(String::as_str).collect();
+    if set.len() != answer.len() {
+        return Some("it repeats IDs".into());
+    }
+    if answer.len() != size {
+        return Some(format!("it has {} IDs, {size} were asked for", answer.len()));
+    }
+    if let Some(id) = must.iter().find(|id| !set.contains(id.as_str())) {
+        return Some(format!("it leaves out must-include {id}"));
+    }
+    if let Some(id) = answer.iter().find(|id| !available.contains(id)) {
+        return Some(format!("{id} is not available"));
+    }
+    None
+}
+
+/// The host's own choice: the must-include IDs, then available ones in order.
+fn plain_choice(available: &[String], must: &[String], size: usize) -> Vec<String> {
+    let mut out: Vec<String> = must.to_vec();
+    for id in available {
+        if out.len() >= size {
+            break;
+        }
+        if !out.contains(id) {
+            out.push(id.clone());
+        }
+    }
+    out
+}
+
+type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
+    async fn get_device_plugin_options(&self, _: Request<pb::Empty>) -> Result<Response<pb::DevicePluginOptions>, Status> {
+        Ok(Response::new(pb::DevicePluginOptions {
+            pre_start_required: self.handle.options.pre_start_required,
+            get_preferred_allocation_available: self.handle.options.preferred_allocation,
+        }))
+    }
+
+    type ListAndWatchStream = ListStream;
+
+    async fn list_and_watch(&self, _: Request<pb::Empty>) -> Result<Response<ListStream>, Status> {
+        self.streams.open.fetch_add(1, Ordering::AcqRel);
+        let guard = StreamGuard(self.streams.clone());
+        let cancel = self.cancel.clone();
+        // WatchStream yields the current list at once, then every change; a burst of changes
+        // collapses to the newest list, which is what kubelet needs.
+        let stream = WatchStream::new(self.handle.devices.clone()).map(move |r| {
+            let _keep = &guard;
+            Ok(pb::ListAndWatchResponse { devices: to_proto_devices(&r) })
+        });
+        // Ends when this serving generation stops, so a graceful server shutdown can finish.
+        let stream = futures::StreamExt::take_until(stream, cancel.cancelled_owned());
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        req: Request<pb::PreferredAllocationRequest>,
+    ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
+        let mut out = Vec::new();
+        for c in req.into_inner().container_requests {
+            let size = usize::try_from(c.allocation_size)
+                .map_err(|_| Status::invalid_argument(format!("{}: negative allocation size", self.handle.name)))?;
+            let (available, must) = (c.available_device_i_ds, c.must_include_device_i_ds);
+            let snap = self.snapshot();
+            self.check_ids(&snap, &available, false)?;
+            self.check_ids(&snap, &must, false)?;
+            let answer = if self.handle.options.preferred_allocation {
+                match self.handle.ops.preferred_allocation(available.clone(), must.clone(), size as u32).await {
+                    Ok(ids) => match preferred_problem(&ids, &available, &must, size) {
+                        None => ids,
+                        Some(why) => {
+                            tracing::warn!(resource = %self.handle.name, "backend's preferred allocation ignored: {why}");
+                            plain_choice(&available, &must, size)
+                        }
+                    },
+                    Err(e) => {
+                        tracing::warn!(resource = %self.handle.name, error = %e, "preferred allocation failed; using a plain choice");
+                        plain_choice(&available, &must, size)
+                    }
+                }
+            } else {
+                plain_choice(&available, &must, size)
+            };
+            out.push(pb::ContainerPreferredAllocationResponse { device_i_ds: answer });
+        }
+        Ok(Response::new(pb::PreferredAllocationResponse { container_responses: out }))
+    }
+
+    async fn allocate(&self, req: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
+        let reqs = req.into_inner().container_requests;
+        let snap = self.snapshot();
+        // Check every container before calling the backend once, so a bad request has no effect.
+        for c in &reqs {
+            if c.devices_ids.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "{}: a container request names no devices",
+                    self.handle.name
+                )));
+            }
+            self.check_ids(&snap, &c.devices_ids, true)?;
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        for c in reqs {
+            let mut edits = snap.common_edits.clone();
+            for id in &c.devices_ids {
+                if let Some(d) = snap.device(id) {
+                    edits.merge(&d.edits);
+                }
+            }
+            let extra = self.handle.ops.allocate(c.devices_ids).await.map_err(|e| status(&self.handle.name, e))?;
+            edits.merge(&extra);
+            out.push(to_container_response(&edits));
+        }
+        Ok(Response::new(pb::AllocateResponse { container_responses: out }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        req: Request<pb::PreStartContainerRequest>,
+    ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
+        let ids = req.into_inner().devices_ids;
+        self.check_ids(&self.snapshot(), &ids, false)?;
+        self.handle.ops.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
+        Ok(Response::new(pb::PreStartContainerResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn preferred_answers_are_checked() {
+        let avail = s(&["a", "b", "c", "d"]);
+        assert_eq!(preferred_problem(&s(&["a", "b"]), &avail, &s(&["a"]), 2), None);
+        assert!(preferred_problem(&s(&["a"]), &avail, &[], 2).unwrap().contains("1 IDs"));
+        assert!(preferred_problem(&s(&["b", "c"]), &avail, &s(&["a"]), 2).unwrap().contains("must-include a"));
+        assert!(preferred_problem(&s(&["a", "z"]), &avail, &[], 2).unwrap().contains("z is not available"));
+        assert!(preferred_problem(&s(&["a", "a"]), &avail, &[], 2).unwrap().contains("repeats"));
+    }
+
+    #[test]
+    fn plain_choice_keeps_must_include_first() {
+        assert_eq!(plain_choice(&s(&["a", "b", "c"]), &s(&["c"]), 2), s(&["c", "a"]));
+    }
+}

@@ -1,0 +1,16 @@
+//! devplug: a Kubernetes device-plugin host whose vendor backends are sandboxed Wasm components.
+//!
+//! Data flows one way: [`runtime`] runs backends and yields the [`model`] of devices; [`backends`]
+//! keeps them loaded, polled and routed per resource; [`kubelet`] serves that model to kubelet over
+//! the Device Plugin API. The kubelet layer never sees wasmtime types and the runtime never sees
+//! gRPC types: [`model`] is the only type they share.
+
+pub mod app;
+pub mod backends;
+pub mod cli;
+pub mod config;
+pub mod kubelet;
+pub mod model;
+pub mod observe;
+pub mod proto;
+pub mod runtime;

@@ -1,0 +1,72 @@
+//! The `devplug` binary.
+
+use clap::Parser;
+use devplug::cli::{self, Cli, Command, Format};
+use devplug::observe;
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    observe::init_logging(cli.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("devplug: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("devplug: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cmd: Command) -> anyhow::Result<()> {
+    match cmd {
+        Command::Run(args) => {
+            let cfg = args.config()?;
+            devplug::app::run(cfg, shutdown_signal()).await
+        }
+        Command::Discover(args) => {
+            let format = args.format;
+            let v = cli::discover(args).await?;
+            match format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                Format::Table => print!("{}", cli::discover_table(&v)),
+            }
+            let failed = v["errors"].as_array().is_some_and(|e| !e.is_empty());
+            anyhow::ensure!(!failed, "some backends could not be loaded (see above)");
+            Ok(())
+        }
+        Command::Inspect(args) => {
+            let v = cli::inspect(&args.file)?;
+            match args.format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                Format::Table => {
+                    for (k, val) in v.as_object().into_iter().flatten() {
+                        println!("{k:<12} {val}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// SIGTERM (kubelet stopping the pod) or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The device model: the one set of types between the Wasm runtime and the kubelet layer.
+
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceNode {
+    pub container_path: String,
+    /// Empty means the same as `container_path`.
+    pub host_path: String,
+    pub permissions: String,
+}
+
+impl DeviceNode {
+    pub fn host_path(&self) -> &str {
+        if self.host_path.is_empty() { &self.container_path } else { &self.host_path }
+    }
+    pub fn permissions(&self) -> &str {
+        if self.permissions.is_empty() { "rw" } else { &self.permissions }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Mount {
+    pub container_path: String,
+    pub host_path: String,
+    pub read_only: bool,
+}
+
+/// What a container needs: device nodes, mounts, env, annotations (a CDI `containerEdits`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ContainerEdits {
+    pub device_nodes: Vec<DeviceNode>,
+    pub mounts: Vec<Mount>,
+    pub env: Vec<(String, String)>,
+    pub annotations: Vec<(String, String)>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.device_nodes.is_empty()
+            && self.mounts.is_empty()
+            && self.env.is_empty()
+            && self.annotations.is_empty()
+    }
+
+    /// Append `other`, skipping device nodes and mounts already present (two devices of a
+    /// resource often share a control node) and letting later env/annotation values win.
+    pub fn merge(&mut self, other: &ContainerEdits) {
+        for n in &other.device_nodes {
+            if !self.device_nodes.iter().any(|m| m.container_path == n.container_path) {
+                self.device_nodes.push(n.clone());
+            }
+        }
+        for m in &other.mounts {
+            if !self.mounts.iter().any(|x| x.container_path == m.container_path) {
+                self.mounts.push(m.clone());
+            }
+        }
+        for (k, v) in &other.env {
+            upsert(&mut self.env, k, v);
+        }
+        for (k, v) in &other.annotations {
+            upsert(&mut self.annotations, k, v);
+        }
+    }
+}
+
+fn upsert(list: &mut Vec<(String, String)>, k: &str, v: &str) {
+    match list.iter_mut().find(|(key, _)| key == k) {
+        Some(entry) => entry.1 = v.to_owned(),
+        None => list.push((k.to_owned(), v.to_owned())),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Device {
+    pub id: String,
+    pub health: Health,
+    pub numa_nodes: Vec<u32>,
+    pub attributes: Vec<(String, String)>,
+    pub edits: ContainerEdits,
+}
+
+/// Per-resource options announced to kubelet.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResourceOptions {
+    pub preferred_allocation: bool,
+    pub pre_start_required: bool,
+}
+
+/// One extended resource as a backend last reported it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Resource {
+    pub name: String,
+    pub devices: Vec<Device>,
+    pub common_edits: ContainerEdits,
+}
+
+impl Resource {
+    pub fn device(&self, id: &str) -> Option<&Device> {
+        self.devices.iter().find(|d| d.id == id)
+    }
+
+    /// What kubelet sees of this resource: ID → (health, NUMA nodes). Used to decide whether a
+    /// new discover result is worth a ListAndWatch update.
+    pub fn kubelet_view(&self) -> BTreeMap<&str, (Health, &[u32])> {
+        self.devices.iter().map(|d| (d.id.as_str(), (d.health, d.numa_nodes.as_slice()))).collect()
+    }
+}
+
+/// What a backend says about itself at `init`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BackendInfo {
+    pub name: String,
+    pub version: String,
+    pub resources: Vec<(String, ResourceOptions)>,
+}
+
+/// Kubelet's limit on device ID length.
+pub const MAX_DEVICE_ID: usize = 63;
+
+/// Why a device ID from a backend cannot go to kubelet, if it cannot.
+pub fn device_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("empty device ID".into());
+    }
+    if id.len() > MAX_DEVICE_ID {
+        return Some(format!("device ID {id:?} is longer than {MAX_DEVICE_ID} characters"));
+    }
+    if let Some(c) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || "._-:".contains(*c))) {
+        return Some(format!("device ID {id:?} contains {c:?}; use [A-Za-z0-9._:-]"));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_dedups_nodes_and_lets_later_env_win() {
+        let node = |p: &str| DeviceNode { container_path: p.into(), ..Default::default() };
+        let mut a = ContainerEdits {
+            device_nodes: vec![node("/dev/nvidiactl"), node("/dev/nvidia0")],
+            env: vec![("A".into(), "1".into())],
+            ..Default::default()
+        };
+        let b = ContainerEdits {
+            device_nodes: vec![node("/dev/nvidiactl"), node("/dev/nvidia1")],
+            env: vec![("A".into(), "2".into()), ("B".into(), "3".into())],
+            ..Default::default()
+        };
+        a.merge(&b);
+        let paths: Vec<_> = a.device_nodes.iter().map(|n| n.container_path.as_str()).collect();
+        assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]);
+        assert_eq!(a.env, vec![("A".into(), "2".into()), ("B".into(), "3".into())]);
+    }
+
+    #[test]
+    fn device_ids_are_checked_against_kubelet_rules() {
+        assert_eq!(device_id_problem("0000:17:00.0"), None);
+        assert!(device_id_problem("").is_some());
+        assert!(device_id_problem(&"x".repeat(64)).unwrap().contains("63"));
+        assert!(device_id_problem("a/b").unwrap().contains("'/'"));
+        assert_eq!(device_id_problem(&"x".repeat(63)), None);
+    }
+}

@@ -1,0 +1,27 @@
+//! Generated gRPC code for the kubelet APIs (from `proto/`, by `build.rs`).
+
+/// Device Plugin API v1beta1 (`/v1beta1.Registration`, `/v1beta1.DevicePlugin`).
+pub mod deviceplugin {
+    tonic::include_proto!("v1beta1");
+
+    /// The only version kubelet accepts in `RegisterRequest.version`.
+    pub const VERSION: &str = "v1beta1";
+    /// Health strings kubelet understands; anything else is treated as unhealthy.
+    pub const HEALTHY: &str = "Healthy";
+    pub const UNHEALTHY: &str = "Unhealthy";
+    /// Kubelet's registration socket, inside the device-plugins dir.
+    pub const KUBELET_SOCKET: &str = "kubelet.sock";
+}
+
+/// Pod resources API v1 (`/v1.PodResourcesLister`).
+pub mod podresources {
+    tonic::include_proto!("v1");
+}
+
+/// Plugin-watcher registration (`/pluginregistration.Registration`).
+pub mod pluginregistration {
+    tonic::include_proto!("pluginregistration");
+
+    /// `PluginInfo.type` for device plugins.
+    pub const DEVICE_PLUGIN: &str = "DevicePlugin";
+}

@@ -1,0 +1,444 @@
+//! Capabilities: what a backend asked for (its manifest), what the operator granted, and the
+//! [`Jail`] that resolves every path itself so nothing outside `requested ∩ granted` is reachable.
+//!
+//! A path is allowed when both the path the backend named *and* the path it resolves to (every
+//! symlink followed by us, never by the OS) match a requested glob and a granted glob. Absolute
+//! symlinks, `..` that climbs above the root, and paths with `..`, `.`, empty components, NUL or a
+//! leading `/` are refused before touching the file system.
+
+use std::collections::VecDeque;
+use std::fs;
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+use serde::{Deserialize, Serialize};
+
+/// Longest path a backend may name.
+const MAX_PATH: usize = 4096;
+/// Symlinks followed while resolving one path, as the kernel's own limit.
+const MAX_LINKS: usize = 40;
+/// Largest attribute a backend may read.
+pub const MAX_READ: u64 = 64 * 1024;
+
+/// Failure of a capability call, mirrored into the WIT `fs-error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    #[error("not found")]
+    NotFound,
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    #[error("i/o: {0}")]
+    Io(String),
+}
+
+/// Globs for `/sys` and `/dev`, relative to those roots. `*` stays within one component, `**`
+/// crosses them, `{a,b}` and `[0-9]` work as in a shell.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Globs {
+    #[serde(default)]
+    pub sysfs: Vec<String>,
+    #[serde(default)]
+    pub dev: Vec<String>,
+}
+
+/// `NAME.toml` beside `NAME.wasm`: what the backend needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Backend name; defaults to the file stem.
+    pub name: Option<String>,
+    #[serde(default)]
+    pub requests: Globs,
+}
+
+impl Manifest {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
+        for p in m.requests.sysfs.iter().chain(&m.requests.dev) {
+            compile_glob(p)?;
+        }
+        Ok(m)
+    }
+}
+
+fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
+    if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
+        return Err(format!("glob {pattern:?} must be relative and contain no '..'"));
+    }
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .build()
+        .map_err(|e| format!("glob {pattern:?}: {e}"))
+}
+
+fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
+    let mut b = GlobSetBuilder::new();
+    for p in patterns {
+        b.add(compile_glob(p)?);
+    }
+    b.build().map_err(|e| e.to_string())
+}
+
+/// One root's effective rule: allowed = requested ∩ granted.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    requested: GlobSet,
+    granted: GlobSet,
+}
+
+impl Rule {
+    pub fn new(requested: &[String], granted: &[String]) -> Result<Self, String> {
+        Ok(Rule { requested: glob_set(requested)?, granted: glob_set(granted)? })
+    }
+
+    pub fn allows(&self, rel: &str) -> bool {
+        self.requested.is_match(rel) && self.granted.is_match(rel)
+    }
+
+    /// Whether the backend asked for `rel` at all (to tell "not requested" from "not granted").
+    pub fn requested(&self, rel: &str) -> bool {
+        self.requested.is_match(rel)
+    }
+}
+
+/// The effective capabilities of one backend.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    pub sysfs: Rule,
+    pub dev: Rule,
+}
+
+impl Capabilities {
+    pub fn new(requested: &Globs, granted: &Globs) -> Result<Self, String> {
+        Ok(Capabilities {
+            sysfs: Rule::new(&requested.sysfs, &granted.sysfs)?,
+            dev: Rule::new(&requested.dev, &granted.dev)?,
+        })
+    }
+
+    /// Nothing at all: the default for a backend nobody granted anything.
+    pub fn none() -> Self {
+        Capabilities { sysfs: Rule::new(&[], &[]).expect("empty"), dev: Rule::new(&[], &[]).expect("empty") }
+    }
+}
+
+/// A root directory (`/sys`, `/dev` or a fixture) plus the rule for it.
+#[derive(Clone, Debug)]
+pub struct Jail {
+    root: PathBuf,
+    rule: Rule,
+}
+
+/// A path the jail accepted: where it is on disk and what it is called, relative to the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub real: PathBuf,
+    pub canonical: String,
+}
+
+impl Jail {
+    pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
+        Jail { root: root.into(), rule }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
+    /// (for `read-link`).
+    pub fn resolve(&self, rel: &str, follow_last: bool) -> Result<Resolved, FsError> {
+        let comps = validate(rel)?;
+        if !self.rule.allows(rel) {
+            return Err(FsError::Denied(not_granted(&self.rule, rel)));
+        }
+        let canonical = self.walk(comps, follow_last)?;
+        if canonical != rel && !self.rule.allows(&canonical) {
+            return Err(FsError::Denied(format!(
+                "{rel} resolves to {canonical}, which is {}",
+                if self.rule.requested(&canonical) { "not granted" } else { "not requested in the manifest" }
+            )));
+        }
+        Ok(Resolved { real: self.root.join(&canonical), canonical })
+    }
+
+    /// Follow symlinks component by component, never letting the OS follow one for us.
+    fn walk(&self, comps: Vec<&str>, follow_last: bool) -> Result<String, FsError> {
+        let mut done: Vec<String> = Vec::new();
+        let mut todo: VecDeque<String> = comps.into_iter().map(str::to_owned).collect();
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            match c.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    if done.pop().is_none() {
+                        return Err(FsError::Denied("a symlink climbs above the root".into()));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let here = self.root.join(done.join("/")).join(&c);
+            let meta = fs::symlink_metadata(&here).map_err(io_error)?;
+            if meta.file_type().is_symlink() && (follow_last || !todo.is_empty()) {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(FsError::Io("too many levels of symbolic links".into()));
+                }
+                let target = fs::read_link(&here).map_err(io_error)?;
+                let target = target.to_str().ok_or_else(|| FsError::Io("non-UTF-8 link".into()))?;
+                if target.starts_with('/') {
+                    return Err(FsError::Denied(format!("absolute symlink to {target}")));
+                }
+                for t in target.split('/').rev() {
+                    todo.push_front(t.to_owned());
+                }
+            } else {
+                done.push(c);
+            }
+        }
+        Ok(done.join("/"))
+    }
+
+    /// An attribute's text (regular files only, so a planted FIFO cannot block the host).
+    pub fn read(&self, rel: &str) -> Result<String, FsError> {
+        let r = self.resolve(rel, true)?;
+        let meta = fs::metadata(&r.real).map_err(io_error)?;
+        if !meta.is_file() {
+            return Err(FsError::Io(format!("{rel} is not a regular file")));
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(&r.real)
+            .map_err(io_error)?;
+        let mut buf = Vec::new();
+        file.take(MAX_READ + 1).read_to_end(&mut buf).map_err(io_error)?;
+        if buf.len() as u64 > MAX_READ {
+            return Err(FsError::Io(format!("{rel} is larger than {MAX_READ} bytes")));
+        }
+        let mut text = String::from_utf8_lossy(&buf).into_owned();
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        Ok(text)
+    }
+
+    /// Directory entries the backend may see, sorted.
+    pub fn list(&self, rel: &str) -> Result<Vec<String>, FsError> {
+        let r = if rel.is_empty() {
+            Resolved { real: self.root.clone(), canonical: String::new() }
+        } else {
+            self.resolve(rel, true)?
+        };
+        let mut names: Vec<String> = fs::read_dir(&r.real)
+            .map_err(io_error)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| self.rule.allows(&join(rel, name)))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// A symlink's stored target.
+    pub fn read_link(&self, rel: &str) -> Result<String, FsError> {
+        let r = self.resolve(rel, false)?;
+        let target = fs::read_link(&r.real).map_err(io_error)?;
+        target.into_os_string().into_string().map_err(|_| FsError::Io("non-UTF-8 link".into()))
+    }
+
+    /// Every allowed path under the root that matches `pattern`, sorted (no symlinked dirs are
+    /// descended, at most `max_entries` entries are looked at).
+    pub fn glob(&self, pattern: &str, max_entries: usize) -> Result<Vec<String>, FsError> {
+        let matcher = compile_glob(pattern).map_err(FsError::InvalidPath)?.compile_matcher();
+        let depth = if pattern.contains("**") { 8 } else { pattern.split('/').count() };
+        let mut out = Vec::new();
+        let mut seen = 0usize;
+        let mut stack = vec![(String::new(), 0usize)];
+        while let Some((dir, d)) = stack.pop() {
+            let Ok(entries) = fs::read_dir(self.root.join(&dir)) else { continue };
+            for entry in entries.flatten() {
+                seen += 1;
+                if seen > max_entries {
+                    return Err(FsError::Io(format!("more than {max_entries} entries under the root")));
+                }
+                let Ok(name) = entry.file_name().into_string() else { continue };
+                let rel = join(&dir, &name);
+                if matcher.is_match(&rel) && self.rule.allows(&rel) {
+                    out.push(rel.clone());
+                }
+                let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+                if is_dir && d + 1 < depth {
+                    stack.push((rel, d + 1));
+                }
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") }
+}
+
+fn not_granted(rule: &Rule, rel: &str) -> String {
+    if rule.requested(rel) {
+        format!("{rel} is not granted to this backend")
+    } else {
+        format!("{rel} is not requested in the backend's manifest")
+    }
+}
+
+/// Syntax checks that need no file system.
+fn validate(rel: &str) -> Result<Vec<&str>, FsError> {
+    let bad = |why: &str| Err(FsError::InvalidPath(format!("{rel:?}: {why}")));
+    if rel.is_empty() {
+        return bad("empty path");
+    }
+    if rel.len() > MAX_PATH {
+        return bad("too long");
+    }
+    if rel.contains('\0') {
+        return bad("contains NUL");
+    }
+    if rel.starts_with('/') {
+        return bad("absolute paths are not allowed; paths are relative to the root");
+    }
+    let comps: Vec<&str> = rel.split('/').collect();
+    if comps.iter().any(|c| *c == ".." || *c == "." || c.is_empty()) {
+        return bad("'.', '..' and empty components are not allowed");
+    }
+    Ok(comps)
+}
+
+fn io_error(e: std::io::Error) -> FsError {
+    match e.kind() {
+        ErrorKind::NotFound => FsError::NotFound,
+        _ => FsError::Io(e.to_string()),
+    }
+}
+
+/// Reading a fixture "device node": a regular file holding `c MAJOR:MINOR` or `b MAJOR:MINOR`,
+/// because git cannot store real nodes. Real nodes are read from their metadata instead.
+pub fn parse_node_descriptor(text: &str) -> Option<(char, u32, u32)> {
+    let (kind, rest) = text.trim().split_once(' ')?;
+    let kind = match kind {
+        "c" => 'c',
+        "b" => 'b',
+        _ => return None,
+    };
+    let (major, minor) = rest.split_once(':')?;
+    Some((kind, major.parse().ok()?, minor.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A small sysfs with the kernel's layout: bus/pci/devices/X -> ../../../devices/pci0000:00/X.
+    fn sysfs() -> (tempfile::TempDir, Jail) {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        let dev = r.join("devices/pci0000:00/0000:00:01.0");
+        fs::create_dir_all(&dev).unwrap();
+        fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+        fs::write(dev.join("secret"), "s3cret\n").unwrap();
+        fs::create_dir_all(r.join("bus/pci/devices")).unwrap();
+        fs::create_dir_all(r.join("bus/pci/drivers/nvidia")).unwrap();
+        symlink("../../../devices/pci0000:00/0000:00:01.0", r.join("bus/pci/devices/0000:00:01.0")).unwrap();
+        symlink("../../../bus/pci/drivers/nvidia", dev.join("driver")).unwrap();
+        symlink("/etc", dev.join("abs")).unwrap();
+        symlink("../../../../..", dev.join("up")).unwrap();
+        let rule = Rule::new(
+            &strings(&["bus/pci/devices", "bus/pci/devices/*", "bus/pci/devices/*/{vendor,driver,abs,up}", "devices/**/vendor", "devices/**/driver"]),
+            &strings(&["**"]),
+        )
+        .unwrap();
+        (d, Jail::new(r, rule))
+    }
+
+    #[test]
+    fn reads_through_the_kernels_symlinks_and_checks_the_resolved_path() {
+        let (_d, j) = sysfs();
+        assert_eq!(j.read("bus/pci/devices/0000:00:01.0/vendor").unwrap(), "0x10de");
+        let r = j.resolve("bus/pci/devices/0000:00:01.0/vendor", true).unwrap();
+        assert_eq!(r.canonical, "devices/pci0000:00/0000:00:01.0/vendor");
+        assert_eq!(j.read_link("bus/pci/devices/0000:00:01.0/driver").unwrap(), "../../../bus/pci/drivers/nvidia");
+        assert_eq!(j.list("bus/pci/devices").unwrap(), ["0000:00:01.0"]);
+    }
+
+    #[test]
+    fn refuses_every_way_out() {
+        let (_d, j) = sysfs();
+        let cases = [
+            "../etc/passwd",
+            "/etc/passwd",
+            "bus/pci/devices/../../../etc/passwd",
+            "bus/pci/devices/0000:00:01.0/abs/passwd",
+            "bus/pci/devices/0000:00:01.0/abs",
+            "bus/pci/devices/0000:00:01.0/up",
+            "bus/pci/devices/0000:00:01.0/secret",
+            "bus/pci/devices/./0000:00:01.0/vendor",
+            "bus//pci",
+            "bus/pci/devices/0000:00:01.0/vendor\0x",
+        ];
+        for p in cases {
+            let err = j.read(p).unwrap_err();
+            assert!(matches!(err, FsError::Denied(_) | FsError::InvalidPath(_)), "{p}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn a_grant_narrows_a_request() {
+        let (d, _) = sysfs();
+        let rule = Rule::new(&strings(&["bus/pci/devices/*/vendor", "devices/**/vendor"]), &strings(&["bus/**"])).unwrap();
+        let j = Jail::new(d.path(), rule);
+        // The named path is granted, but it resolves under devices/, which is not.
+        match j.read("bus/pci/devices/0000:00:01.0/vendor").unwrap_err() {
+            FsError::Denied(why) => assert!(why.contains("not granted"), "{why}"),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn listing_hides_ungranted_entries_and_glob_respects_grants() {
+        let (d, _) = sysfs();
+        fs::write(d.path().join("kvm"), "c 10:232").unwrap();
+        fs::write(d.path().join("sda"), "b 8:0").unwrap();
+        let j = Jail::new(d.path(), Rule::new(&strings(&["*"]), &strings(&["kvm", "bus"])).unwrap());
+        assert_eq!(j.list("").unwrap(), ["bus", "kvm"]);
+        assert_eq!(j.glob("*", 1000).unwrap(), ["bus", "kvm"]);
+        assert!(matches!(j.glob("../*", 1000), Err(FsError::InvalidPath(_))));
+    }
+
+    #[test]
+    fn manifests_parse_and_reject_escaping_globs() {
+        let m = Manifest::parse("name = \"gpu\"\n[requests]\nsysfs = [\"bus/pci/devices/*\"]\ndev = [\"nvidia*\"]\n").unwrap();
+        assert_eq!(m.requests.dev, ["nvidia*"]);
+        assert!(Manifest::parse("[requests]\nsysfs = [\"../x\"]\n").unwrap_err().contains(".."));
+        assert!(Manifest::parse("[requests]\nsysfs = [\"/x\"]\n").is_err());
+        assert!(Manifest::parse("[requests]\nnetwork = true\n").is_err());
+    }
+
+    #[test]
+    fn node_descriptors() {
+        assert_eq!(parse_node_descriptor("c 195:0\n"), Some(('c', 195, 0)));
+        assert_eq!(parse_node_descriptor("b 8:1"), Some(('b', 8, 1)));
+        assert_eq!(parse_node_descriptor("hello"), None);
+    }
+}

@@ -1,0 +1,198 @@
+//! The shared wasmtime engine: configuration, the epoch ticker that enforces deadlines, and the
+//! compile cache keyed by the component's sha256 and the engine's compatibility hash.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::Component;
+use wasmtime::{Config, Engine};
+
+use super::LoadError;
+
+/// How often the epoch advances: the granularity of every deadline.
+pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+
+/// Limits and paths for every backend call.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Deadline of `init` and `discover`.
+    pub discover_deadline: Duration,
+    /// Deadline of `allocate`, `preferred-allocation` and `pre-start`.
+    pub call_deadline: Duration,
+    /// Linear memory an instance may have.
+    pub memory_cap: usize,
+    /// Faults in a row that open a backend's breaker.
+    pub breaker_threshold: u32,
+    /// Where compiled components are cached; `None` disables the cache.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            discover_deadline: Duration::from_secs(2),
+            call_deadline: Duration::from_millis(250),
+            memory_cap: 64 << 20,
+            breaker_threshold: 3,
+            cache_dir: None,
+        }
+    }
+}
+
+/// Whether a component came from the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    Hit,
+    Miss,
+    Disabled,
+}
+
+/// The engine every backend shares.
+pub struct Runtime {
+    engine: Engine,
+    pub config: RuntimeConfig,
+    engine_hash: u64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
+}
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
+        let mut c = Config::new();
+        c.wasm_component_model(true);
+        c.epoch_interruption(true);
+        c.cranelift_opt_level(wasmtime::OptLevel::Speed);
+        let engine = Engine::new(&c)?;
+        let mut h = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        let engine_hash = h.finish();
+        spawn_ticker(&engine);
+        if let Some(dir) = &config.cache_dir {
+            create_private_dir(dir)?;
+        }
+        Ok(Arc::new(Runtime {
+            engine,
+            config,
+            engine_hash,
+            cache_hits: AtomicU64::new(0),
+            cache_misses: AtomicU64::new(0),
+        }))
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compile `bytes` (or load the native code this host compiled for them before).
+    pub fn compile(&self, bytes: &[u8]) -> Result<(Component, CacheOutcome), LoadError> {
+        check_header(bytes)?;
+        let Some(dir) = &self.config.cache_dir else {
+            return Ok((self.compile_fresh(bytes)?, CacheOutcome::Disabled));
+        };
+        let path = dir.join(format!("{}-{:016x}.cwasm", sha256_hex(bytes), self.engine_hash));
+        if path.exists() {
+            // SAFETY: the cache dir is private to this host (0700), files are keyed by the wasm's
+            // hash and this engine's compatibility hash, and only this code writes them.
+            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+                Ok(c) => {
+                    self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
+                    return Ok((c, CacheOutcome::Hit));
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
+                    let _ = std::fs::remove_file(&path);
+                }
+            }
+        }
+        let component = self.compile_fresh(bytes)?;
+        self.cache_misses.fetch_add(1, Ordering::Relaxed);
+        match component.serialize() {
+            Ok(native) => {
+                if let Err(e) = write_atomically(dir, &path, &native) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
+        }
+        Ok((component, CacheOutcome::Miss))
+    }
+
+    fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
+        Component::new(&self.engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))
+    }
+}
+
+/// Tell garbage, core modules and components apart before handing bytes to cranelift.
+pub fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(LoadError::NotWasm);
+    }
+    // Core modules carry version 1 and layer 0; components carry layer 1.
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(LoadError::CoreModule);
+    }
+    Ok(())
+}
+
+/// Hex sha256 of a component: its identity in logs, metrics and the cache.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
+fn write_atomically(dir: &Path, path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(data)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+/// Advance the epoch every tick for as long as the engine lives.
+fn spawn_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("devplug-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("spawning the epoch thread");
+}
+
+/// Epoch ticks for a deadline, rounded up, plus one for the tick already under way.
+pub fn ticks(d: Duration) -> u64 {
+    (d.as_micros() as u64).div_ceil(EPOCH_TICK.as_micros() as u64) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_told_apart() {
+        assert!(matches!(check_header(b"hello world"), Err(LoadError::NotWasm)));
+        assert!(matches!(check_header(b"\0asm"), Err(LoadError::NotWasm)));
+        assert!(matches!(check_header(b"\0asm\x01\0\0\0"), Err(LoadError::CoreModule)));
+        assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn ticks_round_up() {
+        assert_eq!(ticks(Duration::from_millis(250)), 51);
+        assert_eq!(ticks(Duration::from_millis(1)), 2);
+    }
+}

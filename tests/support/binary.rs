@@ -1,0 +1,96 @@
+//! Running the real `devplug` binary in tests: its stderr is collected so tests can wait for log
+//! lines, and it gets SIGTERM (then SIGKILL) when the test is done with it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_devplug");
+
+pub struct Devplug {
+    child: Child,
+    log: Arc<(Mutex<String>, Condvar)>,
+}
+
+impl Devplug {
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn devplug");
+        let log = Arc::new((Mutex::new(String::new()), Condvar::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let l = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let (m, cv) = &*l;
+                if let Ok(mut s) = m.lock() {
+                    s.push_str(&line);
+                    s.push('\n');
+                }
+                cv.notify_all();
+            }
+        });
+        Devplug { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn log(&self) -> String {
+        self.log.0.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Block until the log contains `needle` (bounded by `timeout`).
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let (m, cv) = &*self.log;
+        let mut s = m.lock().map_err(|_| anyhow::anyhow!("log lock"))?;
+        while !s.contains(needle) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                anyhow::bail!("timed out waiting for {needle:?} in devplug's log:\n{s}");
+            }
+            s = cv.wait_timeout(s, left).map_err(|_| anyhow::anyhow!("log lock"))?.0;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then wait (bounded) for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM)?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                anyhow::bail!("devplug did not exit within {timeout:?} of SIGTERM; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Devplug {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
+pub fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().expect("run devplug");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
