@@ -1,1 +1,281 @@
+//! The kubelet side, end to end: devplug's daemon serving the chaos backend to the kubelet
+//! stand-in over real Unix sockets — registration, ListAndWatch, Allocate, PreferredAllocation,
+//! PreStart, kubelet restarts in both registration modes, and the upstream wire format.
+
 mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use devplug::kubelet::{EndpointState, Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps};
+use devplug::model::{ContainerEdits, Resource, ResourceOptions};
+use devplug::proto::deviceplugin as pb;
+use prost::Message;
+use support::Kubelet;
+use support::daemon::{Daemon, WIDGET, chaos_dir, config};
+use support::fixtures::Machine;
+
+const T: Duration = Duration::from_secs(20);
+
+fn ids(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn alloc_req(containers: &[&[&str]]) -> pb::AllocateRequest {
+    pb::AllocateRequest {
+        container_requests: containers.iter().map(|c| pb::ContainerAllocateRequest { devices_ids: ids(c) }).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_list_allocate_prefer_prestart_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(config(dir.path(), &m, backends.path(), "devices=4"));
+
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    assert_eq!(plugin.endpoint, dir.path().join("devplug-test.devplug.io_widget.sock"));
+    assert!(plugin.options.pre_start_required && plugin.options.get_preferred_allocation_available);
+    let devices = kubelet.wait_devices(WIDGET, T, |d| d.len() == 4).await.unwrap();
+    assert!(devices.iter().all(|d| d.health == "Healthy"));
+    assert_eq!(devices[1].id, "widget-1");
+    assert_eq!(devices[1].topology.as_ref().unwrap().nodes[0].id, 1, "NUMA node from the backend");
+
+    let mut c = plugin.client.clone();
+    let opts = c.get_device_plugin_options(pb::Empty {}).await.unwrap().into_inner();
+    assert!(opts.pre_start_required);
+
+    let resp = c.allocate(alloc_req(&[&["widget-0"], &["widget-1", "widget-2"]])).await.unwrap().into_inner();
+    assert_eq!(resp.container_responses.len(), 2, "one answer per container");
+    let (a, b) = (&resp.container_responses[0], &resp.container_responses[1]);
+    assert_eq!(a.envs["CHAOS_IDS"], "widget-0");
+    assert_eq!(b.envs["CHAOS_IDS"], "widget-1,widget-2", "answers in request order");
+    assert_eq!(b.envs["CHAOS_DEVICE"], "widget-2", "per-device edits are merged in");
+    assert_eq!(a.devices.len(), 1);
+    assert_eq!((a.devices[0].container_path.as_str(), a.devices[0].permissions.as_str()), ("/dev/null", "rw"));
+
+    let pref = c
+        .get_preferred_allocation(pb::PreferredAllocationRequest {
+            container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                available_device_i_ds: ids(&["widget-0", "widget-1", "widget-2", "widget-3"]),
+                must_include_device_i_ds: ids(&["widget-1"]),
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // chaos prefers the highest IDs, so this is the backend's answer, not the host's fallback.
+    assert_eq!(pref.container_responses[0].device_i_ds, ids(&["widget-1", "widget-3"]));
+
+    c.pre_start_container(pb::PreStartContainerRequest { devices_ids: ids(&["widget-0"]) }).await.unwrap();
+    let err = c.pre_start_container(pb::PreStartContainerRequest { devices_ids: ids(&["nope"]) }).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    daemon.stop().await.unwrap();
+    assert!(!plugin.endpoint.exists(), "socket removed on clean shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_answers_bad_and_huge_requests_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(config(dir.path(), &m, backends.path(), "devices=4"));
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let mut c = plugin.client.clone();
+
+    let err = c.allocate(alloc_req(&[&["widget-0"], &["widget-9", "ghost"]])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("widget-9, ghost") && err.message().contains(WIDGET), "{}", err.message());
+
+    let err = c.allocate(alloc_req(&[&["widget-0", "widget-0"]])).await.unwrap_err();
+    assert!(err.message().contains("twice"), "{}", err.message());
+
+    let empty = c.allocate(pb::AllocateRequest { container_requests: vec![] }).await.unwrap().into_inner();
+    assert!(empty.container_responses.is_empty());
+    let err = c.allocate(alloc_req(&[&[]])).await.unwrap_err();
+    assert!(err.message().contains("names no devices"), "{}", err.message());
+
+    let names: Vec<String> = (0..1000).map(|i| format!("widget-{}", i % 4)).collect();
+    let big = pb::AllocateRequest {
+        container_requests: names.iter().map(|n| pb::ContainerAllocateRequest { devices_ids: vec![n.clone()] }).collect(),
+    };
+    let resp = c.allocate(big).await.unwrap().into_inner();
+    assert_eq!(resp.container_responses.len(), 1000);
+    for (r, n) in resp.container_responses.iter().zip(&names) {
+        assert_eq!(&r.envs["CHAOS_IDS"], n);
+    }
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_allocate_is_unavailable_and_the_next_one_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(config(dir.path(), &m, backends.path(), "devices=2 names=ok-0,trap-1"));
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let mut c = plugin.client.clone();
+    let err = c.allocate(alloc_req(&[&["trap-1"]])).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("trapped"), "{}", err.message());
+    let ok = c.allocate(alloc_req(&[&["ok-0"]])).await.unwrap().into_inner();
+    assert_eq!(ok.container_responses[0].envs["CHAOS_IDS"], "ok-0");
+    daemon.stop().await.unwrap();
+}
+
+fn sockets_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_kubelet_restarts_fifty_reregistrations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let mut kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(config(dir.path(), &m, backends.path(), "devices=2"));
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
+    let tasks_before = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let mut slowest = Duration::ZERO;
+    for i in 1..=50u64 {
+        kubelet.restart().await;
+        let t0 = Instant::now();
+        kubelet.wait_registered(WIDGET, 1 + i, Duration::from_secs(1)).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        slowest = slowest.max(t0.elapsed());
+        // The new registration serves a working stream, not just a Register call.
+        kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
+    }
+    // Settle: any duplicate re-registration would land now.
+    let c = kubelet.plugin(WIDGET).await.unwrap().client;
+    let _ = c.clone().get_device_plugin_options(pb::Empty {}).await.unwrap();
+    assert_eq!(kubelet.registrations(), 51, "exactly one re-registration per restart");
+    assert_eq!(sockets_in(dir.path()), ["devplug-test.devplug.io_widget.sock", "kubelet.sock"], "no leaked sockets");
+    let tasks_after = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    assert!(tasks_after <= tasks_before + 4, "tasks leaked: {tasks_before} before, {tasks_after} after");
+    eprintln!("slowest re-registration after a kubelet restart: {slowest:?}");
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_kubelet_restarts_through_the_plugin_watcher() {
+    let root = tempfile::tempdir().unwrap();
+    let (dp, reg) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let mut kubelet = Kubelet::start_with_watcher(&dp, &reg).await;
+    let mut cfg = config(&dp, &m, backends.path(), "devices=2");
+    cfg.registration = RegistrationMode::Auto; // the registry dir exists: auto picks the watcher
+    let daemon = Daemon::start(cfg);
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    assert!(plugin.endpoint.starts_with(&reg), "served from plugins_registry: {}", plugin.endpoint.display());
+    for i in 1..=50u64 {
+        kubelet.restart().await;
+        kubelet.wait_registered(WIDGET, 1 + i, Duration::from_secs(1)).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
+    }
+    assert_eq!(kubelet.registrations(), 51);
+    assert_eq!(sockets_in(&reg), ["devplug-test.devplug.io_widget.sock"]);
+    daemon.stop().await.unwrap();
+    assert!(sockets_in(&reg).is_empty(), "socket removed on shutdown");
+}
+
+/// A fixed device list, for driving the kubelet layer with names the registry would never let by.
+struct NoBackend;
+
+#[async_trait::async_trait]
+impl ResourceOps for NoBackend {
+    async fn allocate(&self, _: Vec<String>) -> Result<ContainerEdits, OpError> {
+        Ok(ContainerEdits::default())
+    }
+    async fn preferred_allocation(&self, _: Vec<String>, _: Vec<String>, _: u32) -> Result<Vec<String>, OpError> {
+        Err(OpError::Backend("none".into()))
+    }
+    async fn pre_start(&self, _: Vec<String>) -> Result<(), OpError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+
+    // The stand-in refuses what kubelet refuses.
+    let ch = devplug::kubelet::uds::connect(&dir.path().join("kubelet.sock"), T).await.unwrap();
+    let mut raw = pb::registration_client::RegistrationClient::new(ch);
+    let err = raw
+        .register(pb::RegisterRequest { version: "v1alpha".into(), endpoint: "x.sock".into(), resource_name: "a.io/b".into(), options: None })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("unsupported API version"), "{}", err.message());
+    let err = raw
+        .register(pb::RegisterRequest { version: "v1beta1".into(), endpoint: "../x.sock".into(), resource_name: "a.io/b".into(), options: None })
+        .await
+        .unwrap_err();
+    assert!(err.message().contains("not a file in"), "{}", err.message());
+
+    // devplug with a name kubelet refuses: it retries, backing off, and never spins.
+    let paths = KubeletPaths { device_plugin_dir: dir.path().to_owned(), plugins_registry_dir: dir.path().join("none") };
+    let endpoints = Endpoints::new(paths, RegistrationMode::KubeletSocket).unwrap();
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Resource { name: "Example.com/gpu".into(), ..Default::default() }));
+    let t0 = Instant::now();
+    endpoints
+        .add(ResourceHandle { name: "Example.com/gpu".into(), options: ResourceOptions::default(), devices: rx, ops: Arc::new(NoBackend) })
+        .await;
+    let before = kubelet.refusals().len();
+    kubelet.wait_for(T, "three refusals", |k| k.refusals().len() >= before + 3).await.unwrap();
+    // Waits of 200 ms then 400 ms separate the first three attempts.
+    assert!(t0.elapsed() >= Duration::from_millis(600), "retried too fast: {:?}", t0.elapsed());
+    assert!(kubelet.refusals().last().unwrap().contains("invalid extended resource name"));
+    let states = endpoints.states().await;
+    assert!(matches!(&states[0].1, EndpointState::Refused(why) if why.contains("invalid extended resource name")), "{states:?}");
+    endpoints.shutdown().await;
+}
+
+#[test]
+fn wire_format_matches_upstream_field_numbers() {
+    // RegisterRequest{version=1, endpoint=2, resource_name=3, options=4{pre_start_required=1,
+    // get_preferred_allocation_available=2}}, encoded by hand.
+    let mut hand = vec![0x0a, 7];
+    hand.extend_from_slice(b"v1beta1");
+    hand.extend_from_slice(&[0x12, 6]);
+    hand.extend_from_slice(b"x.sock");
+    hand.extend_from_slice(&[0x1a, 6]);
+    hand.extend_from_slice(b"a.io/b");
+    hand.extend_from_slice(&[0x22, 4, 0x08, 1, 0x10, 1]);
+    let ours = pb::RegisterRequest {
+        version: "v1beta1".into(),
+        endpoint: "x.sock".into(),
+        resource_name: "a.io/b".into(),
+        options: Some(pb::DevicePluginOptions { pre_start_required: true, get_preferred_allocation_available: true }),
+    };
+    assert_eq!(ours.encode_to_vec(), hand);
+
+    // Mount{container_path=1, host_path=2, read_only=3}: the seed sketch had these swapped.
+    let m = pb::Mount::decode(&[0x0a, 2, b'/', b'c', 0x12, 2, b'/', b'h', 0x18, 1][..]).unwrap();
+    assert_eq!((m.container_path.as_str(), m.host_path.as_str(), m.read_only), ("/c", "/h", true));
+
+    // Device{ID=1, health=2, topology=3{nodes=1{ID=1}}}.
+    let mut d = vec![0x0a, 2, b'g', b'0', 0x12, 7];
+    d.extend_from_slice(b"Healthy");
+    d.extend_from_slice(&[0x1a, 4, 0x0a, 2, 0x08, 1]);
+    let dev = pb::Device::decode(&d[..]).unwrap();
+    assert_eq!((dev.id.as_str(), dev.health.as_str(), dev.topology.unwrap().nodes[0].id), ("g0", "Healthy", 1));
+
+    // ContainerAllocateResponse.cdi_devices = 5, CDIDevice.name = 1.
+    let car = pb::ContainerAllocateResponse { cdi_devices: vec![pb::CdiDevice { name: "v.com/c=x".into() }], ..Default::default() };
+    let mut want = vec![0x2a, 11, 0x0a, 9];
+    want.extend_from_slice(b"v.com/c=x");
+    assert_eq!(car.encode_to_vec(), want);
+
+    // gRPC service paths kubelet dials.
+    assert_eq!(pb::device_plugin_server::SERVICE_NAME, "v1beta1.DevicePlugin");
+    assert_eq!(pb::registration_server::SERVICE_NAME, "v1beta1.Registration");
+    assert_eq!(devplug::proto::pluginregistration::registration_server::SERVICE_NAME, "pluginregistration.Registration");
+    assert_eq!(devplug::proto::podresources::pod_resources_lister_server::SERVICE_NAME, "v1.PodResourcesLister");
+}

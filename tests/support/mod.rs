@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 pub mod binary;
+pub mod daemon;
 pub mod fixtures;
 
 use std::collections::HashMap;
@@ -250,7 +251,7 @@ async fn connect_plugin(
     let stream = client.list_and_watch(pb::Empty {}).await.map_err(|e| format!("ListAndWatch: {e}"))?.into_inner();
     let (u, c, sh) = (updates.clone(), cancel.clone(), shared.clone());
     tokio::spawn(async move {
-        let mut stream = stream.take_until(c.cancelled_owned());
+        let mut stream = Box::pin(futures::StreamExt::take_until(stream, c.cancelled_owned()));
         while let Some(Ok(resp)) = stream.next().await {
             u.fetch_add(1, Ordering::SeqCst);
             let _ = tx.send(resp.devices);

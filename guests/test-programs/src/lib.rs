@@ -1,7 +1,8 @@
 //! `chaos`: the backend devplug's own tests use to prove the sandbox and the runtime.
 //!
 //! Config is `key=value` words: `mode=ok|escape|spin-init|spin-discover|trap-init|trap-discover|
-//! hog-discover|fail-discover`, `devices=N` (default 4), `resource=NAME`, `version=V`.
+//! hog-discover|fail-discover`, `devices=N` (default 4), `resource=NAME`, `version=V`,
+//! `names=a,b,c` (device IDs instead of `widget-N`).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
@@ -16,6 +17,7 @@ pub struct Chaos {
     devices: u32,
     resource: String,
     version: String,
+    names: Vec<String>,
 }
 
 impl Backend for Chaos {
@@ -25,6 +27,7 @@ impl Backend for Chaos {
             devices: 4,
             resource: "test.devplug.io/widget".into(),
             version: "1.0.0".into(),
+            names: Vec::new(),
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -34,6 +37,7 @@ impl Backend for Chaos {
                 }
                 Some(("resource", v)) => me.resource = v.into(),
                 Some(("version", v)) => me.version = v.into(),
+                Some(("names", v)) => me.names = v.split(',').map(str::to_owned).collect(),
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -69,7 +73,7 @@ impl Backend for Chaos {
             }],
             _ => (0..self.devices)
                 .map(|i| Device {
-                    id: format!("widget-{i}"),
+                    id: self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}")),
                     health: Health::Healthy,
                     numa_nodes: vec![i % 2],
                     attributes: vec![("index".into(), i.to_string())],

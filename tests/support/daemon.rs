@@ -1,0 +1,72 @@
+//! Running devplug's daemon in-process (`devplug::app::run`) against a kubelet stand-in, with the
+//! chaos test backend in a backends dir.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devplug::config::{BackendSettings, Config, DefaultGrant};
+use devplug::kubelet::RegistrationMode;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::fixtures::Machine;
+
+pub const WIDGET: &str = "test.devplug.io/widget";
+
+/// The chaos component and its manifest.
+pub fn chaos_paths() -> (PathBuf, PathBuf) {
+    let (wasm, manifest) = devplug::backends::embedded::test_program("chaos").expect("chaos test program");
+    (PathBuf::from(wasm), PathBuf::from(manifest))
+}
+
+/// A backends dir holding `chaos.wasm` + `chaos.toml`.
+pub fn chaos_dir() -> tempfile::TempDir {
+    let d = tempfile::tempdir().expect("tempdir");
+    let (wasm, manifest) = chaos_paths();
+    std::fs::copy(wasm, d.path().join("chaos.wasm")).expect("copy chaos");
+    std::fs::copy(manifest, d.path().join("chaos.toml")).expect("copy manifest");
+    d
+}
+
+/// A daemon config for tests: socket registration, fast polls, only the given backends.
+pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_config: &str) -> Config {
+    let mut c = Config {
+        kubelet_dir: kubelet_dir.to_owned(),
+        registration: RegistrationMode::KubeletSocket,
+        backends_dir: Some(backends.to_owned()),
+        embedded: false,
+        sysfs_root: machine.sys(),
+        dev_root: machine.dev(),
+        metrics_addr: "127.0.0.1:0".parse().expect("addr"),
+        poll_interval: Duration::from_millis(100),
+        default_grant: DefaultGrant::Requested,
+        ..Config::default()
+    };
+    c.backends.insert(
+        "chaos".into(),
+        BackendSettings { enabled: true, config: chaos_config.into(), grant: None },
+    );
+    c
+}
+
+pub struct Daemon {
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Daemon {
+    pub fn start(cfg: Config) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let task = tokio::spawn(devplug::app::run(cfg, async move {
+            let _ = rx.await;
+        }));
+        Daemon { stop: Some(tx), task }
+    }
+
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.task).await??
+    }
+}
