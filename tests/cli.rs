@@ -1,1 +1,114 @@
+//! The `devplug` binary as operators and vendors use it: `run` waiting for kubelet and exiting
+//! cleanly on SIGTERM, `discover` on fixtures and on this machine, `inspect`.
+
 mod support;
+
+use std::time::Duration;
+
+use support::Kubelet;
+use support::binary::{Devplug, run};
+use support::daemon::{WIDGET, chaos_dir, chaos_paths};
+use support::fixtures::Machine;
+
+const T: Duration = Duration::from_secs(20);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let kdir = dir.path().join("device-plugins");
+    let (m, backends) = (Machine::generic_box(), chaos_dir());
+    let cfg = dir.path().join("devplug.toml");
+    std::fs::write(&cfg, "[backends.chaos]\nconfig = \"devices=3\"\n").unwrap();
+    let s = |p: &std::path::Path| p.display().to_string();
+    let mut d = Devplug::spawn(&[
+        "run",
+        "--config", &s(&cfg),
+        "--kubelet-dir", &s(&kdir),
+        "--registration", "kubelet-socket",
+        "--no-embedded",
+        "--backends", &s(backends.path()),
+        "--default-grant", "requested",
+        "--sysfs-root", &s(&m.sys()),
+        "--dev-root", &s(&m.dev()),
+        "--metrics-addr", "127.0.0.1:0",
+        "--poll-interval", "200ms",
+    ]);
+    d.wait_log("waiting for kubelet", T).unwrap();
+    assert!(kdir.join("devplug-test.devplug.io_widget.sock").exists(), "serving before kubelet is there");
+    let kubelet = Kubelet::start(&kdir).await;
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 3).await.unwrap();
+    let status = tokio::task::spawn_blocking(move || {
+        let st = d.terminate(T);
+        (st, d.log())
+    })
+    .await
+    .unwrap();
+    let (st, log) = (status.0.unwrap(), status.1);
+    assert!(st.success(), "exit status {st:?}; log:\n{log}");
+    assert!(!kdir.join("devplug-test.devplug.io_widget.sock").exists(), "socket removed on SIGTERM");
+    assert_eq!(log.matches("waiting for kubelet").count(), 1, "said once, not once per retry:\n{log}");
+}
+
+#[test]
+fn discover_prints_what_a_backend_sees_and_names_broken_files() {
+    let m = Machine::generic_box();
+    let (wasm, manifest) = chaos_paths();
+    let bdir = tempfile::tempdir().unwrap();
+    let chaos = bdir.path().join("chaos.wasm");
+    std::fs::copy(&wasm, &chaos).unwrap();
+    std::fs::copy(&manifest, bdir.path().join("chaos.toml")).unwrap();
+    let (code, out, err) = run(&[
+        "discover",
+        "--backend", chaos.to_str().unwrap(),
+        "--sysfs-root", m.sys().to_str().unwrap(),
+        "--dev-root", m.dev().to_str().unwrap(),
+        "--format", "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["resources"][0]["name"], WIDGET);
+    let ids: Vec<&str> = v["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "widget-3"]);
+    assert_eq!(v["backends"][0]["wit_version"], "0.1.0");
+
+    let junk = bdir.path().join("junk.wasm");
+    std::fs::write(&junk, b"definitely not wasm").unwrap();
+    let (code, out, err) = run(&["discover", "--backend", junk.to_str().unwrap(), "--format", "table"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("junk.wasm") && out.contains("not a Wasm file"), "{out}\n{err}");
+}
+
+#[test]
+fn inspect_shows_version_exports_and_requested_capabilities() {
+    let (wasm, manifest) = chaos_paths();
+    let bdir = tempfile::tempdir().unwrap();
+    let chaos = bdir.path().join("chaos.wasm");
+    std::fs::copy(&wasm, &chaos).unwrap();
+    std::fs::copy(&manifest, bdir.path().join("chaos.toml")).unwrap();
+    let (code, out, err) = run(&["inspect", chaos.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["wit_version"], "0.1.0");
+    assert_eq!(v["supported"], true);
+    assert_eq!(v["exports"][0], "devplug:backend/backend@0.1.0");
+    assert_eq!(v["size"].as_u64().unwrap(), std::fs::metadata(&chaos).unwrap().len());
+    assert_eq!(v["manifest"]["requests"]["dev"][0], "null");
+}
+
+#[test]
+fn discover_on_this_machine_lists_what_is_really_there() {
+    let (code, out, err) = run(&["discover", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let count = |name: &str| {
+        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == name).map(|r| r["devices"].as_array().unwrap().len())
+    };
+    // The embedded generic backend shares each node 16 ways when it exists, and lists nothing
+    // when it does not: assert exactly what this machine has.
+    use std::os::unix::fs::FileTypeExt;
+    let is_char = |p: &str| std::fs::metadata(p).map(|m| m.file_type().is_char_device()).unwrap_or(false);
+    assert_eq!(count("devplug.io/kvm"), Some(if is_char("/dev/kvm") { 16 } else { 0 }));
+    assert_eq!(count("devplug.io/tun"), Some(if is_char("/dev/net/tun") { 16 } else { 0 }));
+    assert_eq!(count("devplug.io/fuse"), Some(if is_char("/dev/fuse") { 16 } else { 0 }));
+}

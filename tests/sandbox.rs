@@ -1,1 +1,207 @@
+//! The sandbox and the runtime: a hostile backend tries every way out and is refused each time;
+//! looping, memory-hungry and trapping backends are stopped and replaced by fresh instances; the
+//! breaker; the compile cache; bad `.wasm` files get a clear error.
+
 mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use devplug::backends::{BackendSource, Origin};
+use devplug::runtime::caps::{Capabilities, Globs, Jail};
+use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig};
+use support::daemon::chaos_paths;
+use support::fixtures::Machine;
+
+fn chaos_bytes() -> Vec<u8> {
+    std::fs::read(chaos_paths().0).unwrap()
+}
+
+fn sandbox(m: &Machine, name: &str, requested: &Globs, granted: &Globs, memory_cap: usize) -> Sandbox {
+    let caps = Capabilities::new(requested, granted).unwrap();
+    Sandbox {
+        backend: name.into(),
+        sysfs: Arc::new(Jail::new(m.sys(), caps.sysfs)),
+        dev: Arc::new(Jail::new(m.dev(), caps.dev)),
+        refusals: Arc::new(RefusalLog::default()),
+        memory_cap,
+    }
+}
+
+fn runtime() -> Arc<Runtime> {
+    Runtime::new(RuntimeConfig {
+        discover_deadline: Duration::from_millis(500),
+        call_deadline: Duration::from_millis(100),
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+}
+
+fn load(rt: &Arc<Runtime>, m: &Machine, config: &str) -> Result<BackendInstance, LoadError> {
+    let manifest = devplug::runtime::caps::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
+    let granted = Globs { sysfs: vec!["**".into()], dev: vec!["null".into()] };
+    BackendInstance::load(rt, &chaos_bytes(), config.into(), sandbox(m, "chaos", &manifest.requests, &granted, 64 << 20))
+}
+
+/// A sysfs with traps laid for the hostile backend: absolute and relative symlinks out of the
+/// root, a link to an ungranted part of sysfs, an ungranted class with a secret.
+fn hostile_machine() -> Machine {
+    let m = Machine::new();
+    m.pci("0000:00:01.0", "0000:00:01.0", &[("vendor", "0x10de")]);
+    let dev = "sys/devices/pci0000:00/0000:00:01.0/0000:00:01.0";
+    m.link(&format!("{dev}/abs-link"), "/etc/passwd")
+        .link(&format!("{dev}/abs-dir"), "/etc")
+        .link(&format!("{dev}/rel-escape"), "../../../../../../../../etc/passwd")
+        .link(&format!("{dev}/ungranted-link"), "../../../../class/secret/token")
+        .link("sys/escape-link", "/etc")
+        .file("sys/class/secret/token", "s3cret")
+        .link("sys/class/secret/link", "token")
+        .node("null", 'c', 1, 3)
+        .node("kvm", 'c', 10, 232)
+        .node("sda", 'b', 8, 0)
+        .link("dev/stdin", "/proc/self/fd/0");
+    m
+}
+
+#[test]
+fn a_hostile_backend_is_refused_every_way_out() {
+    let m = hostile_machine();
+    let rt = runtime();
+    let inst = load(&rt, &m, "mode=escape").unwrap();
+    let found = inst.discover().unwrap();
+    let attempts: Vec<&(String, String)> =
+        found[0].devices[0].attributes.iter().filter(|(k, _)| k.starts_with("attempt:")).collect();
+    assert!(attempts.len() >= 35, "only {} attempts ran", attempts.len());
+    let escaped: Vec<_> = attempts.iter().filter(|(_, v)| !v.starts_with("refused")).collect();
+    assert!(escaped.is_empty(), "escapes: {escaped:#?}");
+    eprintln!("{} escape attempts, all refused", attempts.len());
+    // The host is unaffected: a normal instance of the same component still works.
+    let ok = load(&rt, &m, "devices=3").unwrap();
+    assert_eq!(ok.discover().unwrap()[0].devices.len(), 3);
+}
+
+#[test]
+fn granted_paths_still_work_inside_the_sandbox() {
+    // The hostile test must not pass merely because everything is refused: the same grants let a
+    // well-formed read through.
+    let m = hostile_machine();
+    let caps = Capabilities::new(
+        &Globs { sysfs: vec!["bus/pci/devices/*/vendor".into(), "devices/**/vendor".into()], dev: vec![] },
+        &Globs { sysfs: vec!["**".into()], dev: vec![] },
+    )
+    .unwrap();
+    let jail = Jail::new(m.sys(), caps.sysfs);
+    assert_eq!(jail.read("bus/pci/devices/0000:00:01.0/vendor").unwrap(), "0x10de");
+}
+
+#[test]
+fn a_looping_backend_is_stopped_at_its_deadline_and_the_next_call_works() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    let other = load(&rt, &m, "devices=5").unwrap();
+    let err = inst.allocate("test.devplug.io/widget", &["spin-0".into()]).unwrap_err();
+    assert_eq!(err, CallError::Timeout(Duration::from_millis(100)));
+    assert_eq!(other.discover().unwrap()[0].devices.len(), 5, "other backends keep serving");
+    let edits = inst.allocate("test.devplug.io/widget", &["widget-1".into()]).unwrap();
+    assert_eq!(edits.env, [("CHAOS_IDS".to_string(), "widget-1".to_string())]);
+    let s = &inst.stats;
+    assert_eq!(s.timeouts.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_memory_hog_hits_the_cap_and_a_trap_is_contained() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    assert_eq!(inst.allocate("r", &["hog-0".into()]).unwrap_err(), CallError::MemoryCap(64 << 20));
+    assert!(inst.allocate("r", &["widget-0".into()]).is_ok(), "fresh instance after the cap");
+    match inst.allocate("r", &["trap-0".into()]).unwrap_err() {
+        CallError::Trap(msg) => assert!(!msg.is_empty()),
+        e => panic!("{e:?}"),
+    }
+    assert!(inst.allocate("r", &["widget-0".into()]).is_ok(), "fresh instance after the trap");
+    let s = &inst.stats;
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!((s.memory_cap_hits.load(Relaxed), s.traps.load(Relaxed)), (1, 1));
+}
+
+#[test]
+fn repeated_faults_open_the_breaker_until_a_call_succeeds() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    for _ in 0..3 {
+        assert!(inst.allocate("r", &["trap-0".into()]).unwrap_err().is_fault());
+    }
+    assert!(inst.breaker_open());
+    assert_eq!(inst.allocate("r", &["widget-0".into()]).unwrap_err(), CallError::BreakerOpen);
+    // Health polling keeps calling discover; its success closes the breaker.
+    assert_eq!(inst.discover().unwrap()[0].devices.len(), 2);
+    assert!(!inst.breaker_open());
+    assert!(inst.allocate("r", &["widget-0".into()]).is_ok());
+}
+
+#[test]
+fn init_that_spins_or_traps_fails_the_load_with_the_reason() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let e = load(&rt, &m, "mode=spin-init").err().unwrap();
+    assert!(matches!(e, LoadError::Init(CallError::Timeout(_))), "{e}");
+    let e = load(&rt, &m, "mode=trap-init").err().unwrap();
+    assert!(matches!(e, LoadError::Init(CallError::Trap(_))), "{e}");
+    let e = load(&rt, &m, "colour=blue").err().unwrap();
+    assert!(e.to_string().contains("unknown setting"), "{e}");
+}
+
+#[test]
+fn bad_wasm_files_get_a_one_line_reason() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let sb = || sandbox(&m, "bad", &Globs::default(), &Globs::default(), 1 << 20);
+    let chaos = chaos_bytes();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("garbage", b"#!/bin/sh\necho hi\n".to_vec(), "not a Wasm file"),
+        ("core module", b"\0asm\x01\0\0\0".to_vec(), "core Wasm module, not a component"),
+        ("truncated", chaos[..chaos.len() / 2].to_vec(), "invalid component"),
+        ("empty component", b"\0asm\x0d\0\x01\0".to_vec(), "not a devplug backend"),
+    ];
+    for (what, bytes, needle) in cases {
+        let e = BackendInstance::load(&rt, &bytes, String::new(), sb()).err().unwrap_or_else(|| panic!("{what} loaded"));
+        let msg = e.to_string();
+        assert!(msg.contains(needle), "{what}: {msg}");
+        assert!(!msg.contains('\n'), "{what}: one line please: {msg}");
+    }
+}
+
+#[test]
+fn a_second_start_loads_from_the_compile_cache() {
+    let m = Machine::generic_box();
+    let cache = tempfile::tempdir().unwrap();
+    let cfg = RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() };
+    let granted = Globs { sysfs: vec![], dev: vec!["null".into()] };
+    let first = Runtime::new(cfg.clone()).unwrap();
+    let a = BackendInstance::load(&first, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    assert_eq!(a.cache, CacheOutcome::Miss);
+    let second = Runtime::new(cfg).unwrap();
+    let b = BackendInstance::load(&second, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    assert_eq!(b.cache, CacheOutcome::Hit);
+    assert_eq!(second.cache_hits.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(b.discover().unwrap()[0].devices.len(), 4, "the cached code runs");
+    // A corrupt cache entry (even one rewritten in place while in use) is discarded and
+    // recompiled, not trusted.
+    for e in std::fs::read_dir(cache.path().join("c")).unwrap().flatten() {
+        std::fs::write(e.path(), b"garbage").unwrap();
+    }
+    let third = Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() }).unwrap();
+    let c = BackendInstance::load(&third, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    assert_eq!(c.cache, CacheOutcome::Miss);
+}
+
+#[test]
+fn embedded_backends_have_valid_manifests_and_origin() {
+    let all = BackendSource::embedded();
+    assert!(all.iter().any(|s| s.name == "generic"));
+    assert!(all.iter().all(|s| s.origin == Origin::Embedded));
+}

@@ -194,7 +194,6 @@ fn escape_attempts(sys: &dyn Sys) -> Vec<(String, String)> {
     attempt("wasi.env", verdict(if vars.is_empty() { Err("empty") } else { Ok(vars) }));
     let args: Vec<String> = std::env::args().collect();
     attempt("wasi.args", verdict(if args.is_empty() { Err("empty") } else { Ok(args) }));
-    attempt("wasi.cwd", verdict(std::env::current_dir()));
     out
 }
 

@@ -95,9 +95,15 @@ impl Runtime {
         };
         let path = dir.join(format!("{}-{:016x}.cwasm", sha256_hex(bytes), self.engine_hash));
         if path.exists() {
-            // SAFETY: the cache dir is private to this host (0700), files are keyed by the wasm's
-            // hash and this engine's compatibility hash, and only this code writes them.
-            match unsafe { Component::deserialize_file(&self.engine, &path) } {
+            // Read into memory rather than mmap the file: a cache file truncated or rewritten
+            // under a running host would otherwise turn into SIGBUS in live code.
+            let loaded = std::fs::read(&path).map_err(anyhow::Error::from).and_then(|native| {
+                // SAFETY: the cache dir is private to this host (0700), files are keyed by the
+                // wasm's hash and this engine's compatibility hash, and only this code writes them
+                // (atomically, by rename); deserialize still checks the engine compatibility.
+                unsafe { Component::deserialize(&self.engine, &native) }.map_err(anyhow::Error::from)
+            });
+            match loaded {
                 Ok(c) => {
                     self.cache_hits.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
