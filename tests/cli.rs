@@ -22,16 +22,25 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
     let s = |p: &std::path::Path| p.display().to_string();
     let mut d = Devplug::spawn(&[
         "run",
-        "--config", &s(&cfg),
-        "--kubelet-dir", &s(&kdir),
-        "--registration", "kubelet-socket",
+        "--config",
+        &s(&cfg),
+        "--kubelet-dir",
+        &s(&kdir),
+        "--registration",
+        "kubelet-socket",
         "--no-embedded",
-        "--backends", &s(backends.path()),
-        "--default-grant", "requested",
-        "--sysfs-root", &s(&m.sys()),
-        "--dev-root", &s(&m.dev()),
-        "--metrics-addr", "127.0.0.1:0",
-        "--poll-interval", "200ms",
+        "--backends",
+        &s(backends.path()),
+        "--default-grant",
+        "requested",
+        "--sysfs-root",
+        &s(&m.sys()),
+        "--dev-root",
+        &s(&m.dev()),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "200ms",
     ]);
     d.wait_log("waiting for kubelet", T).unwrap();
     assert!(kdir.join("devplug-test.devplug.io_widget.sock").exists(), "serving before kubelet is there");
@@ -60,15 +69,20 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
     std::fs::copy(&manifest, bdir.path().join("chaos.toml")).unwrap();
     let (code, out, err) = run(&[
         "discover",
-        "--backend", chaos.to_str().unwrap(),
-        "--sysfs-root", m.sys().to_str().unwrap(),
-        "--dev-root", m.dev().to_str().unwrap(),
-        "--format", "json",
+        "--backend",
+        chaos.to_str().unwrap(),
+        "--sysfs-root",
+        m.sys().to_str().unwrap(),
+        "--dev-root",
+        m.dev().to_str().unwrap(),
+        "--format",
+        "json",
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["resources"][0]["name"], WIDGET);
-    let ids: Vec<&str> = v["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> =
+        v["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "widget-3"]);
     assert_eq!(v["backends"][0]["wit_version"], "0.1.0");
 
@@ -102,7 +116,12 @@ fn discover_on_this_machine_lists_what_is_really_there() {
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let count = |name: &str| {
-        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == name).map(|r| r["devices"].as_array().unwrap().len())
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["devices"].as_array().unwrap().len())
     };
     // The embedded generic backend shares each node 16 ways when it exists, and lists nothing
     // when it does not: assert exactly what this machine has.

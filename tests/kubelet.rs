@@ -7,7 +7,9 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use devplug::kubelet::{EndpointState, Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps};
+use devplug::kubelet::{
+    EndpointState, Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps,
+};
 use devplug::model::{ContainerEdits, Resource, ResourceOptions};
 use devplug::proto::deviceplugin as pb;
 use prost::Message;
@@ -100,7 +102,10 @@ async fn allocate_answers_bad_and_huge_requests_clearly() {
 
     let names: Vec<String> = (0..1000).map(|i| format!("widget-{}", i % 4)).collect();
     let big = pb::AllocateRequest {
-        container_requests: names.iter().map(|n| pb::ContainerAllocateRequest { devices_ids: vec![n.clone()] }).collect(),
+        container_requests: names
+            .iter()
+            .map(|n| pb::ContainerAllocateRequest { devices_ids: vec![n.clone()] })
+            .collect(),
     };
     let resp = c.allocate(big).await.unwrap().into_inner();
     assert_eq!(resp.container_responses.len(), 1000);
@@ -146,7 +151,10 @@ async fn fifty_kubelet_restarts_fifty_reregistrations() {
     for i in 1..=50u64 {
         kubelet.restart().await;
         let t0 = Instant::now();
-        kubelet.wait_registered(WIDGET, 1 + i, Duration::from_secs(1)).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        kubelet
+            .wait_registered(WIDGET, 1 + i, Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("restart {i}: {e}"));
         slowest = slowest.max(t0.elapsed());
         // The new registration serves a working stream, not just a Register call.
         kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
@@ -175,7 +183,10 @@ async fn fifty_kubelet_restarts_through_the_plugin_watcher() {
     assert!(plugin.endpoint.starts_with(&reg), "served from plugins_registry: {}", plugin.endpoint.display());
     for i in 1..=50u64 {
         kubelet.restart().await;
-        kubelet.wait_registered(WIDGET, 1 + i, Duration::from_secs(1)).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        kubelet
+            .wait_registered(WIDGET, 1 + i, Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|e| panic!("restart {i}: {e}"));
         kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
     }
     assert_eq!(kubelet.registrations(), 51);
@@ -209,23 +220,40 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
     let ch = devplug::kubelet::uds::connect(&dir.path().join("kubelet.sock"), T).await.unwrap();
     let mut raw = pb::registration_client::RegistrationClient::new(ch);
     let err = raw
-        .register(pb::RegisterRequest { version: "v1alpha".into(), endpoint: "x.sock".into(), resource_name: "a.io/b".into(), options: None })
+        .register(pb::RegisterRequest {
+            version: "v1alpha".into(),
+            endpoint: "x.sock".into(),
+            resource_name: "a.io/b".into(),
+            options: None,
+        })
         .await
         .unwrap_err();
     assert!(err.message().contains("unsupported API version"), "{}", err.message());
     let err = raw
-        .register(pb::RegisterRequest { version: "v1beta1".into(), endpoint: "../x.sock".into(), resource_name: "a.io/b".into(), options: None })
+        .register(pb::RegisterRequest {
+            version: "v1beta1".into(),
+            endpoint: "../x.sock".into(),
+            resource_name: "a.io/b".into(),
+            options: None,
+        })
         .await
         .unwrap_err();
     assert!(err.message().contains("not a file in"), "{}", err.message());
 
     // devplug with a name kubelet refuses: it retries, backing off, and never spins.
-    let paths = KubeletPaths { device_plugin_dir: dir.path().to_owned(), plugins_registry_dir: dir.path().join("none") };
+    let paths =
+        KubeletPaths { device_plugin_dir: dir.path().to_owned(), plugins_registry_dir: dir.path().join("none") };
     let endpoints = Endpoints::new(paths, RegistrationMode::KubeletSocket).unwrap();
-    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(Resource { name: "Example.com/gpu".into(), ..Default::default() }));
+    let (_tx, rx) =
+        tokio::sync::watch::channel(Arc::new(Resource { name: "Example.com/gpu".into(), ..Default::default() }));
     let t0 = Instant::now();
     endpoints
-        .add(ResourceHandle { name: "Example.com/gpu".into(), options: ResourceOptions::default(), devices: rx, ops: Arc::new(NoBackend) })
+        .add(ResourceHandle {
+            name: "Example.com/gpu".into(),
+            options: ResourceOptions::default(),
+            devices: rx,
+            ops: Arc::new(NoBackend),
+        })
         .await;
     let before = kubelet.refusals().len();
     kubelet.wait_for(T, "three refusals", |k| k.refusals().len() >= before + 3).await.unwrap();
@@ -233,7 +261,10 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
     assert!(t0.elapsed() >= Duration::from_millis(600), "retried too fast: {:?}", t0.elapsed());
     assert!(kubelet.refusals().last().unwrap().contains("invalid extended resource name"));
     let states = endpoints.states().await;
-    assert!(matches!(&states[0].1, EndpointState::Refused(why) if why.contains("invalid extended resource name")), "{states:?}");
+    assert!(
+        matches!(&states[0].1, EndpointState::Refused(why) if why.contains("invalid extended resource name")),
+        "{states:?}"
+    );
     endpoints.shutdown().await;
 }
 
@@ -268,7 +299,10 @@ fn wire_format_matches_upstream_field_numbers() {
     assert_eq!((dev.id.as_str(), dev.health.as_str(), dev.topology.unwrap().nodes[0].id), ("g0", "Healthy", 1));
 
     // ContainerAllocateResponse.cdi_devices = 5, CDIDevice.name = 1.
-    let car = pb::ContainerAllocateResponse { cdi_devices: vec![pb::CdiDevice { name: "v.com/c=x".into() }], ..Default::default() };
+    let car = pb::ContainerAllocateResponse {
+        cdi_devices: vec![pb::CdiDevice { name: "v.com/c=x".into() }],
+        ..Default::default()
+    };
     let mut want = vec![0x2a, 11, 0x0a, 9];
     want.extend_from_slice(b"v.com/c=x");
     assert_eq!(car.encode_to_vec(), want);
@@ -276,6 +310,9 @@ fn wire_format_matches_upstream_field_numbers() {
     // gRPC service paths kubelet dials.
     assert_eq!(pb::device_plugin_server::SERVICE_NAME, "v1beta1.DevicePlugin");
     assert_eq!(pb::registration_server::SERVICE_NAME, "v1beta1.Registration");
-    assert_eq!(devplug::proto::pluginregistration::registration_server::SERVICE_NAME, "pluginregistration.Registration");
+    assert_eq!(
+        devplug::proto::pluginregistration::registration_server::SERVICE_NAME,
+        "pluginregistration.Registration"
+    );
     assert_eq!(devplug::proto::podresources::pod_resources_lister_server::SERVICE_NAME, "v1.PodResourcesLister");
 }

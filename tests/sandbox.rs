@@ -41,7 +41,12 @@ fn runtime() -> Arc<Runtime> {
 fn load(rt: &Arc<Runtime>, m: &Machine, config: &str) -> Result<BackendInstance, LoadError> {
     let manifest = devplug::runtime::caps::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
     let granted = Globs { sysfs: vec!["**".into()], dev: vec!["null".into()] };
-    BackendInstance::load(rt, &chaos_bytes(), config.into(), sandbox(m, "chaos", &manifest.requests, &granted, 64 << 20))
+    BackendInstance::load(
+        rt,
+        &chaos_bytes(),
+        config.into(),
+        sandbox(m, "chaos", &manifest.requests, &granted, 64 << 20),
+    )
 }
 
 /// A sysfs with traps laid for the hostile backend: absolute and relative symlinks out of the
@@ -168,7 +173,8 @@ fn bad_wasm_files_get_a_one_line_reason() {
         ("empty component", b"\0asm\x0d\0\x01\0".to_vec(), "not a devplug backend"),
     ];
     for (what, bytes, needle) in cases {
-        let e = BackendInstance::load(&rt, &bytes, String::new(), sb()).err().unwrap_or_else(|| panic!("{what} loaded"));
+        let e =
+            BackendInstance::load(&rt, &bytes, String::new(), sb()).err().unwrap_or_else(|| panic!("{what} loaded"));
         let msg = e.to_string();
         assert!(msg.contains(needle), "{what}: {msg}");
         assert!(!msg.contains('\n'), "{what}: one line please: {msg}");
@@ -182,10 +188,14 @@ fn a_second_start_loads_from_the_compile_cache() {
     let cfg = RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() };
     let granted = Globs { sysfs: vec![], dev: vec!["null".into()] };
     let first = Runtime::new(cfg.clone()).unwrap();
-    let a = BackendInstance::load(&first, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    let a =
+        BackendInstance::load(&first, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20))
+            .unwrap();
     assert_eq!(a.cache, CacheOutcome::Miss);
     let second = Runtime::new(cfg).unwrap();
-    let b = BackendInstance::load(&second, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    let b =
+        BackendInstance::load(&second, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20))
+            .unwrap();
     assert_eq!(b.cache, CacheOutcome::Hit);
     assert_eq!(second.cache_hits.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(b.discover().unwrap()[0].devices.len(), 4, "the cached code runs");
@@ -194,8 +204,11 @@ fn a_second_start_loads_from_the_compile_cache() {
     for e in std::fs::read_dir(cache.path().join("c")).unwrap().flatten() {
         std::fs::write(e.path(), b"garbage").unwrap();
     }
-    let third = Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() }).unwrap();
-    let c = BackendInstance::load(&third, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20)).unwrap();
+    let third =
+        Runtime::new(RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() }).unwrap();
+    let c =
+        BackendInstance::load(&third, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20))
+            .unwrap();
     assert_eq!(c.cache, CacheOutcome::Miss);
 }
 

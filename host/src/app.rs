@@ -63,7 +63,8 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let loaded = load_all(&registry, sources(&cfg)).await;
     tracing::info!(loaded, "backends loaded");
 
-    let paths = KubeletPaths { device_plugin_dir: cfg.kubelet_dir.clone(), plugins_registry_dir: cfg.plugins_registry_dir() };
+    let paths =
+        KubeletPaths { device_plugin_dir: cfg.kubelet_dir.clone(), plugins_registry_dir: cfg.plugins_registry_dir() };
     let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
     let stop = CancellationToken::new();
     observe::serve(cfg.metrics_addr, observe::Health { endpoints: endpoints.clone() }, stop.clone()).await?;

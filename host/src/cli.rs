@@ -145,7 +145,8 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
     };
     let runtime = Runtime::new(cfg.runtime_config())?;
-    let registry = Arc::new(Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant));
+    let registry =
+        Arc::new(Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant));
     let mut sources = Vec::new();
     if args.backends.is_empty() || args.embedded {
         sources.extend(BackendSource::embedded());

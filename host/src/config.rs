@@ -141,7 +141,10 @@ impl Config {
     /// `plugins_registry` beside the device-plugins dir unless set.
     pub fn plugins_registry_dir(&self) -> PathBuf {
         self.plugins_registry_dir.clone().unwrap_or_else(|| {
-            self.kubelet_dir.parent().map(|p| p.join("plugins_registry")).unwrap_or_else(|| PathBuf::from("plugins_registry"))
+            self.kubelet_dir
+                .parent()
+                .map(|p| p.join("plugins_registry"))
+                .unwrap_or_else(|| PathBuf::from("plugins_registry"))
         })
     }
 

@@ -42,10 +42,7 @@ pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_conf
         default_grant: DefaultGrant::Requested,
         ..Config::default()
     };
-    c.backends.insert(
-        "chaos".into(),
-        BackendSettings { enabled: true, config: chaos_config.into(), grant: None },
-    );
+    c.backends.insert("chaos".into(), BackendSettings { enabled: true, config: chaos_config.into(), grant: None });
     c
 }
 

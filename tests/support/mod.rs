@@ -67,7 +67,8 @@ pub struct Kubelet {
 
 /// Kubelet's check, written independently of devplug's: `IsExtendedResourceName`.
 pub fn kubelet_accepts_resource_name(name: &str) -> Result<(), String> {
-    let (domain, short) = name.split_once('/').ok_or_else(|| format!("{name}: not an extended resource name (no '/')"))?;
+    let (domain, short) =
+        name.split_once('/').ok_or_else(|| format!("{name}: not an extended resource name (no '/')"))?;
     if domain.contains("kubernetes.io") {
         return Err(format!("{name}: native resource namespace"));
     }
@@ -293,7 +294,10 @@ impl pb::registration_server::Registration for RegistrationSvc {
             return Err(refuse(&self.shared, why));
         }
         if r.endpoint.is_empty() || r.endpoint.contains('/') || r.endpoint == ".." {
-            return Err(refuse(&self.shared, format!("endpoint {:?} is not a file in {}", r.endpoint, self.dir.display())));
+            return Err(refuse(
+                &self.shared,
+                format!("endpoint {:?} is not a file in {}", r.endpoint, self.dir.display()),
+            ));
         }
         let endpoint = self.dir.join(&r.endpoint);
         let options = r.options.unwrap_or_default();
@@ -309,11 +313,11 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
     use notify::Watcher;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut w = match notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-        if let Ok(e) = e {
-            if matches!(e.kind, notify::EventKind::Create(_)) {
-                for p in e.paths {
-                    let _ = tx.send(p);
-                }
+        if let Ok(e) = e
+            && matches!(e.kind, notify::EventKind::Create(_))
+        {
+            for p in e.paths {
+                let _ = tx.send(p);
             }
         }
     }) {
@@ -323,7 +327,8 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
     if w.watch(&dir, notify::RecursiveMode::NonRecursive).is_err() {
         return;
     }
-    let existing: Vec<PathBuf> = std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let existing: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     for p in existing {
         watcher_register(&shared, p, &stop).await;
     }

@@ -12,8 +12,8 @@
 //! With no config it serves `/dev/kvm`, `/dev/fuse` and `/dev/net/tun`, 16 shares each.
 
 use devplug_sdk::{
-    edits, invalid_config, Backend, BackendError, ContainerEdits, Device, Health, Info, Node,
-    NodeKind, Resource, ResourceInfo, Sys,
+    Backend, BackendError, ContainerEdits, Device, Health, Info, Node, NodeKind, Resource, ResourceInfo, Sys, edits,
+    invalid_config,
 };
 use serde::Deserialize;
 
@@ -92,11 +92,7 @@ impl Backend for Generic {
             resources: cfg
                 .resource
                 .iter()
-                .map(|r| ResourceInfo {
-                    name: r.name.clone(),
-                    preferred_allocation: false,
-                    pre_start_required: false,
-                })
+                .map(|r| ResourceInfo { name: r.name.clone(), preferred_allocation: false, pre_start_required: false })
                 .collect(),
         };
         Ok((Generic { resources: cfg.resource }, info))
@@ -112,8 +108,7 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
     for pattern in &r.paths {
         // A refused or missing glob just finds nothing: the host already logged the refusal.
         for node in sys.dev_glob(pattern).unwrap_or_default() {
-            if matches!(node.kind, NodeKind::Character | NodeKind::Block)
-                && !nodes.iter().any(|n| n.path == node.path)
+            if matches!(node.kind, NodeKind::Character | NodeKind::Block) && !nodes.iter().any(|n| n.path == node.path)
             {
                 nodes.push(node);
             }

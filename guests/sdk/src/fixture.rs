@@ -83,9 +83,7 @@ impl Sys for FixtureSys {
     fn canonical(&self, path: &str) -> Result<String, FsError> {
         let root = fs::canonicalize(&self.sys_root).map_err(io)?;
         let full = fs::canonicalize(self.sys_root.join(path)).map_err(io)?;
-        full.strip_prefix(&root)
-            .map(|p| p.to_string_lossy().into_owned())
-            .map_err(|_| FsError::Denied(path.to_owned()))
+        full.strip_prefix(&root).map(|p| p.to_string_lossy().into_owned()).map_err(|_| FsError::Denied(path.to_owned()))
     }
 
     fn dev_stat(&self, path: &str) -> Result<Node, FsError> {

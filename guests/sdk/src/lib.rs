@@ -31,8 +31,7 @@ pub mod bindings {
 pub use bindings::devplug::backend::devfs::{Node, NodeKind};
 pub use bindings::devplug::backend::log::Level;
 pub use bindings::devplug::backend::types::{
-    BackendError, ContainerEdits, Device, DeviceNode, FsError, Health, Info, Mount, Resource,
-    ResourceInfo,
+    BackendError, ContainerEdits, Device, DeviceNode, FsError, Health, Info, Mount, Resource, ResourceInfo,
 };
 #[cfg(not(target_arch = "wasm32"))]
 pub use fixture::FixtureSys;
@@ -64,12 +63,7 @@ pub trait Backend: Sized + 'static {
 
     /// Edits that depend on the whole set of `ids` (the host already adds each device's own edits
     /// and the resource's common edits). The default adds nothing.
-    fn allocate(
-        &self,
-        _sys: &dyn Sys,
-        _resource: &str,
-        _ids: &[String],
-    ) -> Result<ContainerEdits, BackendError> {
+    fn allocate(&self, _sys: &dyn Sys, _resource: &str, _ids: &[String]) -> Result<ContainerEdits, BackendError> {
         Ok(edits::empty())
     }
 

@@ -57,10 +57,10 @@ impl PciDevice {
             else {
                 continue;
             };
-            if filter(vendor as u16, class) {
-                if let Ok(dev) = Self::read(sys, &addr) {
-                    out.push(dev);
-                }
+            if filter(vendor as u16, class)
+                && let Ok(dev) = Self::read(sys, &addr)
+            {
+                out.push(dev);
             }
         }
         Ok(out)

@@ -8,9 +8,7 @@
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
 //! as a device attribute `attempt:<what>` = `refused: ...` or `ESCAPED: ...`.
 
-use devplug_sdk::{
-    edits, Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys,
-};
+use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits};
 
 pub struct Chaos {
     mode: String,
@@ -32,9 +30,7 @@ impl Backend for Chaos {
         for word in config.split_whitespace() {
             match word.split_once('=') {
                 Some(("mode", v)) => me.mode = v.into(),
-                Some(("devices", v)) => {
-                    me.devices = v.parse().map_err(|_| devplug_sdk::invalid_config(word))?
-                }
+                Some(("devices", v)) => me.devices = v.parse().map_err(|_| devplug_sdk::invalid_config(word))?,
                 Some(("resource", v)) => me.resource = v.into(),
                 Some(("version", v)) => me.version = v.into(),
                 Some(("names", v)) => me.names = v.split(',').map(str::to_owned).collect(),
@@ -179,7 +175,8 @@ fn escape_attempts(sys: &dyn Sys) -> Vec<(String, String)> {
     }
     for pattern in ["../*", "/etc/*", "**/../*", "sd*"] {
         // An empty list is a refusal too: nothing outside the grant was shown.
-        let r = sys.dev_glob(pattern).and_then(|v| if v.is_empty() { Err(devplug_sdk::FsError::NotFound) } else { Ok(v) });
+        let r =
+            sys.dev_glob(pattern).and_then(|v| if v.is_empty() { Err(devplug_sdk::FsError::NotFound) } else { Ok(v) });
         attempt(&format!("devfs.glob {pattern}"), verdict(r));
     }
     attempt("wasi.read /etc/passwd", verdict(std::fs::read_to_string("/etc/passwd")));

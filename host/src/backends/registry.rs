@@ -150,7 +150,13 @@ impl Registry {
                     let (tx, _) = watch::channel(Arc::new(Resource { name: name.clone(), ..Default::default() }));
                     resources.insert(
                         name.clone(),
-                        ResSlot { backend: src.name.clone(), options: *options, tx, published: false, logged: HashSet::new() },
+                        ResSlot {
+                            backend: src.name.clone(),
+                            options: *options,
+                            tx,
+                            published: false,
+                            logged: HashSet::new(),
+                        },
                     );
                 }
             }
@@ -218,10 +224,10 @@ impl Registry {
             let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
             for extra in extras {
                 let key = format!("undeclared {extra}");
-                if let Some(r) = resources.values_mut().find(|r| r.backend == name) {
-                    if r.logged.insert(key) {
-                        tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
-                    }
+                if let Some(r) = resources.values_mut().find(|r| r.backend == name)
+                    && r.logged.insert(key)
+                {
+                    tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
                 }
             }
         }
@@ -281,7 +287,8 @@ fn clean(r: &Resource, backend: &str, logged: &mut HashSet<String>) -> Resource 
     let mut seen = HashSet::new();
     let mut out = r.clone();
     out.devices.retain(|d| {
-        let problem = device_id_problem(&d.id).or_else(|| (!seen.insert(d.id.clone())).then(|| format!("duplicate device ID {:?}", d.id)));
+        let problem = device_id_problem(&d.id)
+            .or_else(|| (!seen.insert(d.id.clone())).then(|| format!("duplicate device ID {:?}", d.id)));
         match problem {
             None => true,
             Some(p) => {
@@ -328,7 +335,12 @@ impl ResourceOps for BackendOps {
         self.run(move |b, r| b.allocate(r, &ids)).await
     }
 
-    async fn preferred_allocation(&self, available: Vec<String>, must: Vec<String>, size: u32) -> Result<Vec<String>, OpError> {
+    async fn preferred_allocation(
+        &self,
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    ) -> Result<Vec<String>, OpError> {
         self.run(move |b, r| b.preferred_allocation(r, &available, &must, size)).await
     }
 

@@ -67,7 +67,9 @@ pub fn load_dir(dir: &Path) -> (Vec<BackendSource>, Vec<anyhow::Error>) {
     let mut out = Vec::new();
     let mut errors = Vec::new();
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "wasm")).collect(),
+        Ok(rd) => {
+            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "wasm")).collect()
+        }
         Err(e) => {
             errors.push(anyhow::anyhow!("backends dir {}: {e}", dir.display()));
             return (out, errors);

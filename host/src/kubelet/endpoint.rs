@@ -178,10 +178,10 @@ async fn stop_server(stop: &CancellationToken, server: JoinHandle<()>) {
 }
 
 fn remove_socket(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(socket = %path.display(), error = %e, "could not remove socket");
-        }
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(socket = %path.display(), error = %e, "could not remove socket");
     }
 }
 

@@ -186,7 +186,10 @@ type ListStream = Pin<Box<dyn Stream<Item = Result<pb::ListAndWatchResponse, Sta
 
 #[tonic::async_trait]
 impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
-    async fn get_device_plugin_options(&self, _: Request<pb::Empty>) -> Result<Response<pb::DevicePluginOptions>, Status> {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<pb::Empty>,
+    ) -> Result<Response<pb::DevicePluginOptions>, Status> {
         Ok(Response::new(pb::DevicePluginOptions {
             pre_start_required: self.handle.options.pre_start_required,
             get_preferred_allocation_available: self.handle.options.preferred_allocation,

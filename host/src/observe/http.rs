@@ -24,11 +24,8 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
     let states = h.endpoints.states().await;
-    let waiting: Vec<String> = states
-        .iter()
-        .filter(|(_, s)| *s != EndpointState::Registered)
-        .map(|(n, s)| format!("{n}: {s:?}"))
-        .collect();
+    let waiting: Vec<String> =
+        states.iter().filter(|(_, s)| *s != EndpointState::Registered).map(|(n, s)| format!("{n}: {s:?}")).collect();
     if waiting.is_empty() {
         (StatusCode::OK, format!("ready: {} resources registered\n", states.len()))
     } else {

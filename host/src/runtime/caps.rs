@@ -70,10 +70,7 @@ fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
     if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
         return Err(format!("glob {pattern:?} must be relative and contain no '..'"));
     }
-    GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .build()
-        .map_err(|e| format!("glob {pattern:?}: {e}"))
+    GlobBuilder::new(pattern).literal_separator(true).build().map_err(|e| format!("glob {pattern:?}: {e}"))
 }
 
 fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
@@ -365,11 +362,18 @@ mod tests {
         symlink("/etc", dev.join("abs")).unwrap();
         symlink("../../../../..", dev.join("up")).unwrap();
         let rule = Rule::new(
-            &strings(&["bus/pci/devices", "bus/pci/devices/*", "bus/pci/devices/*/{vendor,driver,abs,up}", "devices/**/vendor", "devices/**/driver"]),
+            &strings(&[
+                "bus/pci/devices",
+                "bus/pci/devices/*",
+                "bus/pci/devices/*/{vendor,driver,abs,up}",
+                "devices/**/vendor",
+                "devices/**/driver",
+            ]),
             &strings(&["**"]),
         )
         .unwrap();
-        (d, Jail::new(r, rule))
+        let jail = Jail::new(r, rule);
+        (d, jail)
     }
 
     #[test]
@@ -406,7 +410,8 @@ mod tests {
     #[test]
     fn a_grant_narrows_a_request() {
         let (d, _) = sysfs();
-        let rule = Rule::new(&strings(&["bus/pci/devices/*/vendor", "devices/**/vendor"]), &strings(&["bus/**"])).unwrap();
+        let rule =
+            Rule::new(&strings(&["bus/pci/devices/*/vendor", "devices/**/vendor"]), &strings(&["bus/**"])).unwrap();
         let j = Jail::new(d.path(), rule);
         // The named path is granted, but it resolves under devices/, which is not.
         match j.read("bus/pci/devices/0000:00:01.0/vendor").unwrap_err() {
@@ -428,7 +433,8 @@ mod tests {
 
     #[test]
     fn manifests_parse_and_reject_escaping_globs() {
-        let m = Manifest::parse("name = \"gpu\"\n[requests]\nsysfs = [\"bus/pci/devices/*\"]\ndev = [\"nvidia*\"]\n").unwrap();
+        let m = Manifest::parse("name = \"gpu\"\n[requests]\nsysfs = [\"bus/pci/devices/*\"]\ndev = [\"nvidia*\"]\n")
+            .unwrap();
         assert_eq!(m.requests.dev, ["nvidia*"]);
         assert!(Manifest::parse("[requests]\nsysfs = [\"../x\"]\n").unwrap_err().contains(".."));
         assert!(Manifest::parse("[requests]\nsysfs = [\"/x\"]\n").is_err());

@@ -135,10 +135,7 @@ impl BackendInstance {
         let mut store = Store::new(self.runtime.engine(), HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(self.runtime.config.discover_deadline));
-        let outcome = self
-            .pre
-            .instantiate(&mut store)
-            .and_then(|b| Ok((b.init(&mut store, &self.config)?, b)));
+        let outcome = self.pre.instantiate(&mut store).and_then(|b| Ok((b.init(&mut store, &self.config)?, b)));
         match outcome {
             Ok((Ok(info), bindings)) => Ok((Live { store, bindings }, info)),
             Ok((Err(msg), _)) => Err(CallError::Guest(msg)),
@@ -147,10 +144,10 @@ impl BackendInstance {
     }
 
     fn put_back(&self, live: Live) {
-        if let Ok(mut idle) = self.idle.lock() {
-            if idle.len() < MAX_IDLE {
-                idle.push(live);
-            }
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < MAX_IDLE
+        {
+            idle.push(live);
         }
     }
 
@@ -243,7 +240,9 @@ impl BackendInstance {
         size: u32,
     ) -> Result<Vec<String>, CallError> {
         self.refuse_if_open()?;
-        self.call(CallKind::PreferredAllocation, |b, s| b.preferred_allocation(s, resource, available, must_include, size))
+        self.call(CallKind::PreferredAllocation, |b, s| {
+            b.preferred_allocation(s, resource, available, must_include, size)
+        })
     }
 
     pub fn allocate(&self, resource: &str, ids: &[String]) -> Result<ContainerEdits, CallError> {

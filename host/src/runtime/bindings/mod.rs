@@ -28,17 +28,17 @@ pub enum Pre {
 
 /// The `devplug:backend` version a component exports, read from its type, e.g. `0.1.0`.
 pub fn exported_version(engine: &Engine, component: &Component) -> Option<String> {
-    component.component_type().exports(engine).find_map(|(name, _)| {
-        name.strip_prefix("devplug:backend/backend@").map(str::to_owned)
-    })
+    component
+        .component_type()
+        .exports(engine)
+        .find_map(|(name, _)| name.strip_prefix("devplug:backend/backend@").map(str::to_owned))
 }
 
 impl Pre {
     /// Link the host's imports (and a WASI with nothing in it) for `component`'s version.
     pub fn new(engine: &Engine, component: &Component) -> Result<Self, super::LoadError> {
         let version = exported_version(engine, component).ok_or_else(|| {
-            let exports: Vec<String> =
-                component.component_type().exports(engine).map(|(n, _)| n.to_owned()).collect();
+            let exports: Vec<String> = component.component_type().exports(engine).map(|(n, _)| n.to_owned()).collect();
             super::LoadError::NotABackend(format!(
                 "it exports [{}] but not devplug:backend/backend; build it against the WIT in wit/",
                 exports.join(", ")
@@ -49,11 +49,8 @@ impl Pre {
         match version.as_str() {
             "0.1.0" => {
                 v0_1_0::add_to_linker(&mut linker).map_err(super::LoadError::internal)?;
-                let pre = linker
-                    .instantiate_pre(component)
-                    .map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
-                let pre = v0_1_0::DevplugBackendPre::new(pre)
-                    .map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
+                let pre = linker.instantiate_pre(component).map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
+                let pre = v0_1_0::DevplugBackendPre::new(pre).map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
                 Ok(Pre::V0_1_0(pre))
             }
             other => Err(super::LoadError::UnsupportedVersion(other.to_owned())),
@@ -110,7 +107,12 @@ impl Bindings {
         }
     }
 
-    pub fn pre_start(&self, store: &mut Store<HostState>, resource: &str, ids: &[String]) -> wasmtime::Result<GuestResult<()>> {
+    pub fn pre_start(
+        &self,
+        store: &mut Store<HostState>,
+        resource: &str,
+        ids: &[String],
+    ) -> wasmtime::Result<GuestResult<()>> {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::pre_start(b, store, resource, ids),
         }

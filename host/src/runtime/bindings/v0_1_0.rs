@@ -144,7 +144,11 @@ fn edits(e: devplug::backend::types::ContainerEdits) -> model::ContainerEdits {
         device_nodes: e
             .device_nodes
             .into_iter()
-            .map(|n| model::DeviceNode { container_path: n.container_path, host_path: n.host_path, permissions: n.permissions })
+            .map(|n| model::DeviceNode {
+                container_path: n.container_path,
+                host_path: n.host_path,
+                permissions: n.permissions,
+            })
             .collect(),
         mounts: e
             .mounts
@@ -178,7 +182,11 @@ fn resource(r: devplug::backend::types::Resource) -> model::Resource {
     }
 }
 
-pub fn init(b: &DevplugBackend, store: &mut Store<HostState>, config: &str) -> wasmtime::Result<GuestResult<model::BackendInfo>> {
+pub fn init(
+    b: &DevplugBackend,
+    store: &mut Store<HostState>,
+    config: &str,
+) -> wasmtime::Result<GuestResult<model::BackendInfo>> {
     Ok(b.devplug_backend_backend().call_init(store, config)?.map_err(backend_error).map(|i| model::BackendInfo {
         name: i.name,
         version: i.version,
@@ -196,7 +204,10 @@ pub fn init(b: &DevplugBackend, store: &mut Store<HostState>, config: &str) -> w
     }))
 }
 
-pub fn discover(b: &DevplugBackend, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<Vec<model::Resource>>> {
+pub fn discover(
+    b: &DevplugBackend,
+    store: &mut Store<HostState>,
+) -> wasmtime::Result<GuestResult<Vec<model::Resource>>> {
     Ok(b.devplug_backend_backend()
         .call_discover(store)?
         .map_err(backend_error)
@@ -215,10 +226,20 @@ pub fn preferred_allocation(
     Ok(g.call_preferred_allocation(store, res, available, must_include, size)?.map_err(backend_error))
 }
 
-pub fn allocate(b: &DevplugBackend, store: &mut Store<HostState>, res: &str, ids: &[String]) -> wasmtime::Result<GuestResult<model::ContainerEdits>> {
+pub fn allocate(
+    b: &DevplugBackend,
+    store: &mut Store<HostState>,
+    res: &str,
+    ids: &[String],
+) -> wasmtime::Result<GuestResult<model::ContainerEdits>> {
     Ok(b.devplug_backend_backend().call_allocate(store, res, ids)?.map_err(backend_error).map(edits))
 }
 
-pub fn pre_start(b: &DevplugBackend, store: &mut Store<HostState>, res: &str, ids: &[String]) -> wasmtime::Result<GuestResult<()>> {
+pub fn pre_start(
+    b: &DevplugBackend,
+    store: &mut Store<HostState>,
+    res: &str,
+    ids: &[String],
+) -> wasmtime::Result<GuestResult<()>> {
     Ok(b.devplug_backend_backend().call_pre_start(store, res, ids)?.map_err(backend_error))
 }
