@@ -1,1 +1,69 @@
-fn main() {}
+//! Kubelet-path benchmark (a bench binary, not criterion, because it reports percentiles):
+//! Allocate round-trip latency over the Unix socket through the whole host (gRPC, ID checks,
+//! backend call on the blocking pool, response), and the time from a kubelet restart (dir wiped,
+//! new `kubelet.sock`) to devplug's re-registration. Numbers go in docs/BENCHMARKS.md.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use devplug::proto::deviceplugin as pb;
+use support::Kubelet;
+use support::daemon::{Daemon, WIDGET, chaos_dir, config};
+use support::fixtures::Machine;
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "{name}: n={} p50={:?} p90={:?} p99={:?} max={:?}",
+        v.len(),
+        pct(&v, 0.5),
+        pct(&v, 0.9),
+        pct(&v, 0.99),
+        v[v.len() - 1]
+    );
+}
+
+fn main() -> anyhow::Result<()> {
+    // `cargo bench` passes --bench; a plain `cargo test` run of benches passes nothing useful.
+    let quick = std::env::args().any(|a| a == "--quick");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir()?;
+        let (m, backends) = (Machine::generic_box(), chaos_dir());
+        let mut kubelet = Kubelet::start(dir.path()).await;
+        let daemon = Daemon::start(config(dir.path(), &m, backends.path(), "devices=8"));
+        let plugin = kubelet.wait_registered(WIDGET, 1, Duration::from_secs(30)).await?;
+        let mut client = plugin.client.clone();
+        let req = || pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-3".into()] }],
+        };
+        let n = if quick { 500 } else { 20_000 };
+        for _ in 0..200 {
+            client.allocate(req()).await?;
+        }
+        let mut lat = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            client.allocate(req()).await?;
+            lat.push(t.elapsed());
+        }
+        report("allocate round trip (1 device, over UDS)", lat);
+
+        let mut rereg = Vec::new();
+        for i in 1..=if quick { 10 } else { 100 } {
+            let t = Instant::now();
+            kubelet.restart().await;
+            kubelet.wait_registered(WIDGET, 1 + i, Duration::from_secs(5)).await?;
+            rereg.push(t.elapsed());
+        }
+        report("kubelet restart -> re-registered", rereg);
+        daemon.stop().await?;
+        Ok(())
+    })
+}

@@ -340,10 +340,30 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
     }
 }
 
+/// Kubelet's reconciler keeps trying a socket it saw appear (its create event can arrive between
+/// the plugin's bind and listen); so does the stand-in, a bounded number of times.
 async fn watcher_register(shared: &Arc<Shared>, socket: PathBuf, stop: &CancellationToken) {
-    let Ok(channel) = uds::connect(&socket, DIAL_TIMEOUT).await else { return };
-    let mut reg = pr::registration_client::RegistrationClient::new(channel);
-    let Ok(info) = reg.get_info(pr::InfoRequest {}).await.map(|r| r.into_inner()) else { return };
+    for _ in 0..50 {
+        if stop.is_cancelled() || !socket.exists() {
+            return;
+        }
+        if let Ok(channel) = uds::connect(&socket, DIAL_TIMEOUT).await {
+            let mut reg = pr::registration_client::RegistrationClient::new(channel);
+            if let Ok(info) = reg.get_info(pr::InfoRequest {}).await.map(|r| r.into_inner()) {
+                return watcher_register_info(shared, socket, stop, reg, info).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn watcher_register_info(
+    shared: &Arc<Shared>,
+    socket: PathBuf,
+    stop: &CancellationToken,
+    mut reg: pr::registration_client::RegistrationClient<Channel>,
+    info: pr::PluginInfo,
+) {
     let verdict = if info.r#type != pr::DEVICE_PLUGIN {
         Err(format!("plugin type {:?} is not handled", info.r#type))
     } else if !info.supported_versions.iter().any(|v| v == pb::VERSION) {

@@ -16,8 +16,8 @@ wasmtime::component::bindgen!({
     world: "devplug-backend",
 });
 
-use devplug::backend::devfs::{Node, NodeKind};
-use devplug::backend::types::{BackendError, FsError};
+use self::devplug::backend::devfs::{Node, NodeKind};
+use self::devplug::backend::types::{BackendError, FsError};
 use exports::devplug::backend::backend as guest;
 
 /// Entries a single `devfs.glob` may walk over.
@@ -68,9 +68,9 @@ impl HostState {
     }
 }
 
-impl devplug::backend::types::Host for HostState {}
+impl self::devplug::backend::types::Host for HostState {}
 
-impl devplug::backend::sysfs::Host for HostState {
+impl self::devplug::backend::sysfs::Host for HostState {
     fn read(&mut self, path: String) -> Result<String, FsError> {
         let r = self.sandbox.sysfs.read(&path);
         self.checked("sysfs.read", &path, r)
@@ -92,7 +92,7 @@ impl devplug::backend::sysfs::Host for HostState {
     }
 }
 
-impl devplug::backend::devfs::Host for HostState {
+impl self::devplug::backend::devfs::Host for HostState {
     fn stat(&mut self, path: String) -> Result<Node, FsError> {
         let r = self.stat_node(&path);
         self.checked("devfs.stat", &path, r)
@@ -112,9 +112,9 @@ impl devplug::backend::devfs::Host for HostState {
     }
 }
 
-impl devplug::backend::log::Host for HostState {
-    fn log(&mut self, level: devplug::backend::log::Level, message: String) {
-        use devplug::backend::log::Level;
+impl self::devplug::backend::log::Host for HostState {
+    fn log(&mut self, level: self::devplug::backend::log::Level, message: String) {
+        use self::devplug::backend::log::Level;
         let backend = &*self.sandbox.backend;
         // Guest text is bounded so a backend cannot write megabyte log lines.
         let message: String = message.chars().take(4096).collect();
@@ -139,7 +139,7 @@ fn backend_error(e: BackendError) -> String {
     }
 }
 
-fn edits(e: devplug::backend::types::ContainerEdits) -> model::ContainerEdits {
+fn edits(e: self::devplug::backend::types::ContainerEdits) -> model::ContainerEdits {
     model::ContainerEdits {
         device_nodes: e
             .device_nodes
@@ -160,8 +160,8 @@ fn edits(e: devplug::backend::types::ContainerEdits) -> model::ContainerEdits {
     }
 }
 
-fn resource(r: devplug::backend::types::Resource) -> model::Resource {
-    use devplug::backend::types::Health;
+fn resource(r: self::devplug::backend::types::Resource) -> model::Resource {
+    use self::devplug::backend::types::Health;
     model::Resource {
         name: r.name,
         devices: r
