@@ -219,26 +219,18 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
     // The stand-in refuses what kubelet refuses.
     let ch = devplug::kubelet::uds::connect(&dir.path().join("kubelet.sock"), T).await.unwrap();
     let mut raw = pb::registration_client::RegistrationClient::new(ch);
-    let err = raw
-        .register(pb::RegisterRequest {
-            version: "v1alpha".into(),
-            endpoint: "x.sock".into(),
+    for (version, endpoint, why) in
+        [("v1alpha", "x.sock", "unsupported API version"), ("v1beta1", "../x.sock", "not a file in")]
+    {
+        let req = pb::RegisterRequest {
+            version: version.into(),
+            endpoint: endpoint.into(),
             resource_name: "a.io/b".into(),
             options: None,
-        })
-        .await
-        .unwrap_err();
-    assert!(err.message().contains("unsupported API version"), "{}", err.message());
-    let err = raw
-        .register(pb::RegisterRequest {
-            version: "v1beta1".into(),
-            endpoint: "../x.sock".into(),
-            resource_name: "a.io/b".into(),
-            options: None,
-        })
-        .await
-        .unwrap_err();
-    assert!(err.message().contains("not a file in"), "{}", err.message());
+        };
+        let err = raw.register(req).await.unwrap_err();
+        assert!(err.message().contains(why), "{version} {endpoint}: {}", err.message());
+    }
 
     // devplug with a name kubelet refuses: it retries, backing off, and never spins.
     let paths =

@@ -227,7 +227,8 @@ pub fn discover_table(v: &serde_json::Value) -> String {
 pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let runtime = Runtime::new(RuntimeConfig::default())?;
-    let (component, _) = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let component = compiled.component;
     let ty = component.component_type();
     let engine = runtime.engine();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
@@ -240,7 +241,7 @@ pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
     Ok(serde_json::json!({
         "file": path.display().to_string(),
         "size": bytes.len(),
-        "sha256": crate::runtime::sha256_hex(&bytes),
+        "sha256": compiled.digest,
         "wit_version": exported_version(engine, &component),
         "supported": exported_version(engine, &component).is_some_and(|v| crate::runtime::bindings::SUPPORTED.contains(&v.as_str())),
         "exports": exports,

@@ -9,6 +9,7 @@ pub enum Health {
 }
 
 impl Health {
+    /// The exact strings kubelet understands in `Device.health`.
     pub fn as_str(self) -> &'static str {
         match self {
             Health::Healthy => "Healthy",

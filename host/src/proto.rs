@@ -6,9 +6,6 @@ pub mod deviceplugin {
 
     /// The only version kubelet accepts in `RegisterRequest.version`.
     pub const VERSION: &str = "v1beta1";
-    /// Health strings kubelet understands; anything else is treated as unhealthy.
-    pub const HEALTHY: &str = "Healthy";
-    pub const UNHEALTHY: &str = "Unhealthy";
     /// Kubelet's registration socket, inside the device-plugins dir.
     pub const KUBELET_SOCKET: &str = "kubelet.sock";
 }

@@ -254,12 +254,6 @@ impl Registry {
         self.resources.lock().expect("registry lock").values().map(|r| r.tx.borrow().clone()).collect()
     }
 
-    /// The backend serving `resource`.
-    pub fn instance_for(&self, resource: &str) -> Option<Arc<BackendInstance>> {
-        let backend = self.resources.lock().expect("registry lock").get(resource)?.backend.clone();
-        Some(self.backends.lock().expect("registry lock").get(&backend)?.current.load_full())
-    }
-
     pub fn summaries(&self) -> Vec<BackendSummary> {
         let resources = self.resources.lock().expect("registry lock");
         self.backends

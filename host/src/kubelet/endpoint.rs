@@ -84,10 +84,6 @@ impl Endpoints {
         Ok(Endpoints { paths, mode, watcher, running: Mutex::new(HashMap::new()), registrations: Arc::default() })
     }
 
-    pub fn mode(&self) -> RegistrationMode {
-        self.mode
-    }
-
     /// Start serving a resource (replacing an endpoint of the same name).
     pub async fn add(&self, handle: ResourceHandle) {
         let name = handle.name.clone();
@@ -185,8 +181,9 @@ fn remove_socket(path: &Path) {
     }
 }
 
-/// Sleep for `d`, cut short by `kubelet.sock` appearing. Returns false when cancelled.
-async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: &Path) -> bool {
+/// Sleep for `d`, cut short by `kubelet.sock` appearing (when there is one to wait for).
+/// Returns false when cancelled.
+async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: Option<&Path>) -> bool {
     let sleep = tokio::time::sleep(d);
     tokio::pin!(sleep);
     loop {
@@ -194,7 +191,7 @@ async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: &Path) -> bool {
             _ = ctx.cancel.cancelled() => return false,
             _ = &mut sleep => return true,
             ev = ctx.events.recv() => match ev {
-                Ok(DirEvent::Created(p)) if p == kubelet_sock => return true,
+                Ok(DirEvent::Created(p)) if Some(p.as_path()) == kubelet_sock => return true,
                 Err(broadcast::error::RecvError::Closed) => return false,
                 _ => {}
             },
@@ -217,7 +214,7 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
-                if !pause(&mut ctx, backoff, &kubelet_sock).await {
+                if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
                     return;
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -242,7 +239,7 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
                     said_waiting = true;
                 }
                 ctx.state.send_replace(EndpointState::WaitingForKubelet);
-                if !pause(&mut ctx, MAX_BACKOFF, &kubelet_sock).await {
+                if !pause(&mut ctx, MAX_BACKOFF, Some(&kubelet_sock)).await {
                     return finish(&stop, server, &sock_path).await;
                 }
                 continue;
@@ -253,7 +250,7 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
                 Err(e) => {
                     tracing::warn!(resource = %resource, error = %e, retry_in = ?backoff, "registration failed");
                     ctx.state.send_replace(EndpointState::Refused(e.to_string()));
-                    if !pause(&mut ctx, backoff, &kubelet_sock).await {
+                    if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
                         return finish(&stop, server, &sock_path).await;
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -314,8 +311,7 @@ async fn watcher_mode(mut ctx: Ctx, handle: ResourceHandle) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
-                let never = PathBuf::new();
-                if !pause(&mut ctx, backoff, &never).await {
+                if !pause(&mut ctx, backoff, None).await {
                     return;
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);

@@ -30,10 +30,6 @@ impl StreamTracker {
     pub async fn all_closed(&self) {
         self.all_closed.notified().await
     }
-
-    pub fn open_streams(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
 }
 
 struct StreamGuard(Arc<StreamTracker>);

@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::fs;
 use std::io::{ErrorKind, Read};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -117,11 +117,6 @@ impl Capabilities {
             dev: Rule::new(&requested.dev, &granted.dev)?,
         })
     }
-
-    /// Nothing at all: the default for a backend nobody granted anything.
-    pub fn none() -> Self {
-        Capabilities { sysfs: Rule::new(&[], &[]).expect("empty"), dev: Rule::new(&[], &[]).expect("empty") }
-    }
 }
 
 /// A root directory (`/sys`, `/dev` or a fixture) plus the rule for it.
@@ -141,14 +136,6 @@ pub struct Resolved {
 impl Jail {
     pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
         Jail { root: root.into(), rule }
-    }
-
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    pub fn rule(&self) -> &Rule {
-        &self.rule
     }
 
     /// Check and resolve `rel`. With `follow_last = false` the last component is not followed

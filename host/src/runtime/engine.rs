@@ -51,6 +51,14 @@ pub enum CacheOutcome {
     Disabled,
 }
 
+/// A compiled component, where it came from, and the sha256 of its wasm (its identity in logs,
+/// metrics and the cache).
+pub struct Compiled {
+    pub component: Component,
+    pub cache: CacheOutcome,
+    pub digest: String,
+}
+
 /// The engine every backend shares.
 pub struct Runtime {
     engine: Engine,
@@ -88,12 +96,13 @@ impl Runtime {
     }
 
     /// Compile `bytes` (or load the native code this host compiled for them before).
-    pub fn compile(&self, bytes: &[u8]) -> Result<(Component, CacheOutcome), LoadError> {
+    pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
+        let digest = sha256_hex(bytes);
         let Some(dir) = &self.config.cache_dir else {
-            return Ok((self.compile_fresh(bytes)?, CacheOutcome::Disabled));
+            return Ok(Compiled { component: self.compile_fresh(bytes)?, cache: CacheOutcome::Disabled, digest });
         };
-        let path = dir.join(format!("{}-{:016x}.cwasm", sha256_hex(bytes), self.engine_hash));
+        let path = dir.join(format!("{digest}-{:016x}.cwasm", self.engine_hash));
         if path.exists() {
             // Read into memory rather than mmap the file: a cache file truncated or rewritten
             // under a running host would otherwise turn into SIGBUS in live code.
@@ -107,7 +116,7 @@ impl Runtime {
                 Ok(c) => {
                     self.cache_hits.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
-                    return Ok((c, CacheOutcome::Hit));
+                    return Ok(Compiled { component: c, cache: CacheOutcome::Hit, digest });
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
@@ -125,7 +134,7 @@ impl Runtime {
             }
             Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
         }
-        Ok((component, CacheOutcome::Miss))
+        Ok(Compiled { component, cache: CacheOutcome::Miss, digest })
     }
 
     fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {

@@ -7,11 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use wasmtime::component::Component;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Bindings, GuestResult, Pre};
-use super::engine::{Runtime, sha256_hex, ticks};
+use super::engine::{Runtime, ticks};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
 use crate::model::{BackendInfo, ContainerEdits, Resource};
@@ -77,22 +76,11 @@ impl BackendInstance {
     /// Compile (or load from cache), link, instantiate and `init` a backend. Fails without side
     /// effects, so a bad new version never replaces a good one.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
-        let (component, cache) = runtime.compile(bytes)?;
-        Self::from_component(runtime, &component, sha256_hex(bytes), cache, config, sandbox)
-    }
-
-    fn from_component(
-        runtime: &Arc<Runtime>,
-        component: &Component,
-        digest: String,
-        cache: CacheOutcome,
-        config: String,
-        sandbox: Sandbox,
-    ) -> Result<Self, LoadError> {
-        let pre = Pre::new(runtime.engine(), component)?;
+        let compiled = runtime.compile(bytes)?;
+        let pre = Pre::new(runtime.engine(), &compiled.component)?;
         let mut me = BackendInstance {
             name: sandbox.backend.clone(),
-            digest,
+            digest: compiled.digest,
             info: BackendInfo::default(),
             runtime: runtime.clone(),
             pre,
@@ -100,7 +88,7 @@ impl BackendInstance {
             config,
             idle: Mutex::new(Vec::new()),
             stats: BackendStats::default(),
-            cache,
+            cache: compiled.cache,
         };
         let (live, info) = me.instantiate()?;
         me.info = info;

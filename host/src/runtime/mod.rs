@@ -8,7 +8,7 @@ mod engine;
 mod instance;
 pub mod state;
 
-pub use engine::{CacheOutcome, Runtime, RuntimeConfig, sha256_hex};
+pub use engine::{CacheOutcome, Compiled, Runtime, RuntimeConfig};
 pub use instance::{BackendInstance, BackendStats, CallKind};
 
 /// Why a `.wasm` could not become a backend. Each message says what to do about it.
