@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Guest crates whose components the host embeds as first-party backends, with their manifests.
-const FIRST_PARTY: &[(&str, &str)] = &[("generic", "devplug_generic")];
+const FIRST_PARTY: &[(&str, &str)] =
+    &[("generic", "devplug_generic"), ("gpu", "devplug_gpu"), ("nic", "devplug_nic"), ("fpga", "devplug_fpga")];
 /// Guest crates only the test suite loads.
 const TEST_PROGRAMS: &[(&str, &str)] = &[("chaos", "devplug_chaos")];
 
@@ -30,7 +31,7 @@ fn protos(root: &Path) -> anyhow::Result<()> {
 
 fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
     let guests = root.join("guests");
-    for entry in ["Cargo.toml", "Cargo.lock", "sdk", "generic", "test-programs"] {
+    for entry in ["Cargo.toml", "Cargo.lock", "sdk", "generic", "gpu", "nic", "fpga", "test-programs"] {
         println!("cargo:rerun-if-changed={}", guests.join(entry).display());
     }
     println!("cargo:rerun-if-changed={}", root.join("wit").display());

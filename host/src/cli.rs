@@ -127,6 +127,9 @@ pub struct DiscoverArgs {
     pub sysfs_root: PathBuf,
     #[arg(long, default_value = "/dev")]
     pub dev_root: PathBuf,
+    /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -144,7 +147,11 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         Some(p) => Config::from_file(p)?,
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
     };
-    let runtime = Runtime::new(cfg.runtime_config())?;
+    let mut rc = cfg.runtime_config();
+    if args.cache_dir.is_some() {
+        rc.cache_dir = args.cache_dir.clone();
+    }
+    let runtime = Runtime::new(rc)?;
     let registry =
         Arc::new(Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant));
     let mut sources = Vec::new();

@@ -13,6 +13,7 @@
 pub mod binary;
 pub mod daemon;
 pub mod fixtures;
+pub mod hardware;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -196,6 +197,20 @@ impl Kubelet {
     pub async fn wait_registered(&self, resource: &str, n: u64, timeout: Duration) -> anyhow::Result<Plugin> {
         self.wait_for(timeout, &format!("registration #{n} of {resource}"), |k| k.registrations() >= n).await?;
         self.plugin(resource).await.ok_or_else(|| anyhow::anyhow!("{resource} is not registered"))
+    }
+
+    /// Wait until `resource` is registered (whatever else registered before it).
+    pub async fn wait_plugin(&self, resource: &str, timeout: Duration) -> anyhow::Result<Plugin> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let notified = self.shared.changed.notified();
+            if let Some(p) = self.plugin(resource).await {
+                return Ok(p);
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                anyhow::bail!("timed out after {timeout:?} waiting for {resource} to register");
+            }
+        }
     }
 
     /// Wait until `resource`'s device list satisfies `pred`; returns that list.

@@ -16,6 +16,7 @@ pub mod edits;
 pub mod fixture;
 pub mod pci;
 pub mod sys;
+pub mod topology;
 
 /// The bindings generated from `wit/since_v0.1.0` (package `devplug:backend@0.1.0`).
 pub mod bindings {

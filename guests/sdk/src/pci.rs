@@ -104,3 +104,70 @@ pub fn numa_node(sys: &dyn Sys, path: &str) -> Option<u32> {
 pub fn class_members(sys: &dyn Sys, class: &str) -> Vec<String> {
     sys.list(&format!("class/{class}")).unwrap_or_default()
 }
+
+impl PciDevice {
+    /// The physical function's address, for an SR-IOV virtual function (`physfn` link).
+    pub fn physfn(&self, sys: &dyn Sys) -> Option<String> {
+        sys.link_name(&self.attr("physfn")).filter(|a| is_pci_address(a))
+    }
+
+    /// Virtual functions of a physical function, in `virtfnN` order (not address order).
+    pub fn virtfns(&self, sys: &dyn Sys) -> Vec<String> {
+        let mut vfs: Vec<(u32, String)> = sys
+            .list(&self.path())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| e.strip_prefix("virtfn").and_then(|n| n.parse().ok()).map(|n: u32| (n, e)))
+            .filter_map(|(n, e)| sys.link_name(&self.attr(&e)).map(|a| (n, a)))
+            .collect();
+        vfs.sort();
+        vfs.into_iter().map(|(_, a)| a).collect()
+    }
+
+    /// The IOMMU group number (`iommu_group` → `kernel/iommu_groups/N`).
+    pub fn iommu_group(&self, sys: &dyn Sys) -> Option<String> {
+        sys.link_name(&self.attr("iommu_group"))
+    }
+
+    /// Entries of a per-device class directory (`net`, `drm`, `infiniband`, `infiniband_verbs`).
+    pub fn class_dir(&self, sys: &dyn Sys, class: &str) -> Vec<String> {
+        sys.list(&self.attr(class)).unwrap_or_default()
+    }
+
+    /// The PCIe switch (or, without one, the root port) this function hangs off: the bridge two
+    /// levels up, which is the switch's upstream port. Devices sharing it talk peer-to-peer
+    /// without crossing the CPU.
+    pub fn switch(&self, sys: &dyn Sys) -> Option<String> {
+        let up = self.upstream(sys);
+        match up.len() {
+            0 => None,
+            1 => up.first().cloned(),
+            n => up.get(n - 2).cloned(),
+        }
+    }
+
+    /// Fatal AER errors since boot (`aer_dev_fatal`'s `TOTAL_ERR_FATAL`), `None` without AER.
+    pub fn aer_fatal(&self, sys: &dyn Sys) -> Option<u64> {
+        let text = sys.read(&self.attr("aer_dev_fatal")).ok()?;
+        text.lines().find_map(|l| l.strip_prefix("TOTAL_ERR_FATAL").and_then(|v| v.trim().parse().ok()))
+    }
+
+    /// Why this function is not fit for a container, if it is not: no driver bound, or fatal
+    /// PCIe errors seen since boot (the device needs a reset before anyone trusts it again).
+    pub fn sickness(&self, sys: &dyn Sys, driver_ok: impl Fn(&str) -> bool) -> Option<String> {
+        match &self.driver {
+            None => return Some("no driver bound".into()),
+            Some(d) if !driver_ok(d) => return Some(format!("bound to unexpected driver {d}")),
+            Some(_) => {}
+        }
+        match self.aer_fatal(sys) {
+            Some(n) if n > 0 => Some(format!("{n} fatal AER errors since boot")),
+            _ => None,
+        }
+    }
+
+    /// `0000:17:00.0`'s bus/device/function in the `lspci` sense, for attributes.
+    pub fn vendor_device(&self) -> String {
+        format!("{:04x}:{:04x}", self.vendor, self.device)
+    }
+}

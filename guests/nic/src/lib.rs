@@ -1,0 +1,410 @@
+//! The NIC backend: network functions (PCI class `02xx`) grouped into resource pools by
+//! selectors, the SR-IOV network device plugin's model.
+//!
+//! Each pool selects functions by vendor, device ID, driver, PF interface name, link type, RDMA
+//! capability and kind (VF/PF); a function belongs to the **first** pool that selects it. What a
+//! container gets depends on how the function is bound:
+//! - `vfio-pci`: `/dev/vfio/<iommu group>` (+ `/dev/vfio/vfio` once per container);
+//! - a kernel netdev: nothing in `/dev`; its interface name and PCI address go in the env
+//!   (`NETDEVICE_<POOL>`, `PCIDEVICE_<POOL>`) for the CNI to move into the pod;
+//! - RDMA-capable: `/dev/infiniband/uverbsN` (+ `/dev/infiniband/rdma_cm`).
+//!
+//! Health: Unhealthy without a driver, after fatal AER errors, or when the link is down (the
+//! function's own carrier, or its PF's for a VF without a netdev).
+//!
+//! Config (TOML). Without one, three pools serve every VF: `devplug.io/sriov_vfio`,
+//! `devplug.io/sriov_rdma`, `devplug.io/sriov_netdev`.
+//! ```toml
+//! [[pool]]
+//! name = "example.com/cx6_rdma"
+//! vendors = ["15b3"]          # hex, as in sysfs
+//! devices = ["101e"]
+//! drivers = ["mlx5_core"]
+//! pf_names = ["ens1f0np0"]    # the VF's PF netdev (a PF's own name for functions = "pf")
+//! link_types = ["ether"]      # ether | infiniband
+//! rdma = true                 # only RDMA-capable (false: only without RDMA)
+//! functions = "vf"            # vf (default) | pf | any
+//! ```
+
+use devplug_sdk::pci::PciDevice;
+use devplug_sdk::topology::{Placed, pack};
+use devplug_sdk::{
+    Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
+};
+use serde::Deserialize;
+
+const DEFAULT_CONFIG: &str = r#"
+[[pool]]
+name = "devplug.io/sriov_vfio"
+drivers = ["vfio-pci"]
+
+[[pool]]
+name = "devplug.io/sriov_rdma"
+rdma = true
+
+[[pool]]
+name = "devplug.io/sriov_netdev"
+"#;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Config {
+    #[serde(default)]
+    pool: Vec<Pool>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Functions {
+    #[default]
+    Vf,
+    Pf,
+    Any,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Pool {
+    name: String,
+    #[serde(default)]
+    vendors: Vec<String>,
+    #[serde(default)]
+    devices: Vec<String>,
+    #[serde(default)]
+    drivers: Vec<String>,
+    #[serde(default)]
+    pf_names: Vec<String>,
+    #[serde(default)]
+    link_types: Vec<String>,
+    rdma: Option<bool>,
+    #[serde(default)]
+    functions: Functions,
+}
+
+/// One network function and what the selectors and edits need of it.
+struct Nic {
+    pci: PciDevice,
+    pf: Option<PciDevice>,
+    /// Interface name and its sysfs directory.
+    netdev: Option<(String, String)>,
+    pf_netdev: Option<String>,
+    link_type: Option<&'static str>,
+    verbs: Vec<String>,
+    ib_device: Option<String>,
+}
+
+impl Nic {
+    fn read(sys: &dyn Sys, pci: PciDevice) -> Nic {
+        let pf = pci.physfn(sys).and_then(|a| PciDevice::read(sys, &a).ok());
+        let netdev = netdev_of(sys, &pci);
+        let pf_netdev = match &pf {
+            Some(p) => netdev_of(sys, p).map(|(n, _)| n),
+            None => netdev.as_ref().map(|(n, _)| n.clone()),
+        };
+        let link_type =
+            netdev.as_ref().and_then(|(_, dir)| sys.read(&format!("{dir}/type")).ok()).map(|t| match t.trim() {
+                "32" => "infiniband",
+                "1" => "ether",
+                _ => "other",
+            });
+        let verbs = pci.class_dir(sys, "infiniband_verbs");
+        let ib_device = pci.class_dir(sys, "infiniband").into_iter().next();
+        Nic { pci, pf, netdev, pf_netdev, link_type, verbs, ib_device }
+    }
+
+    fn vfio(&self) -> bool {
+        self.pci.driver.as_deref() == Some("vfio-pci")
+    }
+
+    fn rdma(&self) -> bool {
+        !self.verbs.is_empty()
+    }
+
+    fn selected_by(&self, p: &Pool) -> bool {
+        let hex = |v: u16| format!("{v:04x}");
+        let any = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x.eq_ignore_ascii_case(v));
+        let kind_ok = match p.functions {
+            Functions::Vf => self.pf.is_some(),
+            Functions::Pf => self.pf.is_none(),
+            Functions::Any => true,
+        };
+        kind_ok
+            && any(&p.vendors, &hex(self.pci.vendor))
+            && any(&p.devices, &hex(self.pci.device))
+            && any(&p.drivers, self.pci.driver.as_deref().unwrap_or(""))
+            && any(&p.pf_names, self.pf_netdev.as_deref().unwrap_or(""))
+            && any(&p.link_types, self.link_type.unwrap_or(""))
+            && p.rdma.is_none_or(|want| want == self.rdma())
+    }
+
+    /// Why the function cannot carry traffic, if it cannot.
+    fn problem(&self, sys: &dyn Sys) -> Option<String> {
+        if let Some(p) = self.pci.sickness(sys, |_| true) {
+            return Some(p);
+        }
+        let (ifname, dir) = match (&self.netdev, &self.pf) {
+            (Some(n), _) => n.clone(),
+            (None, Some(pf)) => netdev_of(sys, pf)?,
+            (None, None) => return None,
+        };
+        let carrier = sys.read(&format!("{dir}/carrier")).unwrap_or_default();
+        let oper = sys.read(&format!("{dir}/operstate")).unwrap_or_default();
+        (carrier.trim() != "1" || oper.trim() == "down").then(|| format!("link down on {ifname}"))
+    }
+
+    fn nodes(&self, sys: &dyn Sys) -> Vec<String> {
+        let mut nodes = Vec::new();
+        if self.vfio()
+            && let Some(g) = self.pci.iommu_group(sys)
+        {
+            nodes.push(format!("vfio/{g}"));
+        }
+        nodes.extend(self.verbs.iter().map(|v| format!("infiniband/{v}")));
+        nodes
+    }
+}
+
+/// A function's network interface: under `net/`, or for virtio under `virtioN/net/`.
+fn netdev_of(sys: &dyn Sys, pci: &PciDevice) -> Option<(String, String)> {
+    let mut parents = vec![pci.attr("net")];
+    parents.extend(
+        sys.list(&pci.path())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.starts_with("virtio"))
+            .map(|e| pci.attr(&format!("{e}/net"))),
+    );
+    parents.into_iter().find_map(|p| sys.list(&p).ok()?.into_iter().next().map(|n| (n.clone(), format!("{p}/{n}"))))
+}
+
+pub struct NicBackend {
+    pools: Vec<Pool>,
+}
+
+fn all(sys: &dyn Sys) -> Vec<Nic> {
+    PciDevice::list(sys, |_, class| (class >> 16) as u8 == 0x02)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| Nic::read(sys, p))
+        .collect()
+}
+
+/// `devplug.io/sriov_netdev` → `DEVPLUG_IO_SRIOV_NETDEV`, as the SR-IOV plugin names its env.
+fn env_suffix(resource: &str) -> String {
+    resource.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+impl Backend for NicBackend {
+    fn init(config: &str, _sys: &dyn Sys) -> Result<(Self, Info), BackendError> {
+        let text = if config.trim().is_empty() { DEFAULT_CONFIG } else { config };
+        let cfg: Config = toml::from_str(text).map_err(invalid_config)?;
+        for (i, p) in cfg.pool.iter().enumerate() {
+            if !p.name.contains('/') {
+                return Err(invalid_config(format!("pool {i}: name {:?} is not an extended resource name", p.name)));
+            }
+            if cfg.pool[..i].iter().any(|q| q.name == p.name) {
+                return Err(invalid_config(format!("pool {:?} is defined twice", p.name)));
+            }
+            for (field, list, len) in [("vendors", &p.vendors, 4), ("devices", &p.devices, 4)] {
+                if let Some(bad) = list.iter().find(|v| v.len() != len || u16::from_str_radix(v, 16).is_err()) {
+                    return Err(invalid_config(format!(
+                        "pool {:?}: {field} entry {bad:?} is not 4 hex digits",
+                        p.name
+                    )));
+                }
+            }
+            if let Some(bad) = p.link_types.iter().find(|t| !["ether", "infiniband"].contains(&t.as_str())) {
+                return Err(invalid_config(format!("pool {:?}: link type {bad:?} (ether or infiniband)", p.name)));
+            }
+        }
+        let info = Info {
+            name: "nic".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            resources: cfg
+                .pool
+                .iter()
+                .map(|p| ResourceInfo { name: p.name.clone(), preferred_allocation: true, pre_start_required: false })
+                .collect(),
+        };
+        Ok((NicBackend { pools: cfg.pool }, info))
+    }
+
+    fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
+        let mut pools: Vec<Resource> = self
+            .pools
+            .iter()
+            .map(|p| Resource { name: p.name.clone(), devices: Vec::new(), common_edits: edits::empty() })
+            .collect();
+        let (mut vfio, mut rdma) = (vec![false; pools.len()], vec![false; pools.len()]);
+        for nic in all(sys) {
+            let Some(i) = self.pools.iter().position(|p| nic.selected_by(p)) else { continue };
+            vfio[i] |= nic.vfio();
+            rdma[i] |= nic.rdma();
+            let problem = nic.problem(sys);
+            let mut attributes = vec![
+                ("pci".to_owned(), nic.pci.address.clone()),
+                ("model".to_owned(), nic.pci.vendor_device()),
+                ("driver".to_owned(), nic.pci.driver.clone().unwrap_or_else(|| "none".into())),
+            ];
+            let mut more = |k: &str, v: &Option<String>| {
+                if let Some(v) = v {
+                    attributes.push((k.to_owned(), v.clone()));
+                }
+            };
+            more("netdev", &nic.netdev.as_ref().map(|(n, _)| n.clone()));
+            more("pf", &nic.pf.as_ref().map(|p| p.address.clone()));
+            more("pf-netdev", &nic.pf_netdev);
+            more("rdma", &nic.ib_device);
+            more("unhealthy", &problem);
+            let nodes = nic.nodes(sys);
+            pools[i].devices.push(Device {
+                id: nic.pci.address.clone(),
+                health: if problem.is_none() { Health::Healthy } else { Health::Unhealthy },
+                numa_nodes: nic.pci.numa_node.into_iter().collect(),
+                attributes,
+                edits: edits::nodes(nodes.iter().map(String::as_str)),
+            });
+        }
+        for (i, r) in pools.iter_mut().enumerate() {
+            let shared: Vec<&str> = [(vfio[i], "vfio/vfio"), (rdma[i], "infiniband/rdma_cm")]
+                .into_iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, n)| n)
+                .collect();
+            r.common_edits = edits::nodes(shared.into_iter().filter(|n| sys.dev_stat(n).is_ok()));
+        }
+        Ok(pools)
+    }
+
+    fn preferred_allocation(
+        &self,
+        sys: &dyn Sys,
+        _resource: &str,
+        available: &[String],
+        must_include: &[String],
+        size: u32,
+    ) -> Result<Vec<String>, BackendError> {
+        // Same NUMA node first, then VFs of the same PF (one physical port, one switch).
+        let placed: Vec<Placed> = available
+            .iter()
+            .map(|id| match PciDevice::read(sys, id) {
+                Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: d.physfn(sys).or(Some(d.address)) },
+                Err(_) => Placed { id: id.clone(), numa: None, switch: None },
+            })
+            .collect();
+        Ok(pack(&placed, must_include, size as usize))
+    }
+
+    fn allocate(&self, sys: &dyn Sys, resource: &str, ids: &[String]) -> Result<ContainerEdits, BackendError> {
+        if !self.pools.iter().any(|p| p.name == resource) {
+            return Err(BackendError::UnknownResource(resource.to_owned()));
+        }
+        let mut netdevs = Vec::new();
+        for id in ids {
+            let pci = PciDevice::read(sys, id).map_err(|_| BackendError::UnknownDevice(id.clone()))?;
+            if let Some((n, _)) = netdev_of(sys, &pci) {
+                netdevs.push(n);
+            }
+        }
+        let suffix = env_suffix(resource);
+        let mut e = edits::env(&format!("PCIDEVICE_{suffix}"), &ids.join(","));
+        if !netdevs.is_empty() {
+            edits::merge(&mut e, edits::env(&format!("NETDEVICE_{suffix}"), &netdevs.join(",")));
+        }
+        Ok(e)
+    }
+}
+
+devplug_sdk::backend!(NicBackend);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use devplug_sdk::FixtureSys;
+
+    fn fixture(name: &str) -> FixtureSys {
+        FixtureSys::machine(format!("{}/../../tests/fixtures/sysfs/{name}", env!("CARGO_MANIFEST_DIR")))
+    }
+
+    fn pool<'a>(res: &'a [Resource], name: &str) -> &'a Resource {
+        res.iter().find(|r| r.name == name).unwrap()
+    }
+
+    #[test]
+    fn default_pools_split_cx6_vfs_by_binding_and_rdma() {
+        let sys = fixture("cx6dx-sriov");
+        let (b, info) = NicBackend::init("", &sys).unwrap();
+        assert_eq!(info.resources.len(), 3);
+        let res = b.discover(&sys).unwrap();
+        let vfio = pool(&res, "devplug.io/sriov_vfio");
+        let rdma = pool(&res, "devplug.io/sriov_rdma");
+        assert_eq!(vfio.devices.len(), 4);
+        assert_eq!(rdma.devices.len(), 4);
+        assert!(pool(&res, "devplug.io/sriov_netdev").devices.is_empty(), "mlx5 VFs are all RDMA-capable");
+        assert!(vfio.devices[0].edits.device_nodes[0].container_path.starts_with("/dev/vfio/"));
+        assert_eq!(vfio.common_edits.device_nodes[0].container_path, "/dev/vfio/vfio");
+        assert_eq!(rdma.common_edits.device_nodes[0].container_path, "/dev/infiniband/rdma_cm");
+        assert!(rdma.devices[0].edits.device_nodes[0].container_path.starts_with("/dev/infiniband/uverbs"));
+    }
+
+    #[test]
+    fn e810_iavf_vfs_land_in_the_netdev_pool_with_interface_names_in_env() {
+        let sys = fixture("e810-sriov");
+        let (b, _) = NicBackend::init("", &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        let net = pool(&res, "devplug.io/sriov_netdev");
+        assert_eq!(net.devices.len(), 4);
+        assert_eq!(net.devices[0].numa_nodes, [1]);
+        let e = b.allocate(&sys, &net.name, &[net.devices[1].id.clone()]).unwrap();
+        assert_eq!(
+            e.env,
+            [
+                ("PCIDEVICE_DEVPLUG_IO_SRIOV_NETDEV".to_owned(), "0000:af:01.1".to_owned()),
+                ("NETDEVICE_DEVPLUG_IO_SRIOV_NETDEV".to_owned(), "ens2f0v1".to_owned()),
+            ]
+        );
+    }
+
+    #[test]
+    fn selectors_pick_by_pf_name_driver_and_kind() {
+        let sys = fixture("cx6dx-sriov");
+        let cfg = r#"
+            [[pool]]
+            name = "x.io/pf"
+            functions = "pf"
+            pf_names = ["ens1f1np1"]
+            [[pool]]
+            name = "x.io/mlx"
+            vendors = ["15b3"]
+            drivers = ["mlx5_core"]
+        "#;
+        let (b, _) = NicBackend::init(cfg, &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(pool(&res, "x.io/pf").devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["0000:3b:00.1"]);
+        assert_eq!(pool(&res, "x.io/mlx").devices.len(), 4);
+    }
+
+    #[test]
+    fn bad_pools_are_refused_with_the_reason() {
+        let sys = fixture("plain");
+        for (cfg, needle) in [
+            ("[[pool]]\nname = \"nodomain\"\n", "extended resource name"),
+            ("[[pool]]\nname = \"a.io/b\"\nvendors = [\"15b\"]\n", "4 hex digits"),
+            ("[[pool]]\nname = \"a.io/b\"\nlink_types = [\"wifi\"]\n", "link type"),
+            ("[[pool]]\nname = \"a.io/b\"\n[[pool]]\nname = \"a.io/b\"\n", "twice"),
+            ("[[pool]]\nname = \"a.io/b\"\ncolour = 1\n", "colour"),
+        ] {
+            match NicBackend::init(cfg, &sys) {
+                Err(BackendError::InvalidConfig(m)) => assert!(m.contains(needle), "{m}"),
+                _ => panic!("accepted {cfg:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn virtio_nic_of_a_plain_vm_is_not_a_vf() {
+        let sys = fixture("plain");
+        let (b, _) = NicBackend::init("", &sys).unwrap();
+        assert!(b.discover(&sys).unwrap().iter().all(|r| r.devices.is_empty()));
+    }
+}

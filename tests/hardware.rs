@@ -1,0 +1,186 @@
+//! The first-party backends (embedded in the binary) on the real-hardware sysfs fixtures:
+//! discover output against golden files, Allocate answers through the kubelet stand-in, health
+//! flips seen on ListAndWatch, NUMA packing of preferred allocations.
+//!
+//! `DEVPLUG_BLESS=1 cargo test --test hardware` rewrites the fixture trees from
+//! `support/hardware.rs` and the golden files from what the backends answer; review the diff.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use devplug::config::Config;
+use devplug::kubelet::RegistrationMode;
+use devplug::proto::deviceplugin as pb;
+use support::Kubelet;
+use support::binary::run;
+use support::daemon::Daemon;
+use support::hardware::{MACHINES, build, snapshot};
+
+const T: Duration = Duration::from_secs(30);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn fixture(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/sysfs").join(name)
+}
+
+fn golden_path(name: &str) -> PathBuf {
+    repo().join("tests/fixtures/golden").join(format!("{name}.json"))
+}
+
+fn bless() -> bool {
+    std::env::var_os("DEVPLUG_BLESS").is_some()
+}
+
+/// Compare `got` with the golden file's `section`, or write it when blessing.
+fn check_golden(name: &str, section: &str, got: serde_json::Value) {
+    let path = golden_path(name);
+    let mut doc: serde_json::Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    if bless() {
+        doc[section] = got;
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+        return;
+    }
+    assert_eq!(
+        doc[section],
+        got,
+        "{name}: {section} differs from {} (DEVPLUG_BLESS=1 to accept, then review the diff)",
+        path.display()
+    );
+}
+
+#[test]
+fn committed_fixtures_match_their_generator() {
+    for name in MACHINES {
+        let dir = fixture(name);
+        if bless() {
+            let _ = std::fs::remove_dir_all(&dir);
+            build(name, &dir);
+            continue;
+        }
+        let fresh = tempfile::tempdir().unwrap();
+        build(name, fresh.path());
+        let (want, got) = (snapshot(fresh.path()), snapshot(&dir));
+        let missing: Vec<&String> = want.keys().filter(|k| !got.contains_key(*k)).collect();
+        let extra: Vec<&String> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+        let changed: Vec<&String> = want.keys().filter(|k| got.get(*k).is_some_and(|v| v != &want[*k])).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty() && changed.is_empty(),
+            "{name}: committed tree differs from the generator: missing {missing:?}, extra {extra:?}, changed {changed:?}"
+        );
+    }
+}
+
+/// Compiled backends shared by every run in this suite.
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")
+}
+
+fn discover_json(machine: &Path) -> serde_json::Value {
+    let s = |p: PathBuf| p.display().to_string();
+    let (code, out, err) = run(&[
+        "discover",
+        "--sysfs-root",
+        &s(machine.join("sys")),
+        "--dev-root",
+        &s(machine.join("dev")),
+        "--cache-dir",
+        &s(cache_dir()),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    serde_json::from_str(&out).unwrap()
+}
+
+#[test]
+fn discover_on_every_fixture_matches_its_golden_file() {
+    for name in MACHINES {
+        let v = discover_json(&fixture(name));
+        assert_eq!(v["errors"], serde_json::json!([]), "{name}");
+        let loaded: Vec<&str> = v["backends"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+        assert_eq!(loaded, ["fpga", "generic", "gpu", "nic"], "{name}");
+        check_golden(name, "discover", v["resources"].clone());
+    }
+}
+
+fn daemon_config(kubelet_dir: &Path, machine: &Path) -> Config {
+    Config {
+        kubelet_dir: kubelet_dir.to_owned(),
+        registration: RegistrationMode::KubeletSocket,
+        backends_dir: None,
+        embedded: true,
+        sysfs_root: machine.join("sys"),
+        dev_root: machine.join("dev"),
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        poll_interval: Duration::from_millis(50),
+        cache_dir: Some(cache_dir()),
+        ..Config::default()
+    }
+}
+
+/// An AllocateResponse as JSON with stable ordering, for golden files.
+fn response_json(r: &pb::ContainerAllocateResponse) -> serde_json::Value {
+    let envs: BTreeMap<&String, &String> = r.envs.iter().collect();
+    let devices: Vec<String> =
+        r.devices.iter().map(|d| format!("{} <- {} ({})", d.container_path, d.host_path, d.permissions)).collect();
+    let mounts: Vec<String> = r
+        .mounts
+        .iter()
+        .map(|m| format!("{} <- {}{}", m.container_path, m.host_path, if m.read_only { " (ro)" } else { "" }))
+        .collect();
+    serde_json::json!({ "envs": envs, "devices": devices, "mounts": mounts })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_on_every_fixture_hands_out_the_right_nodes_and_env() {
+    for name in MACHINES {
+        let dir = tempfile::tempdir().unwrap();
+        let kubelet = Kubelet::start(dir.path()).await;
+        let daemon = Daemon::start(daemon_config(dir.path(), &fixture(name)));
+        let expected = discover_json(&fixture(name));
+        let mut answers = serde_json::Map::new();
+        for r in expected["resources"].as_array().unwrap() {
+            let rname = r["name"].as_str().unwrap();
+            let healthy: Vec<String> = r["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["health"] == "Healthy")
+                .map(|d| d["id"].as_str().unwrap().to_owned())
+                .collect();
+            // The generic backend's defaults are on every box: check them once, on the plain one.
+            let generic = ["devplug.io/kvm", "devplug.io/fuse", "devplug.io/tun"].contains(&rname);
+            if healthy.is_empty() || (generic && *name != "plain") {
+                continue;
+            }
+            let plugin = kubelet.wait_plugin(rname, T).await.unwrap();
+            kubelet.wait_devices(rname, T, |l| !l.is_empty()).await.unwrap();
+            let ids: Vec<String> = healthy.iter().take(2).cloned().collect();
+            let resp = plugin
+                .client
+                .clone()
+                .allocate(pb::AllocateRequest {
+                    container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids.clone() }],
+                })
+                .await
+                .unwrap_or_else(|e| panic!("{name} {rname}: {e}"))
+                .into_inner();
+            answers.insert(
+                rname.to_owned(),
+                serde_json::json!({ "ids": ids, "response": response_json(&resp.container_responses[0]) }),
+            );
+        }
+        daemon.stop().await.unwrap();
+        check_golden(name, "allocate", serde_json::Value::Object(answers));
+    }
+}

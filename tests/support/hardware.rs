@@ -1,0 +1,530 @@
+//! The generator of the sysfs fixtures under `tests/fixtures/sysfs/<machine>/`: real machines'
+//! PCI topology written the way the kernel lays it out, so the backends are tested against the
+//! shapes they meet in production rather than against hand-made trees.
+//!
+//! What it reproduces: the real device directory under `devices/pciDDDD:BB/<bridges>/<function>`
+//! with `bus/pci/devices/<addr>` pointing at it; `driver`, `iommu_group` and `subsystem` links
+//! relative to the device directory; `bus/pci/drivers/<drv>/<addr>` back-links; attributes with
+//! the kernel's formats (`0x10de`, `0x030200`, `-1`, `aer_dev_fatal` tables); SR-IOV `virtfnN` /
+//! `physfn`; per-device class directories (`net/<if>`, `drm/renderD128`, `infiniband/mlx5_0`,
+//! `infiniband_verbs/uverbs0`) with `class/<class>/<name>` links; DFL FPGA regions. Device nodes
+//! under `dev/` are files holding `c MAJOR:MINOR`, since git cannot store nodes.
+//!
+//! The committed trees are checked against this generator by `tests/hardware.rs`;
+//! `DEVPLUG_BLESS=1 cargo test --test hardware` rewrites them (and the golden files).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+/// Every committed fixture machine, by directory name.
+pub const MACHINES: &[&str] =
+    &["dgx-h100", "amd-mi300x", "intel-gpu-max", "cx6dx-sriov", "e810-sriov", "alveo-u250", "intel-dfl", "plain"];
+
+/// Writes one machine: `<root>/sys` and `<root>/dev`.
+pub struct Tree {
+    root: PathBuf,
+    iommu_next: u32,
+}
+
+/// A PCI function to create.
+pub struct Func<'a> {
+    /// Root complex and bridges above the function, e.g. `["pci0000:15", "0000:15:01.0"]`.
+    pub parents: Vec<String>,
+    pub addr: &'a str,
+    pub vendor: u16,
+    pub device: u16,
+    pub class: u32,
+    pub numa: i32,
+    pub driver: Option<&'a str>,
+}
+
+impl Tree {
+    pub fn new(root: &Path) -> Self {
+        std::fs::create_dir_all(root.join("sys")).expect("sys");
+        std::fs::create_dir_all(root.join("dev")).expect("dev");
+        Tree { root: root.to_owned(), iommu_next: 10 }
+    }
+
+    pub fn file(&self, rel: &str, content: &str) {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, content).expect("write");
+    }
+
+    pub fn dir(&self, rel: &str) {
+        std::fs::create_dir_all(self.root.join(rel)).expect("mkdir");
+    }
+
+    /// A symlink at `rel` whose target is `to` (both relative to the machine root), stored as
+    /// the kernel stores it: relative to the link's directory.
+    pub fn link(&self, rel: &str, to: &str) {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        let _ = std::fs::remove_file(&p);
+        symlink(relative(rel, to), p).expect("symlink");
+    }
+
+    /// A device node descriptor.
+    pub fn node(&self, rel: &str, major: u32, minor: u32) {
+        self.file(&format!("dev/{rel}"), &format!("c {major}:{minor}\n"));
+    }
+
+    /// A PCI function; returns its real directory (relative to the machine root).
+    pub fn pci(&mut self, f: Func) -> String {
+        let dir = format!("sys/devices/{}/{}", f.parents.join("/"), f.addr);
+        // Bridges on the way down exist as functions too.
+        for i in 1..f.parents.len() {
+            let bdir = format!("sys/devices/{}", f.parents[..=i].join("/"));
+            if !self.root.join(&bdir).join("class").exists() {
+                self.attrs(&bdir, 0x8086, 0x347a, 0x060400, -1);
+                self.link(&format!("sys/bus/pci/devices/{}", f.parents[i]), &bdir);
+            }
+        }
+        self.attrs(&dir, f.vendor, f.device, f.class, f.numa);
+        self.link(&format!("sys/bus/pci/devices/{}", f.addr), &dir);
+        self.file(&format!("{dir}/aer_dev_fatal"), &aer(&FATAL, 0));
+        self.file(&format!("{dir}/aer_dev_nonfatal"), &aer(&NONFATAL, 0));
+        if let Some(drv) = f.driver {
+            self.bind(&dir, f.addr, drv);
+        }
+        let group = self.iommu_next;
+        self.iommu_next += 1;
+        self.link(&format!("{dir}/iommu_group"), &format!("sys/kernel/iommu_groups/{group}"));
+        self.link(&format!("sys/kernel/iommu_groups/{group}/devices/{}", f.addr), &dir);
+        dir
+    }
+
+    fn attrs(&self, dir: &str, vendor: u16, device: u16, class: u32, numa: i32) {
+        self.file(&format!("{dir}/vendor"), &format!("0x{vendor:04x}\n"));
+        self.file(&format!("{dir}/device"), &format!("0x{device:04x}\n"));
+        self.file(&format!("{dir}/class"), &format!("0x{class:06x}\n"));
+        self.file(&format!("{dir}/numa_node"), &format!("{numa}\n"));
+        self.file(&format!("{dir}/enable"), "1\n");
+        self.link(&format!("{dir}/subsystem"), "sys/bus/pci");
+    }
+
+    pub fn bind(&self, dir: &str, addr: &str, driver: &str) {
+        self.link(&format!("{dir}/driver"), &format!("sys/bus/pci/drivers/{driver}"));
+        self.link(&format!("sys/bus/pci/drivers/{driver}/{addr}"), dir);
+    }
+
+    /// A class device below a PCI function (`net/ens1f0np0`) with its `class/<c>/<name>` link.
+    pub fn class_dev(&self, dev_dir: &str, class: &str, name: &str, attrs: &[(&str, &str)]) -> String {
+        let dir = format!("{dev_dir}/{class}/{name}");
+        self.dir(&dir);
+        for (k, v) in attrs {
+            self.file(&format!("{dir}/{k}"), &format!("{v}\n"));
+        }
+        self.link(&format!("{dir}/device"), dev_dir);
+        self.link(&format!("sys/class/{class}/{name}"), &dir);
+        dir
+    }
+
+    /// A netdev with the attributes the NIC backend reads.
+    pub fn netdev(&self, dev_dir: &str, name: &str, mac: &str, link_type: u32, up: bool) {
+        self.class_dev(
+            dev_dir,
+            "net",
+            name,
+            &[
+                ("address", mac),
+                ("type", &link_type.to_string()),
+                ("operstate", if up { "up" } else { "down" }),
+                ("carrier", if up { "1" } else { "0" }),
+                ("mtu", "1500"),
+            ],
+        );
+    }
+}
+
+const FATAL: [&str; 18] = [
+    "Undefined",
+    "DLP",
+    "SDES",
+    "TLP",
+    "FCP",
+    "CmpltTO",
+    "CmpltAbrt",
+    "UnxCmplt",
+    "RxOF",
+    "MalfTLP",
+    "ECRC",
+    "UnsupReq",
+    "ACSViol",
+    "UncorrIntErr",
+    "BlockedTLP",
+    "AtomicOpBlocked",
+    "TLPBlockedErr",
+    "PoisonTLPBlocked",
+];
+const NONFATAL: [&str; 18] = FATAL;
+
+/// An `aer_dev_fatal`-style table: one `NAME COUNT` line per error kind, then the total line.
+pub fn aer(names: &[&str], total: u64) -> String {
+    let mut s = String::new();
+    for (i, n) in names.iter().enumerate() {
+        s.push_str(&format!("{n} {}\n", if i == 9 { total } else { 0 }));
+    }
+    s.push_str(&format!("TOTAL_ERR_FATAL {total}\n"));
+    s
+}
+
+/// `from` and `to` relative to the same root → the relative target a symlink at `from` needs.
+fn relative(from: &str, to: &str) -> String {
+    let from_dir: Vec<&str> = from.split('/').collect();
+    let from_dir = &from_dir[..from_dir.len() - 1];
+    let to: Vec<&str> = to.split('/').collect();
+    let common = from_dir.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<&str> = vec![".."; from_dir.len() - common];
+    parts.extend(&to[common..]);
+    parts.join("/")
+}
+
+fn chain(rc: &str, bridges: &[&str]) -> Vec<String> {
+    std::iter::once(rc.to_owned()).chain(bridges.iter().map(|b| (*b).to_owned())).collect()
+}
+
+/// Write machine `name` into `root`.
+pub fn build(name: &str, root: &Path) {
+    let mut t = Tree::new(root);
+    match name {
+        "dgx-h100" => dgx_h100(&mut t),
+        "amd-mi300x" => amd_mi300x(&mut t),
+        "intel-gpu-max" => intel_gpu_max(&mut t),
+        "cx6dx-sriov" => cx6dx(&mut t, 1, 8),
+        "e810-sriov" => e810(&mut t),
+        "alveo-u250" => alveo_u250(&mut t),
+        "intel-dfl" => intel_dfl(&mut t),
+        "plain" => plain(&mut t),
+        other => panic!("no fixture machine {other:?}"),
+    }
+}
+
+/// The machine for the discover benchmark: the DGX's 8 GPUs plus 4 ConnectX PFs with 64 VFs each.
+pub fn build_big(root: &Path) {
+    let mut t = Tree::new(root);
+    dgx_h100(&mut t);
+    cx6dx(&mut t, 4, 64);
+}
+
+/// Every box has a BMC VGA (ASPEED) and the usual nodes: GPU backends must skip the former.
+fn base(t: &mut Tree) {
+    let dir = t.pci(Func {
+        parents: chain("pci0000:00", &["0000:00:1c.0", "0000:02:00.0"]),
+        addr: "0000:03:00.0",
+        vendor: 0x1a03,
+        device: 0x2000,
+        class: 0x030000,
+        numa: 0,
+        driver: Some("ast"),
+    });
+    t.class_dev(&dir, "drm", "card0", &[]);
+    t.node("dri/card0", 226, 0);
+    t.node("null", 1, 3);
+    t.node("kvm", 10, 232);
+    t.node("fuse", 10, 229);
+}
+
+/// DGX H100-like: 8× H100 SXM (10de:2330, 3D controller) on two NUMA nodes, two GPUs behind each
+/// of four PCIe switches.
+fn dgx_h100(t: &mut Tree) {
+    base(t);
+    let buses = [0x18u32, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    for (i, bus) in buses.iter().enumerate() {
+        let pair = i / 2;
+        let first = buses[pair * 2];
+        let rc = format!("pci0000:{:02x}", first - 4);
+        let rp = format!("0000:{:02x}:01.0", first - 4);
+        let up = format!("0000:{:02x}:00.0", first - 3);
+        let down = format!("0000:{:02x}:{:02x}.0", first - 2, i % 2);
+        let addr = format!("0000:{bus:02x}:00.0");
+        t.pci(Func {
+            parents: chain(&rc, &[&rp, &up, &down]),
+            addr: &addr,
+            vendor: 0x10de,
+            device: 0x2330,
+            class: 0x030200,
+            numa: (i / 4) as i32,
+            driver: Some("nvidia"),
+        });
+        t.node(&format!("nvidia{i}"), 195, i as u32);
+    }
+    t.node("nvidiactl", 195, 255);
+    t.node("nvidia-modeset", 195, 254);
+    t.node("nvidia-uvm", 510, 0);
+    t.node("nvidia-uvm-tools", 510, 1);
+}
+
+/// AMD Instinct MI300X box: 8× 1002:74a1 (processing accelerator) on amdgpu, `/dev/kfd`, a DRM
+/// card and render node per GPU (the BMC holds card0, so numbering is offset: read it, never
+/// guess it).
+fn amd_mi300x(t: &mut Tree) {
+    base(t);
+    for i in 0..8u32 {
+        let bus = 0x05 + i * 0x20;
+        let rc = format!("pci0000:{:02x}", bus - 3);
+        let addr = format!("0000:{bus:02x}:00.0");
+        let dir = t.pci(Func {
+            parents: chain(&rc, &[&format!("0000:{:02x}:01.1", bus - 3), &format!("0000:{:02x}:00.0", bus - 2)]),
+            addr: &addr,
+            vendor: 0x1002,
+            device: 0x74a1,
+            class: 0x120000,
+            numa: (i / 4) as i32,
+            driver: Some("amdgpu"),
+        });
+        t.class_dev(&dir, "drm", &format!("card{}", i + 1), &[]);
+        t.class_dev(&dir, "drm", &format!("renderD{}", 128 + i), &[]);
+        t.node(&format!("dri/card{}", i + 1), 226, i + 1);
+        t.node(&format!("dri/renderD{}", 128 + i), 226, 128 + i);
+    }
+    t.node("kfd", 234, 0);
+}
+
+/// Intel Data Center GPU Max 1550 box: 4× 8086:0bd5, three on i915 and one moved to xe.
+fn intel_gpu_max(t: &mut Tree) {
+    base(t);
+    for i in 0..4u32 {
+        let bus = 0x29 + i * 0x20;
+        let addr = format!("0000:{bus:02x}:00.0");
+        let dir = t.pci(Func {
+            parents: chain(
+                &format!("pci0000:{:02x}", bus - 3),
+                &[
+                    &format!("0000:{:02x}:01.0", bus - 3),
+                    &format!("0000:{:02x}:00.0", bus - 2),
+                    &format!("0000:{:02x}:01.0", bus - 1),
+                ],
+            ),
+            addr: &addr,
+            vendor: 0x8086,
+            device: 0x0bd5,
+            class: 0x038000,
+            numa: (i / 2) as i32,
+            driver: Some(if i == 3 { "xe" } else { "i915" }),
+        });
+        t.class_dev(&dir, "drm", &format!("card{}", i + 1), &[]);
+        t.class_dev(&dir, "drm", &format!("renderD{}", 128 + i), &[]);
+        t.node(&format!("dri/card{}", i + 1), 226, i + 1);
+        t.node(&format!("dri/renderD{}", 128 + i), 226, 128 + i);
+    }
+}
+
+/// ConnectX-6 Dx (15b3:101d) dual-port cards; port 0 of each card has `vfs` VFs (15b3:101e):
+/// the first half on mlx5_core (netdev + RDMA), the rest on vfio-pci. RoCE: link type ether.
+fn cx6dx(t: &mut Tree, cards: u32, vfs: u32) {
+    if t.root.join("sys/devices/pci0000:00").exists() {
+        // Sharing a root with another generator (the benchmark machine): skip the base.
+    } else {
+        base(t);
+    }
+    t.node("infiniband/rdma_cm", 10, 58);
+    t.node("vfio/vfio", 10, 196);
+    let mut verbs = 0u32;
+    let mut ibdev = 0u32;
+    for card in 0..cards {
+        // One card at the real slot; the benchmark's many cards on buses clear of the GPUs'.
+        let bus = if cards == 1 { 0x3b } else { 0x41 + card * 4 };
+        let rc = format!("pci0000:{:02x}", bus - 1);
+        let rp = format!("0000:{:02x}:00.0", bus - 1);
+        let numa = (card % 2) as i32;
+        let mut pfs = Vec::new();
+        for port in 0..2u32 {
+            let addr = format!("0000:{bus:02x}:00.{port}");
+            let dir = t.pci(Func {
+                parents: chain(&rc, &[&rp]),
+                addr: &addr,
+                vendor: 0x15b3,
+                device: 0x101d,
+                class: 0x020000,
+                numa,
+                driver: Some("mlx5_core"),
+            });
+            let ifname = format!("ens{}f{port}np{port}", card + 1);
+            t.netdev(&dir, &ifname, &format!("b8:ce:f6:{card:02x}:00:{port:02x}"), 1, true);
+            t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
+            t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{verbs}"), &[("ibdev", &format!("mlx5_{ibdev}"))]);
+            t.node(&format!("infiniband/uverbs{verbs}"), 231, 192 + verbs);
+            ibdev += 1;
+            verbs += 1;
+            t.file(&format!("{dir}/sriov_totalvfs"), "127\n");
+            t.file(&format!("{dir}/sriov_numvfs"), &format!("{}\n", if port == 0 { vfs } else { 0 }));
+            pfs.push((addr, dir, ifname));
+        }
+        let (_, pf_dir, pf_if) = &pfs[0];
+        for v in 0..vfs {
+            // VFs follow the PFs: function 2 onwards, eight functions per device number.
+            let n = v + 2;
+            let addr = format!("0000:{bus:02x}:{:02x}.{}", n / 8, n % 8);
+            let vfio = v >= vfs / 2;
+            let dir = t.pci(Func {
+                parents: chain(&rc, &[&rp]),
+                addr: &addr,
+                vendor: 0x15b3,
+                device: 0x101e,
+                class: 0x020000,
+                numa,
+                driver: Some(if vfio { "vfio-pci" } else { "mlx5_core" }),
+            });
+            t.link(&format!("{dir}/physfn"), pf_dir);
+            t.link(&format!("{pf_dir}/virtfn{v}"), &dir);
+            if vfio {
+                let group = std::fs::read_link(t.root.join(&dir).join("iommu_group")).expect("group");
+                let group = group.file_name().expect("group name").to_string_lossy().into_owned();
+                t.node(&format!("vfio/{group}"), 244, group.parse().unwrap_or(0));
+            } else {
+                t.netdev(&dir, &format!("{pf_if}v{v}"), &format!("02:00:{card:02x}:00:{v:02x}:01"), 1, true);
+                t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
+                t.class_dev(
+                    &dir,
+                    "infiniband_verbs",
+                    &format!("uverbs{verbs}"),
+                    &[("ibdev", &format!("mlx5_{ibdev}"))],
+                );
+                t.node(&format!("infiniband/uverbs{verbs}"), 231, 192 + verbs);
+                ibdev += 1;
+                verbs += 1;
+            }
+        }
+    }
+}
+
+/// Intel E810-C (8086:1593, ice) with 4 iavf VFs (8086:1889) on NUMA node 1.
+fn e810(t: &mut Tree) {
+    base(t);
+    let parents = chain("pci0000:ae", &["0000:ae:00.0"]);
+    let pf_dir = t.pci(Func {
+        parents: parents.clone(),
+        addr: "0000:af:00.0",
+        vendor: 0x8086,
+        device: 0x1593,
+        class: 0x020000,
+        numa: 1,
+        driver: Some("ice"),
+    });
+    t.netdev(&pf_dir, "ens2f0", "40:a6:b7:21:00:00", 1, true);
+    t.file(&format!("{pf_dir}/sriov_totalvfs"), "128\n");
+    t.file(&format!("{pf_dir}/sriov_numvfs"), "4\n");
+    for v in 0..4u32 {
+        let addr = format!("0000:af:01.{v}");
+        let dir = t.pci(Func {
+            parents: parents.clone(),
+            addr: &addr,
+            vendor: 0x8086,
+            device: 0x1889,
+            class: 0x020000,
+            numa: 1,
+            driver: Some("iavf"),
+        });
+        t.link(&format!("{dir}/physfn"), &pf_dir);
+        t.link(&format!("{pf_dir}/virtfn{v}"), &dir);
+        t.netdev(&dir, &format!("ens2f0v{v}"), &format!("02:00:00:00:00:{v:02x}"), 1, true);
+    }
+}
+
+/// AMD/Xilinx Alveo U250 after XRT 2018.3+: management PF (10ee:5004, xclmgmt, `mgmt_pf`,
+/// `instance`) and user PF (10ee:5005, xocl, `user_pf`, `rom.u.N/VBNV`, `drm/renderD*`).
+fn alveo_u250(t: &mut Tree) {
+    base(t);
+    let parents = chain("pci0000:d7", &["0000:d7:00.0"]);
+    let mgmt = t.pci(Func {
+        parents: parents.clone(),
+        addr: "0000:d8:00.0",
+        vendor: 0x10ee,
+        device: 0x5004,
+        class: 0x120000,
+        numa: 1,
+        driver: Some("xclmgmt"),
+    });
+    t.file(&format!("{mgmt}/mgmt_pf"), "\n");
+    t.file(&format!("{mgmt}/instance"), "55296\n");
+    t.node("xclmgmt55296", 239, 0);
+    let user = t.pci(Func {
+        parents,
+        addr: "0000:d8:00.1",
+        vendor: 0x10ee,
+        device: 0x5005,
+        class: 0x120000,
+        numa: 1,
+        driver: Some("xocl"),
+    });
+    t.file(&format!("{user}/user_pf"), "\n");
+    t.file(&format!("{user}/rom.u.55297/VBNV"), "xilinx_u250_gen3x16_xdma_shell_4_1\n");
+    t.file(&format!("{user}/rom.u.55297/timestamp"), "1599634287\n");
+    t.file(&format!("{user}/xmc.u.55297/serial_num"), "21320733400G\n");
+    t.class_dev(&user, "drm", "renderD128", &[]);
+    t.node("dri/renderD128", 226, 128);
+}
+
+/// Intel PAC D5005 (8086:0b2b) on dfl-pci: FPGA region with an FME (whose PR sub-region carries
+/// the interface ID, `compat_id`) and one port with a loaded AFU (`afu_id`).
+fn intel_dfl(t: &mut Tree) {
+    base(t);
+    let dir = t.pci(Func {
+        parents: chain("pci0000:3a", &["0000:3a:00.0"]),
+        addr: "0000:3b:00.0",
+        vendor: 0x8086,
+        device: 0x0b2b,
+        class: 0x120000,
+        numa: 0,
+        driver: Some("dfl-pci"),
+    });
+    let region = format!("{dir}/fpga_region/region0");
+    t.dir(&region);
+    t.link("sys/class/fpga_region/region0", &region);
+    let fme = format!("{region}/dfl-fme.0");
+    t.file(&format!("{fme}/ports_num"), "1\n");
+    t.file(&format!("{fme}/bitstream_id"), "0x23000410010309\n");
+    let pr = format!("{fme}/dfl-fme-region.1/fpga_region/region1");
+    t.file(&format!("{pr}/compat_id"), "9346116d5e4f59a3a0d4a5a9e1ef4a9c\n");
+    t.link("sys/class/fpga_region/region1", &pr);
+    let port = format!("{region}/dfl-port.0");
+    t.file(&format!("{port}/afu_id"), "d8424dc4a4a3c413f89e433683f9040b\n");
+    t.file(&format!("{port}/id"), "0\n");
+    t.link(&format!("{port}/driver"), "sys/bus/dfl/drivers/dfl-afu");
+    t.node("dfl-fme.0", 240, 0);
+    t.node("dfl-port.0", 241, 0);
+}
+
+/// A cloud VM: a virtio NIC (its netdev hangs off `virtio0`, not the PCI function) and nothing
+/// any GPU/NIC/FPGA backend serves.
+fn plain(t: &mut Tree) {
+    t.node("null", 1, 3);
+    t.node("kvm", 10, 232);
+    t.node("net/tun", 10, 200);
+    let dir = t.pci(Func {
+        parents: vec!["pci0000:00".into()],
+        addr: "0000:00:03.0",
+        vendor: 0x1af4,
+        device: 0x1041,
+        class: 0x020000,
+        numa: -1,
+        driver: Some("virtio-pci"),
+    });
+    t.netdev(&format!("{dir}/virtio0"), "eth0", "52:54:00:12:34:56", 1, true);
+}
+
+/// Every file and link under `root`, as (relative path → content or `-> target`), for comparing
+/// a committed tree with a freshly generated one.
+pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            let rel = p.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            let ft = e.file_type().expect("file type");
+            if ft.is_symlink() {
+                out.insert(rel, format!("-> {}", std::fs::read_link(&p).expect("link").display()));
+            } else if ft.is_dir() {
+                out.insert(rel.clone() + "/", String::new());
+                stack.push(p);
+            } else {
+                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_else(|_| "<binary>".into()));
+            }
+        }
+    }
+    out
+}
