@@ -131,3 +131,47 @@ fn discover_on_this_machine_lists_what_is_really_there() {
     assert_eq!(count("devplug.io/tun"), Some(if is_char("/dev/net/tun") { 16 } else { 0 }));
     assert_eq!(count("devplug.io/fuse"), Some(if is_char("/dev/fuse") { 16 } else { 0 }));
 }
+
+#[test]
+fn discover_on_this_machine_finds_its_real_pci_nics() {
+    // Every NIC pool is opt-in (handing the node's own uplink to a pod by default would be a
+    // bad surprise), so ask for all network functions and compare with what sysfs says.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("devplug.toml");
+    std::fs::write(
+        &cfg,
+        "[backends.nic]\nconfig = '''\n[[pool]]\nname = \"devplug.io/nic\"\nfunctions = \"any\"\n'''\n",
+    )
+    .unwrap();
+    let (code, out, err) = run(&["discover", "--config", cfg.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["errors"], serde_json::json!([]), "{out}");
+    let nics = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "devplug.io/nic").cloned();
+    let listed: Vec<(String, String)> = nics
+        .iter()
+        .flat_map(|r| r["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| (d["id"].as_str().unwrap().to_owned(), d["attributes"]["netdev"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    // What the kernel says: interfaces whose device path runs through a PCI function of class 02.
+    let mut expected = Vec::new();
+    for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
+        let Ok(real) = std::fs::canonicalize(e.path()) else { continue };
+        let pci = real
+            .to_string_lossy()
+            .split('/')
+            .filter(|p| p.len() == 12 && p.as_bytes()[4] == b':')
+            .last()
+            .map(str::to_owned);
+        if let Some(addr) = pci {
+            let class = std::fs::read_to_string(format!("/sys/bus/pci/devices/{addr}/class")).unwrap_or_default();
+            if class.trim().starts_with("0x02") {
+                expected.push((addr, e.file_name().to_string_lossy().into_owned()));
+            }
+        }
+    }
+    expected.sort();
+    let mut listed = listed;
+    listed.sort();
+    assert_eq!(listed, expected, "devplug's NICs vs /sys/class/net");
+}

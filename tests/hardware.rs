@@ -184,3 +184,126 @@ async fn allocate_on_every_fixture_hands_out_the_right_nodes_and_env() {
         check_golden(name, "allocate", serde_json::Value::Object(answers));
     }
 }
+
+/// A writable copy of a fixture (symlinks kept as they are).
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    let st = std::process::Command::new("cp").arg("-a").arg(fixture(name)).arg(d.path().join("m")).status().unwrap();
+    assert!(st.success());
+    d
+}
+
+/// The real directory of a PCI function in a machine copy.
+fn pci_dir(machine: &Path, addr: &str) -> PathBuf {
+    std::fs::canonicalize(machine.join("sys/bus/pci/devices").join(addr)).unwrap()
+}
+
+async fn wait_health(k: &Kubelet, resource: &str, id: &str, health: &str) {
+    k.wait_devices(resource, T, |l| l.iter().any(|d| d.id == id && d.health == health))
+        .await
+        .unwrap_or_else(|e| panic!("{resource} {id} never became {health}: {e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_flips_reach_kubelet_and_flip_back() {
+    // GPU: driver unbound, then fatal AER errors.
+    let copy = copy_fixture("dgx-h100");
+    let m = copy.path().join("m");
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    const GPU: &str = "nvidia.com/gpu";
+    kubelet.wait_plugin(GPU, T).await.unwrap();
+    kubelet.wait_devices(GPU, T, |l| l.len() == 8 && l.iter().all(|d| d.health == "Healthy")).await.unwrap();
+
+    let gpu1 = pci_dir(&m, "0000:2a:00.0");
+    let target = std::fs::read_link(gpu1.join("driver")).unwrap();
+    std::fs::remove_file(gpu1.join("driver")).unwrap();
+    wait_health(&kubelet, GPU, "0000:2a:00.0", "Unhealthy").await;
+    let list = kubelet.wait_devices(GPU, T, |_| true).await.unwrap();
+    assert_eq!(list.iter().filter(|d| d.health == "Unhealthy").count(), 1, "only the unbound GPU: {list:?}");
+    std::os::unix::fs::symlink(&target, gpu1.join("driver")).unwrap();
+    wait_health(&kubelet, GPU, "0000:2a:00.0", "Healthy").await;
+
+    let gpu0 = pci_dir(&m, "0000:18:00.0").join("aer_dev_fatal");
+    let clean = std::fs::read_to_string(&gpu0).unwrap();
+    std::fs::write(&gpu0, clean.replace("TOTAL_ERR_FATAL 0", "TOTAL_ERR_FATAL 1").replace("MalfTLP 0", "MalfTLP 1"))
+        .unwrap();
+    wait_health(&kubelet, GPU, "0000:18:00.0", "Unhealthy").await;
+    std::fs::write(&gpu0, clean).unwrap();
+    wait_health(&kubelet, GPU, "0000:18:00.0", "Healthy").await;
+    daemon.stop().await.unwrap();
+
+    // NIC: carrier lost on a VF's link.
+    let copy = copy_fixture("e810-sriov");
+    let m = copy.path().join("m");
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    const NET: &str = "devplug.io/sriov_netdev";
+    kubelet.wait_plugin(NET, T).await.unwrap();
+    wait_health(&kubelet, NET, "0000:af:01.2", "Healthy").await;
+    let carrier = pci_dir(&m, "0000:af:01.2").join("net/ens2f0v2/carrier");
+    std::fs::write(&carrier, "0\n").unwrap();
+    wait_health(&kubelet, NET, "0000:af:01.2", "Unhealthy").await;
+    std::fs::write(&carrier, "1\n").unwrap();
+    wait_health(&kubelet, NET, "0000:af:01.2", "Healthy").await;
+    daemon.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preferred_allocations_on_the_dgx_stay_within_one_numa_node_when_they_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(daemon_config(dir.path(), &fixture("dgx-h100")));
+    const GPU: &str = "nvidia.com/gpu";
+    let plugin = kubelet.wait_plugin(GPU, T).await.unwrap();
+    let list = kubelet.wait_devices(GPU, T, |l| l.len() == 8).await.unwrap();
+    let numa: BTreeMap<String, i64> =
+        list.iter().map(|d| (d.id.clone(), d.topology.as_ref().unwrap().nodes[0].id)).collect();
+    let all: Vec<String> = numa.keys().cloned().collect();
+    let node1: Vec<String> = all.iter().filter(|id| numa[*id] == 1).cloned().collect();
+    let cases: Vec<(Vec<String>, Vec<String>, i32)> = vec![
+        (all.clone(), vec![], 1),
+        (all.clone(), vec![all[6].clone()], 1),
+        (all.clone(), vec![], 2),
+        (all.clone(), vec![all[5].clone()], 2),
+        (all.clone(), vec![all[0].clone(), all[1].clone()], 4),
+        (all.clone(), vec![all[7].clone()], 4),
+        // Two GPUs of node 0 already taken: four still fit on node 1 only.
+        (all[2..].to_vec(), vec![], 4),
+        // Node 1 partly taken: a pair best-fits into what is left there.
+        (all[..4].iter().chain(&node1[2..]).cloned().collect(), vec![], 2),
+        (all.clone(), vec![all[3].clone()], 8),
+    ];
+    for (available, must, size) in cases {
+        let resp = plugin
+            .client
+            .clone()
+            .get_preferred_allocation(pb::PreferredAllocationRequest {
+                container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available.clone(),
+                    must_include_device_i_ds: must.clone(),
+                    allocation_size: size,
+                }],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let got = &resp.container_responses[0].device_i_ds;
+        assert_eq!(got.len(), size as usize, "{got:?}");
+        assert!(must.iter().all(|m| got.contains(m)), "{got:?} lacks {must:?}");
+        assert!(got.iter().all(|g| available.contains(g)), "{got:?} not all available");
+        let nodes: std::collections::BTreeSet<i64> = got.iter().map(|g| numa[g]).collect();
+        let fits_one_node = [0, 1].iter().any(|n| {
+            available.iter().filter(|a| numa[*a] == *n).count() >= size as usize && must.iter().all(|m| numa[m] == *n)
+        });
+        if fits_one_node {
+            assert_eq!(nodes.len(), 1, "size {size}, must {must:?}: {got:?} spans NUMA nodes {nodes:?}");
+        }
+        if size == 2 && must.is_empty() && available.len() == 6 {
+            assert_eq!(nodes.into_iter().collect::<Vec<_>>(), [1], "best fit keeps node 0's four free: {got:?}");
+        }
+    }
+    daemon.stop().await.unwrap();
+}

@@ -87,6 +87,8 @@ struct Nic {
     pf: Option<PciDevice>,
     /// Interface name and its sysfs directory.
     netdev: Option<(String, String)>,
+    /// The PF's interface name and sysfs directory, for a VF.
+    pf_link: Option<(String, String)>,
     pf_netdev: Option<String>,
     link_type: Option<&'static str>,
     verbs: Vec<String>,
@@ -94,11 +96,14 @@ struct Nic {
 }
 
 impl Nic {
-    fn read(sys: &dyn Sys, pci: PciDevice) -> Nic {
-        let pf = pci.physfn(sys).and_then(|a| PciDevice::read(sys, &a).ok());
-        let netdev = netdev_of(sys, &pci);
+    /// `all` is every network function, so a VF's PF is looked up rather than read again.
+    fn read(sys: &dyn Sys, pci: PciDevice, all: &[(PciDevice, Option<(String, String)>)]) -> Nic {
+        let pf_entry = pci.physfn(sys).and_then(|a| all.iter().find(|(p, _)| p.address == a));
+        let pf = pf_entry.map(|(p, _)| p.clone());
+        let pf_link = pf_entry.and_then(|(_, n)| n.clone());
+        let netdev = all.iter().find(|(p, _)| p.address == pci.address).and_then(|(_, n)| n.clone());
         let pf_netdev = match &pf {
-            Some(p) => netdev_of(sys, p).map(|(n, _)| n),
+            Some(_) => pf_link.as_ref().map(|(n, _)| n.clone()),
             None => netdev.as_ref().map(|(n, _)| n.clone()),
         };
         let link_type =
@@ -107,9 +112,11 @@ impl Nic {
                 "1" => "ether",
                 _ => "other",
             });
-        let verbs = pci.class_dir(sys, "infiniband_verbs");
-        let ib_device = pci.class_dir(sys, "infiniband").into_iter().next();
-        Nic { pci, pf, netdev, pf_netdev, link_type, verbs, ib_device }
+        // A function bound to vfio-pci has no kernel children to look for.
+        let kernel = pci.driver.as_deref().is_some_and(|d| d != "vfio-pci");
+        let verbs = if kernel { pci.class_dir(sys, "infiniband_verbs") } else { Vec::new() };
+        let ib_device = if kernel { pci.class_dir(sys, "infiniband").into_iter().next() } else { None };
+        Nic { pci, pf, netdev, pf_link, pf_netdev, link_type, verbs, ib_device }
     }
 
     fn vfio(&self) -> bool {
@@ -142,11 +149,7 @@ impl Nic {
         if let Some(p) = self.pci.sickness(sys, |_| true) {
             return Some(p);
         }
-        let (ifname, dir) = match (&self.netdev, &self.pf) {
-            (Some(n), _) => n.clone(),
-            (None, Some(pf)) => netdev_of(sys, pf)?,
-            (None, None) => return None,
-        };
+        let (ifname, dir) = self.netdev.clone().or_else(|| self.pf_link.clone())?;
         let carrier = sys.read(&format!("{dir}/carrier")).unwrap_or_default();
         let oper = sys.read(&format!("{dir}/operstate")).unwrap_or_default();
         (carrier.trim() != "1" || oper.trim() == "down").then(|| format!("link down on {ifname}"))
@@ -166,15 +169,15 @@ impl Nic {
 
 /// A function's network interface: under `net/`, or for virtio under `virtioN/net/`.
 fn netdev_of(sys: &dyn Sys, pci: &PciDevice) -> Option<(String, String)> {
-    let mut parents = vec![pci.attr("net")];
-    parents.extend(
-        sys.list(&pci.path())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|e| e.starts_with("virtio"))
-            .map(|e| pci.attr(&format!("{e}/net"))),
-    );
-    parents.into_iter().find_map(|p| sys.list(&p).ok()?.into_iter().next().map(|n| (n.clone(), format!("{p}/{n}"))))
+    let first = |dir: String| sys.list(&dir).ok()?.into_iter().next().map(|n| (n.clone(), format!("{dir}/{n}")));
+    if let Some(found) = first(pci.attr("net")) {
+        return Some(found);
+    }
+    if pci.driver.as_deref() != Some("virtio-pci") {
+        return None;
+    }
+    let children = sys.list(&pci.path()).unwrap_or_default();
+    children.into_iter().filter(|e| e.starts_with("virtio")).find_map(|e| first(pci.attr(&format!("{e}/net"))))
 }
 
 pub struct NicBackend {
@@ -182,11 +185,16 @@ pub struct NicBackend {
 }
 
 fn all(sys: &dyn Sys) -> Vec<Nic> {
-    PciDevice::list(sys, |_, class| (class >> 16) as u8 == 0x02)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| Nic::read(sys, p))
-        .collect()
+    let funcs: Vec<(PciDevice, Option<(String, String)>)> =
+        PciDevice::list(sys, |_, class| (class >> 16) as u8 == 0x02)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| {
+                let n = if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, &p) };
+                (p, n)
+            })
+            .collect();
+    funcs.iter().map(|(p, _)| Nic::read(sys, p.clone(), &funcs)).collect()
 }
 
 /// `devplug.io/sriov_netdev` → `DEVPLUG_IO_SRIOV_NETDEV`, as the SR-IOV plugin names its env.

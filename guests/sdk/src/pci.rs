@@ -58,9 +58,17 @@ impl PciDevice {
                 continue;
             };
             if filter(vendor as u16, class)
-                && let Ok(dev) = Self::read(sys, &addr)
+                && let Ok(device) = read_hex(sys, &format!("{dir}/device"))
             {
-                out.push(dev);
+                // vendor and class are already read: every host call counts with hundreds of VFs.
+                out.push(PciDevice {
+                    numa_node: numa_node(sys, &format!("{dir}/numa_node")),
+                    driver: sys.link_name(&format!("{dir}/driver")),
+                    address: addr,
+                    vendor: vendor as u16,
+                    device: device as u16,
+                    class,
+                });
             }
         }
         Ok(out)

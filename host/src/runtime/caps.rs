@@ -9,8 +9,13 @@
 use std::collections::VecDeque;
 use std::fs;
 use std::io::{ErrorKind, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 use serde::{Deserialize, Serialize};
@@ -124,6 +129,57 @@ impl Capabilities {
 pub struct Jail {
     root: PathBuf,
     rule: Rule,
+    /// The root opened once, for `openat2(RESOLVE_BENEATH)`: the kernel resolves every symlink
+    /// in one call and refuses any that leaves the root. `None` when the root cannot be opened
+    /// or the kernel (or a seccomp profile) lacks `openat2`; then the jail walks the path itself.
+    beneath: Option<Arc<Beneath>>,
+}
+
+#[derive(Debug)]
+struct Beneath {
+    fd: OwnedFd,
+    /// The root's canonical path, to turn `/proc/self/fd/N` back into a root-relative path.
+    canon: PathBuf,
+}
+
+impl Beneath {
+    fn new(root: &Path) -> Option<Beneath> {
+        let canon = fs::canonicalize(root).ok()?;
+        let fd = fs::File::open(&canon).ok()?.into();
+        let b = Beneath { fd, canon };
+        // Probe once: ENOSYS/EPERM here means openat2 is unavailable (old kernel, seccomp).
+        match b.open_at(".", OFlag::O_PATH) {
+            Err(Errno::ENOSYS) | Err(Errno::EPERM) => None,
+            _ => Some(b),
+        }
+    }
+
+    fn open_at(&self, rel: &str, flags: OFlag) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        openat2(&self.fd, rel, how)
+    }
+
+    /// Open `rel` beneath the root and say where it really is, relative to the root.
+    fn open(&self, rel: &str, flags: OFlag) -> Result<(OwnedFd, String), FsError> {
+        let fd = self.open_at(rel, flags).map_err(|e| match e {
+            Errno::ENOENT => FsError::NotFound,
+            Errno::EXDEV => {
+                FsError::Denied(format!("{rel} resolves outside the root (a symlink climbs out or is absolute)"))
+            }
+            Errno::ELOOP => FsError::Io("too many levels of symbolic links".into()),
+            other => FsError::Io(format!("{rel}: {}", other.desc())),
+        })?;
+        let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io_error)?;
+        let canonical = real
+            .strip_prefix(&self.canon)
+            .ok()
+            .and_then(|p| p.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| FsError::Denied(format!("{rel} resolves outside the root")))?;
+        Ok((fd, canonical))
+    }
 }
 
 /// A path the jail accepted: where it is on disk and what it is called, relative to the root.
@@ -135,7 +191,19 @@ pub struct Resolved {
 
 impl Jail {
     pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
-        Jail { root: root.into(), rule }
+        let root = root.into();
+        let beneath = Beneath::new(&root).map(Arc::new);
+        Jail { root, rule, beneath }
+    }
+
+    fn check_canonical(&self, rel: &str, canonical: &str) -> Result<(), FsError> {
+        if canonical != rel && !self.rule.allows(canonical) {
+            return Err(FsError::Denied(format!(
+                "{rel} resolves to {canonical}, which is {}",
+                if self.rule.requested(canonical) { "not granted" } else { "not requested in the manifest" }
+            )));
+        }
+        Ok(())
     }
 
     /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
@@ -145,13 +213,17 @@ impl Jail {
         if !self.rule.allows(rel) {
             return Err(FsError::Denied(not_granted(&self.rule, rel)));
         }
-        let canonical = self.walk(comps, follow_last)?;
-        if canonical != rel && !self.rule.allows(&canonical) {
-            return Err(FsError::Denied(format!(
-                "{rel} resolves to {canonical}, which is {}",
-                if self.rule.requested(&canonical) { "not granted" } else { "not requested in the manifest" }
-            )));
-        }
+        let canonical = match &self.beneath {
+            Some(b) if follow_last => b.open(rel, OFlag::O_PATH)?.1,
+            Some(b) => match rel.rsplit_once('/') {
+                Some((parent, last)) => {
+                    format!("{}/{last}", b.open(parent, OFlag::O_PATH)?.1).trim_start_matches('/').to_owned()
+                }
+                None => rel.to_owned(),
+            },
+            None => self.walk(comps, follow_last)?,
+        };
+        self.check_canonical(rel, &canonical)?;
         Ok(Resolved { real: self.root.join(&canonical), canonical })
     }
 
@@ -195,16 +267,29 @@ impl Jail {
 
     /// An attribute's text (regular files only, so a planted FIFO cannot block the host).
     pub fn read(&self, rel: &str) -> Result<String, FsError> {
-        let r = self.resolve(rel, true)?;
-        let meta = fs::metadata(&r.real).map_err(io_error)?;
-        if !meta.is_file() {
+        let file = match &self.beneath {
+            // One open resolves and checks; O_NONBLOCK so a FIFO cannot hang the host.
+            Some(b) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
+                self.check_canonical(rel, &canonical)?;
+                fs::File::from(fd)
+            }
+            None => {
+                let r = self.resolve(rel, true)?;
+                fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                    .open(&r.real)
+                    .map_err(io_error)?
+            }
+        };
+        if !file.metadata().map_err(io_error)?.is_file() {
             return Err(FsError::Io(format!("{rel} is not a regular file")));
         }
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
-            .open(&r.real)
-            .map_err(io_error)?;
         let mut buf = Vec::new();
         file.take(MAX_READ + 1).read_to_end(&mut buf).map_err(io_error)?;
         if buf.len() as u64 > MAX_READ {

@@ -1,0 +1,74 @@
+//! First-party backend benchmarks (criterion): `discover` of each backend on its fixture machine
+//! through the real sandbox (capability-checked sysfs reads), and the GPU + NIC backends on a
+//! generated machine with 8 GPUs and 256 VFs (target: under 20 ms). Sizes are printed once.
+//! Numbers are recorded in docs/BENCHMARKS.md.
+
+#[path = "../../tests/support/hardware.rs"]
+#[allow(dead_code)]
+mod hardware;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use devplug::backends::BackendSource;
+use devplug::runtime::caps::{Capabilities, Jail};
+use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
+
+fn load(rt: &Arc<Runtime>, src: &BackendSource, machine: &Path) -> BackendInstance {
+    let caps = Capabilities::new(&src.manifest.requests, &src.manifest.requests).expect("caps");
+    let sandbox = Sandbox {
+        backend: src.name.as_str().into(),
+        sysfs: Arc::new(Jail::new(machine.join("sys"), caps.sysfs)),
+        dev: Arc::new(Jail::new(machine.join("dev"), caps.dev)),
+        refusals: Arc::new(RefusalLog::default()),
+        memory_cap: 64 << 20,
+    };
+    BackendInstance::load(rt, &src.bytes, String::new(), sandbox).expect("load")
+}
+
+fn benches(c: &mut Criterion) {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs");
+    let rt = Runtime::new(RuntimeConfig::default()).expect("runtime");
+    let sources = BackendSource::embedded();
+    let src = |name: &str| sources.iter().find(|s| s.name == name).expect("embedded backend");
+    for s in &sources {
+        println!("size of {}: {} KB", s.name, s.bytes.len() / 1024);
+    }
+    for (backend, machine) in [
+        ("gpu", "dgx-h100"),
+        ("gpu", "amd-mi300x"),
+        ("nic", "cx6dx-sriov"),
+        ("fpga", "alveo-u250"),
+        ("generic", "plain"),
+    ] {
+        let inst = load(&rt, src(backend), &fixtures.join(machine));
+        let n: usize = inst.discover().expect("discover").iter().map(|r| r.devices.len()).sum();
+        c.bench_function(&format!("discover {backend} on {machine} ({n} devices)"), |b| {
+            b.iter(|| inst.discover().expect("discover"))
+        });
+    }
+
+    let big = tempfile::tempdir().expect("tempdir");
+    hardware::build_big(big.path());
+    let gpu = load(&rt, src("gpu"), big.path());
+    let nic = load(&rt, src("nic"), big.path());
+    let count = |i: &BackendInstance| i.discover().expect("discover").iter().map(|r| r.devices.len()).sum::<usize>();
+    let (g, v) = (count(&gpu), count(&nic));
+    assert_eq!((g, v), (8, 256), "the big machine has 8 GPUs and 256 VFs");
+    c.bench_function("discover gpu + nic on 8 GPUs + 256 VFs", |b| {
+        b.iter(|| {
+            gpu.discover().expect("gpu");
+            nic.discover().expect("nic")
+        })
+    });
+}
+
+criterion_group! {
+    name = backends;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1)).sample_size(20);
+    targets = benches
+}
+criterion_main!(backends);
