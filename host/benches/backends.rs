@@ -51,6 +51,17 @@ fn benches(c: &mut Criterion) {
         });
     }
 
+    // One capability-checked attribute read, the unit every discover is made of.
+    let gpu_src = src("gpu");
+    let caps = Capabilities::new(&gpu_src.manifest.requests, &gpu_src.manifest.requests).expect("caps");
+    let jail = Jail::new(fixtures.join("dgx-h100/sys"), caps.sysfs);
+    c.bench_function("jail read of a sysfs attribute through bus/pci/devices", |b| {
+        b.iter(|| jail.read("bus/pci/devices/0000:18:00.0/vendor").expect("read"))
+    });
+    let plain = |p: &Path| std::fs::read_to_string(p).expect("read");
+    let direct = fixtures.join("dgx-h100/sys/bus/pci/devices/0000:18:00.0/vendor");
+    c.bench_function("plain std::fs::read_to_string of the same attribute", |b| b.iter(|| plain(&direct)));
+
     let big = tempfile::tempdir().expect("tempdir");
     hardware::build_big(big.path());
     let gpu = load(&rt, src("gpu"), big.path());
@@ -58,11 +69,23 @@ fn benches(c: &mut Criterion) {
     let count = |i: &BackendInstance| i.discover().expect("discover").iter().map(|r| r.devices.len()).sum::<usize>();
     let (g, v) = (count(&gpu), count(&nic));
     assert_eq!((g, v), (8, 256), "the big machine has 8 GPUs and 256 VFs");
-    c.bench_function("discover gpu + nic on 8 GPUs + 256 VFs", |b| {
+    // Steady state: what every health poll costs once the backends know the machine.
+    c.bench_function("discover gpu + nic on 8 GPUs + 256 VFs (health poll)", |b| {
         b.iter(|| {
             gpu.discover().expect("gpu");
             nic.discover().expect("nic")
         })
+    });
+    // Cold: fresh instances that have read nothing yet (after a load or a swap).
+    c.bench_function("discover gpu + nic on 8 GPUs + 256 VFs (first, cold)", |b| {
+        b.iter_batched(
+            || (load(&rt, src("gpu"), big.path()), load(&rt, src("nic"), big.path())),
+            |(g, n)| {
+                g.discover().expect("gpu");
+                n.discover().expect("nic")
+            },
+            criterion::BatchSize::PerIteration,
+        )
     });
 }
 

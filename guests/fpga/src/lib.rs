@@ -142,7 +142,7 @@ fn dfl(sys: &dyn Sys) -> Vec<Found> {
         let card = sys
             .canonical(&dir)
             .ok()
-            .and_then(|c| c.split('/').filter(|p| devplug_sdk::pci::is_pci_address(p)).next_back().map(str::to_owned));
+            .and_then(|c| c.split('/').rfind(|p| devplug_sdk::pci::is_pci_address(p)).map(str::to_owned));
         let numa = card.as_deref().and_then(|a| PciDevice::read(sys, a).ok()).and_then(|d| d.numa_node);
         for port in ports {
             let pdir = format!("{dir}/{port}");

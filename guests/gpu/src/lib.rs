@@ -25,7 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use devplug_sdk::pci::PciDevice;
+use devplug_sdk::pci::{PciCache, PciDevice};
 use devplug_sdk::topology::{Placed, pack};
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
@@ -73,6 +73,7 @@ pub struct Gpu {
     names: Names,
     /// NVIDIA PCI address → `/dev/nvidiaN` minor, fixed at init (see the module docs).
     nvidia_minors: BTreeMap<String, u32>,
+    pci: PciCache,
 }
 
 fn is_gpu(vendor: u16, class: u32) -> Option<Vendor> {
@@ -87,8 +88,8 @@ fn is_gpu(vendor: u16, class: u32) -> Option<Vendor> {
 
 /// The GPUs of one vendor, sorted by PCI address. Display devices of other vendors (the BMC's
 /// ASPEED VGA) are skipped.
-fn gpus(sys: &dyn Sys, vendor: Vendor) -> Vec<PciDevice> {
-    let mut list = PciDevice::list(sys, |v, c| is_gpu(v, c) == Some(vendor)).unwrap_or_default();
+fn gpus(cache: &PciCache, sys: &dyn Sys, vendor: Vendor) -> Vec<PciDevice> {
+    let mut list = cache.list(sys, |v, c| is_gpu(v, c) == Some(vendor)).unwrap_or_default();
     if vendor == Vendor::Amd {
         // Other AMD functions of class 03xx/12xx with a driver other than amdgpu (e.g. the HDMI
         // audio of a consumer card is 04xx and already excluded) are not GPUs we can hand out.
@@ -101,8 +102,9 @@ impl Backend for Gpu {
     fn init(config: &str, sys: &dyn Sys) -> Result<(Self, Info), BackendError> {
         let cfg: Config = toml::from_str(config).map_err(invalid_config)?;
         let vendors = cfg.vendors.unwrap_or_else(|| vec![Vendor::Nvidia, Vendor::Amd, Vendor::Intel]);
+        let pci = PciCache::default();
         let nvidia_minors = if vendors.contains(&Vendor::Nvidia) {
-            gpus(sys, Vendor::Nvidia).into_iter().enumerate().map(|(i, d)| (d.address, i as u32)).collect()
+            gpus(&pci, sys, Vendor::Nvidia).into_iter().enumerate().map(|(i, d)| (d.address, i as u32)).collect()
         } else {
             BTreeMap::new()
         };
@@ -118,7 +120,7 @@ impl Backend for Gpu {
             }
         }
         let info = Info { name: "gpu".into(), version: env!("CARGO_PKG_VERSION").into(), resources };
-        Ok((Gpu { vendors, names: cfg.names, nvidia_minors }, info))
+        Ok((Gpu { vendors, names: cfg.names, nvidia_minors, pci }, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
@@ -126,10 +128,13 @@ impl Backend for Gpu {
         for v in &self.vendors {
             match v {
                 Vendor::Nvidia => out.push(self.nvidia(sys)),
-                Vendor::Amd => out.push(drm_resource(sys, &self.names.amd, gpus(sys, Vendor::Amd), "amdgpu", "kfd")),
+                Vendor::Amd => {
+                    out.push(drm_resource(sys, &self.names.amd, gpus(&self.pci, sys, Vendor::Amd), "amdgpu", "kfd"))
+                }
                 Vendor::Intel => {
-                    let (xe, i915): (Vec<_>, Vec<_>) =
-                        gpus(sys, Vendor::Intel).into_iter().partition(|d| d.driver.as_deref() == Some("xe"));
+                    let (xe, i915): (Vec<_>, Vec<_>) = gpus(&self.pci, sys, Vendor::Intel)
+                        .into_iter()
+                        .partition(|d| d.driver.as_deref() == Some("xe"));
                     // An unbound Intel GPU stays in the i915 pool (its usual driver), as Unhealthy.
                     out.push(drm_resource(sys, &self.names.intel_i915, i915, "i915", ""));
                     out.push(drm_resource(sys, &self.names.intel_xe, xe, "xe", ""));
@@ -177,7 +182,7 @@ impl Gpu {
     fn nvidia(&self, sys: &dyn Sys) -> Resource {
         let mut next = self.nvidia_minors.values().max().map_or(0, |m| m + 1);
         let mut devices = Vec::new();
-        for d in gpus(sys, Vendor::Nvidia) {
+        for d in gpus(&self.pci, sys, Vendor::Nvidia) {
             let minor = match self.nvidia_minors.get(&d.address) {
                 Some(m) => *m,
                 None => {

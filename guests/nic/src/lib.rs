@@ -26,7 +26,10 @@
 //! functions = "vf"            # vf (default) | pf | any
 //! ```
 
-use devplug_sdk::pci::PciDevice;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use devplug_sdk::pci::{PciCache, PciDevice};
 use devplug_sdk::topology::{Placed, pack};
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
@@ -82,6 +85,7 @@ struct Pool {
 }
 
 /// One network function and what the selectors and edits need of it.
+#[derive(Clone)]
 struct Nic {
     pci: PciDevice,
     pf: Option<PciDevice>,
@@ -93,6 +97,8 @@ struct Nic {
     link_type: Option<&'static str>,
     verbs: Vec<String>,
     ib_device: Option<String>,
+    /// IOMMU group, for functions bound to vfio-pci.
+    iommu: Option<String>,
 }
 
 impl Nic {
@@ -116,7 +122,8 @@ impl Nic {
         let kernel = pci.driver.as_deref().is_some_and(|d| d != "vfio-pci");
         let verbs = if kernel { pci.class_dir(sys, "infiniband_verbs") } else { Vec::new() };
         let ib_device = if kernel { pci.class_dir(sys, "infiniband").into_iter().next() } else { None };
-        Nic { pci, pf, netdev, pf_link, pf_netdev, link_type, verbs, ib_device }
+        let iommu = if pci.driver.as_deref() == Some("vfio-pci") { pci.iommu_group(sys) } else { None };
+        Nic { pci, pf, netdev, pf_link, pf_netdev, link_type, verbs, ib_device, iommu }
     }
 
     fn vfio(&self) -> bool {
@@ -145,20 +152,23 @@ impl Nic {
     }
 
     /// Why the function cannot carry traffic, if it cannot.
-    fn problem(&self, sys: &dyn Sys) -> Option<String> {
+    /// `carriers` memoizes link state within one poll: every VF of a PF asks about the same link.
+    fn problem(&self, sys: &dyn Sys, carriers: &mut BTreeMap<String, bool>) -> Option<String> {
         if let Some(p) = self.pci.sickness(sys, |_| true) {
             return Some(p);
         }
         let (ifname, dir) = self.netdev.clone().or_else(|| self.pf_link.clone())?;
-        let carrier = sys.read(&format!("{dir}/carrier")).unwrap_or_default();
-        let oper = sys.read(&format!("{dir}/operstate")).unwrap_or_default();
-        (carrier.trim() != "1" || oper.trim() == "down").then(|| format!("link down on {ifname}"))
+        // `carrier` alone: it reads 0 whenever operstate is down, and one read per VF counts.
+        let up = *carriers
+            .entry(dir.clone())
+            .or_insert_with(|| sys.read(&format!("{dir}/carrier")).is_ok_and(|c| c.trim() == "1"));
+        (!up).then(|| format!("link down on {ifname}"))
     }
 
-    fn nodes(&self, sys: &dyn Sys) -> Vec<String> {
+    fn nodes(&self) -> Vec<String> {
         let mut nodes = Vec::new();
         if self.vfio()
-            && let Some(g) = self.pci.iommu_group(sys)
+            && let Some(g) = &self.iommu
         {
             nodes.push(format!("vfio/{g}"));
         }
@@ -182,19 +192,51 @@ fn netdev_of(sys: &dyn Sys, pci: &PciDevice) -> Option<(String, String)> {
 
 pub struct NicBackend {
     pools: Vec<Pool>,
+    pci: PciCache,
+    known: RefCell<Known>,
 }
 
-fn all(sys: &dyn Sys) -> Vec<Nic> {
-    let funcs: Vec<(PciDevice, Option<(String, String)>)> =
-        PciDevice::list(sys, |_, class| (class >> 16) as u8 == 0x02)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|p| {
-                let n = if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, &p) };
-                (p, n)
-            })
-            .collect();
-    funcs.iter().map(|(p, _)| Nic::read(sys, p.clone(), &funcs)).collect()
+type Key = (String, Option<String>);
+
+/// What does not change while a function stays bound to the same driver, kept between polls:
+/// a steady-state discover then reads only health (driver link, AER, carrier).
+#[derive(Default)]
+struct Known {
+    netdevs: BTreeMap<Key, Option<(String, String)>>,
+    nics: BTreeMap<Key, Nic>,
+}
+
+impl NicBackend {
+    fn all(&self, sys: &dyn Sys) -> Vec<Nic> {
+        let funcs = self.pci.list(sys, |_, class| (class >> 16) as u8 == 0x02).unwrap_or_default();
+        let key = |p: &PciDevice| (p.address.clone(), p.driver.clone());
+        let mut known = self.known.borrow_mut();
+        let live: Vec<Key> = funcs.iter().map(key).collect();
+        known.netdevs.retain(|k, _| live.contains(k));
+        known.nics.retain(|k, _| live.contains(k));
+        for p in &funcs {
+            known
+                .netdevs
+                .entry(key(p))
+                .or_insert_with(|| if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, p) });
+        }
+        let table: Vec<(PciDevice, Option<(String, String)>)> =
+            funcs.iter().map(|p| (p.clone(), known.netdevs.get(&key(p)).cloned().flatten())).collect();
+        let mut out = Vec::with_capacity(funcs.len());
+        for p in funcs {
+            let k = key(&p);
+            let nic = match known.nics.get(&k) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = Nic::read(sys, p, &table);
+                    known.nics.insert(k, n.clone());
+                    n
+                }
+            };
+            out.push(nic);
+        }
+        out
+    }
 }
 
 /// `devplug.io/sriov_netdev` → `DEVPLUG_IO_SRIOV_NETDEV`, as the SR-IOV plugin names its env.
@@ -234,7 +276,7 @@ impl Backend for NicBackend {
                 .map(|p| ResourceInfo { name: p.name.clone(), preferred_allocation: true, pre_start_required: false })
                 .collect(),
         };
-        Ok((NicBackend { pools: cfg.pool }, info))
+        Ok((NicBackend { pools: cfg.pool, pci: PciCache::default(), known: RefCell::default() }, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
@@ -244,11 +286,12 @@ impl Backend for NicBackend {
             .map(|p| Resource { name: p.name.clone(), devices: Vec::new(), common_edits: edits::empty() })
             .collect();
         let (mut vfio, mut rdma) = (vec![false; pools.len()], vec![false; pools.len()]);
-        for nic in all(sys) {
+        let mut carriers = BTreeMap::new();
+        for nic in self.all(sys) {
             let Some(i) = self.pools.iter().position(|p| nic.selected_by(p)) else { continue };
             vfio[i] |= nic.vfio();
             rdma[i] |= nic.rdma();
-            let problem = nic.problem(sys);
+            let problem = nic.problem(sys, &mut carriers);
             let mut attributes = vec![
                 ("pci".to_owned(), nic.pci.address.clone()),
                 ("model".to_owned(), nic.pci.vendor_device()),
@@ -264,7 +307,7 @@ impl Backend for NicBackend {
             more("pf-netdev", &nic.pf_netdev);
             more("rdma", &nic.ib_device);
             more("unhealthy", &problem);
-            let nodes = nic.nodes(sys);
+            let nodes = nic.nodes();
             pools[i].devices.push(Device {
                 id: nic.pci.address.clone(),
                 health: if problem.is_none() { Health::Healthy } else { Health::Unhealthy },

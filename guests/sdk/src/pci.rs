@@ -179,3 +179,56 @@ impl PciDevice {
         format!("{:04x}:{:04x}", self.vendor, self.device)
     }
 }
+
+/// Remembers what never changes about a PCI function while it stays on the bus (IDs, class,
+/// NUMA node), so a health poll re-reads only what does (the bound driver). With hundreds of
+/// VFs every host call counts. A function that leaves the bus is forgotten, so one hot-plugged
+/// at the same address is read afresh.
+#[derive(Default)]
+pub struct PciCache {
+    /// Address → (function, whether `device` and `numa_node` were read yet).
+    known: std::cell::RefCell<std::collections::BTreeMap<String, (PciDevice, bool)>>,
+}
+
+impl PciCache {
+    /// Like [`PciDevice::list`], reading only `driver` again for functions seen before.
+    pub fn list(&self, sys: &dyn Sys, filter: impl Fn(u16, u32) -> bool) -> Result<Vec<PciDevice>, FsError> {
+        let addrs = sys.list("bus/pci/devices")?;
+        let mut known = self.known.borrow_mut();
+        known.retain(|a, _| addrs.binary_search(a).is_ok());
+        let mut out = Vec::new();
+        for addr in addrs {
+            let dir = format!("bus/pci/devices/{addr}");
+            if !known.contains_key(&addr) {
+                let (Ok(class), Ok(vendor)) =
+                    (read_hex(sys, &format!("{dir}/class")), read_hex(sys, &format!("{dir}/vendor")))
+                else {
+                    continue;
+                };
+                let d = PciDevice {
+                    address: addr.clone(),
+                    vendor: vendor as u16,
+                    device: 0,
+                    class,
+                    numa_node: None,
+                    driver: None,
+                };
+                known.insert(addr.clone(), (d, false));
+            }
+            let Some((dev, complete)) = known.get_mut(&addr) else { continue };
+            if !filter(dev.vendor, dev.class) {
+                continue;
+            }
+            if !*complete {
+                let Ok(device) = read_hex(sys, &format!("{dir}/device")) else { continue };
+                dev.device = device as u16;
+                dev.numa_node = numa_node(sys, &format!("{dir}/numa_node"));
+                *complete = true;
+            }
+            let mut dev = dev.clone();
+            dev.driver = sys.link_name(&format!("{dir}/driver"));
+            out.push(dev);
+        }
+        Ok(out)
+    }
+}

@@ -315,6 +315,12 @@ impl BackendOps {
         f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, OpError> {
         let inst = self.slot.current.load_full();
+        // Kubelet's calls are short (microseconds, bounded by the call deadline): run them on
+        // this worker and let tokio move its other tasks away, instead of paying a hop to the
+        // blocking pool on every Allocate. A current-thread runtime cannot do that: hop there.
+        if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
+            return tokio::task::block_in_place(|| f(&inst, &self.resource)).map_err(op_error);
+        }
         let resource = self.resource.clone();
         tokio::task::spawn_blocking(move || f(&inst, &resource))
             .await
