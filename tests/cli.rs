@@ -157,12 +157,8 @@ fn discover_on_this_machine_finds_its_real_pci_nics() {
     let mut expected = Vec::new();
     for e in std::fs::read_dir("/sys/class/net").unwrap().flatten() {
         let Ok(real) = std::fs::canonicalize(e.path()) else { continue };
-        let pci = real
-            .to_string_lossy()
-            .split('/')
-            .filter(|p| p.len() == 12 && p.as_bytes()[4] == b':')
-            .last()
-            .map(str::to_owned);
+        let pci =
+            real.to_string_lossy().split('/').rfind(|p| p.len() == 12 && p.as_bytes()[4] == b':').map(str::to_owned);
         if let Some(addr) = pci {
             let class = std::fs::read_to_string(format!("/sys/bus/pci/devices/{addr}/class")).unwrap_or_default();
             if class.trim().starts_with("0x02") {
