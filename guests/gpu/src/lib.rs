@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
-use devplug_sdk::topology::{Placed, pack};
+use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
 };
@@ -152,14 +152,7 @@ impl Backend for Gpu {
         must_include: &[String],
         size: u32,
     ) -> Result<Vec<String>, BackendError> {
-        let placed: Vec<Placed> = available
-            .iter()
-            .map(|id| match PciDevice::read(sys, id) {
-                Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: d.switch(sys) },
-                Err(_) => Placed { id: id.clone(), numa: None, switch: None },
-            })
-            .collect();
-        Ok(pack(&placed, must_include, size as usize))
+        Ok(pack_pci(sys, available, must_include, size, |d| d.switch(sys)))
     }
 
     fn allocate(&self, _sys: &dyn Sys, resource: &str, ids: &[String]) -> Result<ContainerEdits, BackendError> {

@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
-use devplug_sdk::topology::{Placed, pack};
+use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
 };
@@ -336,14 +336,7 @@ impl Backend for NicBackend {
         size: u32,
     ) -> Result<Vec<String>, BackendError> {
         // Same NUMA node first, then VFs of the same PF (one physical port, one switch).
-        let placed: Vec<Placed> = available
-            .iter()
-            .map(|id| match PciDevice::read(sys, id) {
-                Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: d.physfn(sys).or(Some(d.address)) },
-                Err(_) => Placed { id: id.clone(), numa: None, switch: None },
-            })
-            .collect();
-        Ok(pack(&placed, must_include, size as usize))
+        Ok(pack_pci(sys, available, must_include, size, |d| d.physfn(sys).or(Some(d.address.clone()))))
     }
 
     fn allocate(&self, sys: &dyn Sys, resource: &str, ids: &[String]) -> Result<ContainerEdits, BackendError> {

@@ -4,12 +4,35 @@
 
 use std::collections::BTreeMap;
 
+use crate::Sys;
+use crate::pci::PciDevice;
+
 /// Where one available device sits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placed {
     pub id: String,
     pub numa: Option<u32>,
     pub switch: Option<String>,
+}
+
+/// Choose `size` of `available` PCI functions (IDs are addresses), `must_include` first, by NUMA
+/// node and then by the group `group` puts a function in (its PCIe switch, its PF, ...). An ID
+/// that cannot be read is placed nowhere and chosen last.
+pub fn pack_pci(
+    sys: &dyn Sys,
+    available: &[String],
+    must_include: &[String],
+    size: u32,
+    group: impl Fn(&PciDevice) -> Option<String>,
+) -> Vec<String> {
+    let placed: Vec<Placed> = available
+        .iter()
+        .map(|id| match PciDevice::read(sys, id) {
+            Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: group(&d) },
+            Err(_) => Placed { id: id.clone(), numa: None, switch: None },
+        })
+        .collect();
+    pack(&placed, must_include, size as usize)
 }
 
 /// Choose `size` devices from `available`, `must_include` first. Returns fewer than `size` only
