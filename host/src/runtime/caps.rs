@@ -1,10 +1,11 @@
 //! Capabilities: what a backend asked for (its manifest), what the operator granted, and the
 //! [`Jail`] that resolves every path itself so nothing outside `requested ∩ granted` is reachable.
 //!
-//! A path is allowed when both the path the backend named *and* the path it resolves to (every
-//! symlink followed by us, never by the OS) match a requested glob and a granted glob. Absolute
-//! symlinks, `..` that climbs above the root, and paths with `..`, `.`, empty components, NUL or a
-//! leading `/` are refused before touching the file system.
+//! A path is allowed when both the path the backend named *and* the path it resolves to match a
+//! requested glob and a granted glob. Resolution never escapes the root: the kernel resolves with
+//! `openat2(RESOLVE_BENEATH)` from the root's descriptor (one syscall, absolute or climbing links
+//! refused), and where `openat2` is missing the jail follows each symlink itself. Paths with
+//! `..`, `.`, empty components, NUL or a leading `/` are refused before touching the file system.
 
 use std::collections::VecDeque;
 use std::fs;
