@@ -83,8 +83,8 @@ impl Tree {
         }
         self.attrs(&dir, f.vendor, f.device, f.class, f.numa);
         self.link(&format!("sys/bus/pci/devices/{}", f.addr), &dir);
-        self.file(&format!("{dir}/aer_dev_fatal"), &aer(&FATAL, 0));
-        self.file(&format!("{dir}/aer_dev_nonfatal"), &aer(&NONFATAL, 0));
+        self.file(&format!("{dir}/aer_dev_fatal"), &aer("TOTAL_ERR_FATAL", 0));
+        self.file(&format!("{dir}/aer_dev_nonfatal"), &aer("TOTAL_ERR_NONFATAL", 0));
         if let Some(drv) = f.driver {
             self.bind(&dir, f.addr, drv);
         }
@@ -138,7 +138,8 @@ impl Tree {
     }
 }
 
-const FATAL: [&str; 18] = [
+/// Uncorrectable error kinds, as the kernel lists them in `aer_dev_fatal` and `aer_dev_nonfatal`.
+const UNCORRECTABLE: [&str; 18] = [
     "Undefined",
     "DLP",
     "SDES",
@@ -158,15 +159,14 @@ const FATAL: [&str; 18] = [
     "TLPBlockedErr",
     "PoisonTLPBlocked",
 ];
-const NONFATAL: [&str; 18] = FATAL;
-
-/// An `aer_dev_fatal`-style table: one `NAME COUNT` line per error kind, then the total line.
-pub fn aer(names: &[&str], total: u64) -> String {
+/// An `aer_dev_fatal`/`aer_dev_nonfatal` table: one `NAME COUNT` line per error kind (any
+/// `total` counted as malformed TLPs), then the total line under its own label.
+pub fn aer(total_label: &str, total: u64) -> String {
     let mut s = String::new();
-    for (i, n) in names.iter().enumerate() {
+    for (i, n) in UNCORRECTABLE.iter().enumerate() {
         s.push_str(&format!("{n} {}\n", if i == 9 { total } else { 0 }));
     }
-    s.push_str(&format!("TOTAL_ERR_FATAL {total}\n"));
+    s.push_str(&format!("{total_label} {total}\n"));
     s
 }
 
