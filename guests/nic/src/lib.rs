@@ -27,7 +27,7 @@
 //! ```
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use devplug_sdk::pci::{PciCache, PciDevice};
 use devplug_sdk::topology::pack_pci;
@@ -102,12 +102,12 @@ struct Nic {
 }
 
 impl Nic {
-    /// `all` is every network function, so a VF's PF is looked up rather than read again.
-    fn read(sys: &dyn Sys, pci: PciDevice, all: &[(PciDevice, Option<(String, String)>)]) -> Nic {
-        let pf_entry = pci.physfn(sys).and_then(|a| all.iter().find(|(p, _)| p.address == a));
-        let pf = pf_entry.map(|(p, _)| p.clone());
+    /// `all` is every network function by address, so a VF's PF is looked up rather than read again.
+    fn read(sys: &dyn Sys, pci: PciDevice, all: &Table) -> Nic {
+        let pf_entry = pci.physfn(sys).and_then(|a| all.get(a.as_str()));
+        let pf = pf_entry.map(|(p, _)| (*p).clone());
         let pf_link = pf_entry.and_then(|(_, n)| n.clone());
-        let netdev = all.iter().find(|(p, _)| p.address == pci.address).and_then(|(_, n)| n.clone());
+        let netdev = all.get(pci.address.as_str()).and_then(|(_, n)| n.clone());
         let pf_netdev = match &pf {
             Some(_) => pf_link.as_ref().map(|(n, _)| n.clone()),
             None => netdev.as_ref().map(|(n, _)| n.clone()),
@@ -211,33 +211,34 @@ impl NicBackend {
         let funcs = self.pci.list(sys, |_, class| (class >> 16) as u8 == 0x02).unwrap_or_default();
         let key = |p: &PciDevice| (p.address.clone(), p.driver.clone());
         let mut known = self.known.borrow_mut();
-        let live: Vec<Key> = funcs.iter().map(key).collect();
+        // Sets and maps, not scans: with hundreds of VFs a per-poll O(n²) shows up in the numbers.
+        let live: BTreeSet<Key> = funcs.iter().map(key).collect();
         known.netdevs.retain(|k, _| live.contains(k));
         known.nics.retain(|k, _| live.contains(k));
-        for p in &funcs {
-            known
-                .netdevs
-                .entry(key(p))
-                .or_insert_with(|| if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, p) });
+        if funcs.iter().any(|p| !known.nics.contains_key(&key(p))) {
+            for p in &funcs {
+                known
+                    .netdevs
+                    .entry(key(p))
+                    .or_insert_with(|| if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, p) });
+            }
+            let table: Table = funcs
+                .iter()
+                .map(|p| (p.address.as_str(), (p, known.netdevs.get(&key(p)).cloned().flatten())))
+                .collect();
+            let fresh: Vec<(Key, Nic)> = funcs
+                .iter()
+                .filter(|p| !known.nics.contains_key(&key(p)))
+                .map(|p| (key(p), Nic::read(sys, p.clone(), &table)))
+                .collect();
+            known.nics.extend(fresh);
         }
-        let table: Vec<(PciDevice, Option<(String, String)>)> =
-            funcs.iter().map(|p| (p.clone(), known.netdevs.get(&key(p)).cloned().flatten())).collect();
-        let mut out = Vec::with_capacity(funcs.len());
-        for p in funcs {
-            let k = key(&p);
-            let nic = match known.nics.get(&k) {
-                Some(n) => n.clone(),
-                None => {
-                    let n = Nic::read(sys, p, &table);
-                    known.nics.insert(k, n.clone());
-                    n
-                }
-            };
-            out.push(nic);
-        }
-        out
+        funcs.iter().filter_map(|p| known.nics.get(&key(p)).cloned()).collect()
     }
 }
+
+/// Every network function by address, with its interface (name, sysfs dir) when it has one.
+type Table<'a> = BTreeMap<&'a str, (&'a PciDevice, Option<(String, String)>)>;
 
 /// `devplug.io/sriov_netdev` → `DEVPLUG_IO_SRIOV_NETDEV`, as the SR-IOV plugin names its env.
 fn env_suffix(resource: &str) -> String {

@@ -321,8 +321,25 @@ impl Jail {
 
     /// A symlink's stored target.
     pub fn read_link(&self, rel: &str) -> Result<String, FsError> {
-        let r = self.resolve(rel, false)?;
-        let target = fs::read_link(&r.real).map_err(io_error)?;
+        let target = match (&self.beneath, rel.rsplit_once('/')) {
+            // Read the link relative to its already-open parent: no second walk from `/`.
+            (Some(b), Some((parent, last))) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (dir, canonical_parent) = b.open(parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+                self.check_canonical(rel, format!("{canonical_parent}/{last}").trim_start_matches('/'))?;
+                nix::fcntl::readlinkat(&dir, last)
+                    .map_err(|e| match e {
+                        Errno::ENOENT => FsError::NotFound,
+                        Errno::EINVAL => FsError::Io(format!("{rel} is not a symbolic link")),
+                        other => FsError::Io(format!("{rel}: {}", other.desc())),
+                    })?
+                    .into()
+            }
+            _ => fs::read_link(self.resolve(rel, false)?.real).map_err(io_error)?,
+        };
         target.into_os_string().into_string().map_err(|_| FsError::Io("non-UTF-8 link".into()))
     }
 
