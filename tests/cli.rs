@@ -41,12 +41,20 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
         "127.0.0.1:0",
         "--poll-interval",
         "200ms",
+        "--cdi-dir",
+        &s(&dir.path().join("cdi")),
     ]);
     d.wait_log("waiting for kubelet", T).unwrap();
     assert!(kdir.join("devplug-test.devplug.io_widget.sock").exists(), "serving before kubelet is there");
     let kubelet = Kubelet::start(&kdir).await;
     kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 3).await.unwrap();
+    let spec_file = dir.path().join("cdi/devplug-test.devplug.io_widget.json");
+    let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_file).unwrap()).unwrap();
+    assert_eq!(
+        (spec["kind"].as_str(), spec["devices"].as_array().map(Vec::len)),
+        (Some("test.devplug.io/widget"), Some(3))
+    );
     let status = tokio::task::spawn_blocking(move || {
         let st = d.terminate(T);
         (st, d.log())
@@ -56,6 +64,7 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
     let (st, log) = (status.0.unwrap(), status.1);
     assert!(st.success(), "exit status {st:?}; log:\n{log}");
     assert!(!kdir.join("devplug-test.devplug.io_widget.sock").exists(), "socket removed on SIGTERM");
+    assert!(!spec_file.exists(), "CDI spec removed on SIGTERM");
     assert_eq!(log.matches("waiting for kubelet").count(), 1, "said once, not once per retry:\n{log}");
 }
 

@@ -124,6 +124,8 @@ fn daemon_config(kubelet_dir: &Path, machine: &Path) -> Config {
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         poll_interval: Duration::from_millis(50),
         cache_dir: Some(cache_dir()),
+        // CDI has its own tests (tests/cdi.rs); never write into the real /var/run/cdi here.
+        write_cdi: false,
         ..Config::default()
     }
 }

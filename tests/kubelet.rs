@@ -252,6 +252,7 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
             options: ResourceOptions::default(),
             devices: rx,
             ops: Arc::new(NoBackend),
+            delivery: Default::default(),
         })
         .await;
     let before = kubelet.refusals().len();

@@ -1,13 +1,16 @@
-//! `devplug run`: load the backends, poll them, serve each resource to kubelet, stop cleanly.
+//! `devplug run`: load the backends, poll them, serve each resource to kubelet, keep its CDI
+//! spec current, stop cleanly.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::backends::{BackendSource, Registry, load_dir};
+use crate::cdi::{self, Kind, SpecDir};
 use crate::config::Config;
-use crate::kubelet::{Endpoints, KubeletPaths};
+use crate::kubelet::{CdiTarget, Delivery, Endpoints, KubeletPaths};
 use crate::observe;
 use crate::runtime::Runtime;
 
@@ -69,11 +72,19 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let stop = CancellationToken::new();
     observe::serve(cfg.metrics_addr, observe::Health { endpoints: endpoints.clone() }, stop.clone()).await?;
 
+    let specs = open_cdi(&cfg);
+    let mut cdi_errors = HashMap::new();
+    let mut first = true;
+
     tokio::pin!(shutdown);
     loop {
         let report = registry.poll_once().await;
-        for handle in report.ready {
-            tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), "serving resource");
+        if let Some(specs) = &specs {
+            sync_cdi(specs, &registry, &mut cdi_errors, std::mem::take(&mut first));
+        }
+        for mut handle in report.ready {
+            handle.delivery = delivery(&cfg, &handle.name, specs.as_ref());
+            tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
             endpoints.add(handle).await;
         }
         tokio::select! {
@@ -84,5 +95,64 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     tracing::info!("shutting down: closing sockets");
     stop.cancel();
     endpoints.shutdown().await;
+    if let Some(specs) = &specs {
+        specs.remove_all();
+    }
     Ok(())
+}
+
+/// The CDI directory, or `None` (logged) when specs are off or the directory is unusable.
+fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
+    if !cfg.write_cdi {
+        return None;
+    }
+    match SpecDir::open(&cfg.cdi_dir, cdi::dev_view(&cfg.dev_root)) {
+        Ok(d) => Some(Arc::new(d)),
+        Err(e) => {
+            tracing::warn!(
+                "CDI specs are off: {e}. Allocate answers use device specs; give devplug a writable --cdi-dir to use CDI"
+            );
+            None
+        }
+    }
+}
+
+/// Rewrite the specs whose devices changed; on the first round, also remove specs an earlier,
+/// killed devplug left for resources that no longer exist. Errors are logged once per change.
+fn sync_cdi(specs: &SpecDir, registry: &Registry, errors: &mut HashMap<String, String>, first: bool) {
+    let resources = registry.snapshot();
+    if first {
+        let live: Vec<String> = resources.iter().map(|r| r.name.clone()).collect();
+        for gone in specs.sweep(&live) {
+            tracing::info!(file = %gone.display(), "removed a stale CDI spec");
+        }
+    }
+    for r in resources {
+        match specs.sync(&r) {
+            Ok(changed) => {
+                if errors.remove(&r.name).is_some() || changed {
+                    tracing::debug!(resource = %r.name, dir = %specs.dir().display(), "CDI spec written");
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if errors.get(&r.name) != Some(&msg) {
+                    tracing::warn!(resource = %r.name, "CDI spec not written: {msg}");
+                    errors.insert(r.name.clone(), msg);
+                }
+            }
+        }
+    }
+}
+
+/// How `resource` answers Allocate, from the config.
+fn delivery(cfg: &Config, resource: &str, specs: Option<&Arc<SpecDir>>) -> Delivery {
+    let cdi = specs.and_then(|s| match Kind::for_resource(resource) {
+        Ok(kind) => Some(CdiTarget { kind, specs: s.clone() }),
+        Err(e) => {
+            tracing::warn!(resource, "no CDI spec for this resource: {e}");
+            None
+        }
+    });
+    Delivery::new(cfg.strategies(resource), cdi)
 }

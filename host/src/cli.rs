@@ -33,6 +33,9 @@ pub enum Command {
     Discover(DiscoverArgs),
     /// Show a backend component's WIT version, imports, exports, capabilities and size.
     Inspect(InspectArgs),
+    /// CDI spec files.
+    #[command(subcommand)]
+    Cdi(CdiCommand),
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -112,8 +115,9 @@ pub enum Format {
     Json,
 }
 
+/// Which backends to load and what machine they look at (`discover`, `cdi generate`).
 #[derive(clap::Args, Debug)]
-pub struct DiscoverArgs {
+pub struct SourceArgs {
     /// Backend .wasm files (default: the embedded first-party backends).
     #[arg(long = "backend")]
     pub backends: Vec<PathBuf>,
@@ -130,8 +134,29 @@ pub struct DiscoverArgs {
     /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CdiCommand {
+    /// Write each resource's CDI spec once, as `run` would, without serving anything.
+    Generate(CdiGenerateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CdiGenerateArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Directory for the spec files (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -141,8 +166,9 @@ pub struct InspectArgs {
     pub format: Format,
 }
 
-/// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
-pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
+/// Load the chosen backends and run one discover. Load errors are returned, not raised: one
+/// broken backend does not hide what the others see.
+async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<String>)> {
     let cfg = match &args.config {
         Some(p) => Config::from_file(p)?,
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
@@ -174,6 +200,29 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         }
     }
     registry.poll_once().await;
+    Ok((registry, errors))
+}
+
+/// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
+/// Returns the files written and the load errors.
+pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
+    let dev_root = args.source.dev_root.clone();
+    let (registry, mut errors) = load_once(args.source).await?;
+    let specs = crate::cdi::SpecDir::open(&args.out, crate::cdi::dev_view(&dev_root))?;
+    let mut written = Vec::new();
+    for r in registry.snapshot() {
+        match specs.sync(&r) {
+            Ok(true) => written.extend(crate::cdi::Kind::for_resource(&r.name).map(|k| args.out.join(k.file_name()))),
+            Ok(false) => {}
+            Err(e) => errors.push(format!("{}: {e}", r.name)),
+        }
+    }
+    Ok((written, errors))
+}
+
+/// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
+pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
+    let (registry, errors) = load_once(args.source).await?;
     let resources: Vec<serde_json::Value> = registry
         .snapshot()
         .iter()

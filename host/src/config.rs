@@ -6,6 +6,11 @@
 //! backends_dir = "/backends"
 //! poll_interval = "5s"
 //! default_grant = "none"           # what a backend from the dir gets with no [backends.X.grant]
+//! cdi_dir = "/var/run/cdi"          # CDI spec files; write_cdi = false turns them off
+//! allocate = ["device-specs"]       # device-specs | cdi-cri | cdi-annotations, several at once
+//!
+//! [resources."nvidia.com/gpu"]
+//! allocate = ["cdi-cri"]            # per resource, overrides the default
 //!
 //! [limits]
 //! discover_timeout = "2s"
@@ -28,7 +33,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::kubelet::RegistrationMode;
+use crate::kubelet::{RegistrationMode, Strategy};
 use crate::runtime::caps::Globs;
 
 /// What a backend from the directory may touch when the config grants it nothing explicitly.
@@ -40,6 +45,14 @@ pub enum DefaultGrant {
     None,
     /// Whatever its manifest requests.
     Requested,
+}
+
+/// Per-resource settings.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceSettings {
+    /// How Allocate answers reach the runtime; `None` → the top-level `allocate`.
+    pub allocate: Option<Vec<Strategy>>,
 }
 
 /// Per-backend settings.
@@ -94,6 +107,11 @@ pub struct Config {
     pub sysfs_root: PathBuf,
     pub dev_root: PathBuf,
     pub cdi_dir: PathBuf,
+    /// Write CDI spec files at all (needed by the `cdi-*` strategies).
+    pub write_cdi: bool,
+    /// Default Allocate strategies (see [`crate::kubelet::answer`]).
+    pub allocate: Vec<Strategy>,
+    pub resources: BTreeMap<String, ResourceSettings>,
     pub metrics_addr: SocketAddr,
     pub cache_dir: Option<PathBuf>,
     #[serde(with = "humantime_serde")]
@@ -114,6 +132,9 @@ impl Default for Config {
             sysfs_root: PathBuf::from("/sys"),
             dev_root: PathBuf::from("/dev"),
             cdi_dir: PathBuf::from("/var/run/cdi"),
+            write_cdi: true,
+            allocate: vec![Strategy::DeviceSpecs],
+            resources: BTreeMap::new(),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9400)),
             cache_dir: None,
             poll_interval: Duration::from_secs(5),
@@ -135,7 +156,30 @@ impl Config {
         let cfg: Config = toml::from_str(text)?;
         anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
         anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
+        anyhow::ensure!(
+            !cfg.allocate.is_empty(),
+            "allocate needs at least one strategy (device-specs, cdi-cri, cdi-annotations)"
+        );
+        for (name, r) in &cfg.resources {
+            anyhow::ensure!(
+                r.allocate.as_ref().is_none_or(|a| !a.is_empty()),
+                "resources.{name:?}.allocate needs at least one strategy (device-specs, cdi-cri, cdi-annotations)"
+            );
+        }
+        anyhow::ensure!(
+            cfg.write_cdi || !cfg.all_strategies().any(Strategy::is_cdi),
+            "a cdi-* allocate strategy needs write_cdi = true"
+        );
         Ok(cfg)
+    }
+
+    /// Allocate strategies for `resource`.
+    pub fn strategies(&self, resource: &str) -> Vec<Strategy> {
+        self.resources.get(resource).and_then(|r| r.allocate.clone()).unwrap_or_else(|| self.allocate.clone())
+    }
+
+    fn all_strategies(&self) -> impl Iterator<Item = Strategy> + '_ {
+        self.allocate.iter().chain(self.resources.values().filter_map(|r| r.allocate.as_ref()).flatten()).copied()
     }
 
     /// `plugins_registry` beside the device-plugins dir unless set.
@@ -175,6 +219,12 @@ mod tests {
         assert_eq!(c.limits.call_timeout, Duration::from_millis(100));
         assert_eq!(c.backends["generic"].grant.as_ref().unwrap().dev, ["kvm"]);
         assert_eq!(c.plugins_registry_dir(), PathBuf::from("/plugins_registry"));
+        let c = Config::parse(
+            "allocate = [\"cdi-cri\", \"cdi-annotations\"]\n[resources.\"a.io/b\"]\nallocate = [\"device-specs\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.strategies("x.io/y"), [Strategy::CdiCri, Strategy::CdiAnnotations]);
+        assert_eq!(c.strategies("a.io/b"), [Strategy::DeviceSpecs]);
     }
 
     #[test]
@@ -183,6 +233,14 @@ mod tests {
         assert!(e.contains("kubelet_dirr"), "{e}");
         let e = Config::parse("poll_interval = \"1ms\"").unwrap_err().to_string();
         assert!(e.contains("poll_interval"), "{e}");
+        let e = Config::parse("allocate = []").unwrap_err().to_string();
+        assert!(e.contains("at least one strategy"), "{e}");
+        let e = Config::parse("allocate = [\"cdi\"]").unwrap_err().to_string();
+        assert!(e.contains("cdi-cri"), "{e}");
+        let e = Config::parse("write_cdi = false\n[resources.\"a.io/b\"]\nallocate = [\"cdi-cri\"]")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("write_cdi"), "{e}");
         let e = Config::parse("poll_interval = \"soon\"").unwrap_err().to_string();
         assert!(e.contains("poll_interval") || e.contains("soon"), "{e}");
     }

@@ -2,11 +2,12 @@
 //!
 //! Data flows one way: [`runtime`] runs backends and yields the [`model`] of devices; [`backends`]
 //! keeps them loaded, polled and routed per resource; [`kubelet`] serves that model to kubelet over
-//! the Device Plugin API. The kubelet layer never sees wasmtime types and the runtime never sees
+//! the Device Plugin API, and [`cdi`] writes the same devices as CDI spec files. The kubelet layer never sees wasmtime types and the runtime never sees
 //! gRPC types: [`model`] is the only type they share.
 
 pub mod app;
 pub mod backends;
+pub mod cdi;
 pub mod cli;
 pub mod config;
 pub mod kubelet;

@@ -1,7 +1,7 @@
 //! The `devplug` binary.
 
 use clap::Parser;
-use devplug::cli::{self, Cli, Command, Format};
+use devplug::cli::{self, CdiCommand, Cli, Command, Format};
 use devplug::observe;
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +40,17 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             anyhow::ensure!(!failed, "some backends could not be loaded (see above)");
             Ok(())
         }
+        Command::Cdi(CdiCommand::Generate(args)) => {
+            let (written, errors) = cli::cdi_generate(args).await?;
+            for f in &written {
+                println!("{}", f.display());
+            }
+            for e in &errors {
+                eprintln!("devplug: {e}");
+            }
+            anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
+            Ok(())
+        }
         Command::Inspect(args) => {
             let v = cli::inspect(&args.file)?;
             match args.format {
@@ -55,18 +66,30 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     }
 }
 
-/// SIGTERM (kubelet stopping the pod) or SIGINT.
-async fn shutdown_signal() {
+/// SIGTERM (kubelet stopping the pod) or SIGINT. The handlers are installed now, before any
+/// socket or spec file exists: a signal during startup must still mean a clean exit.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut term), Err(_)) => {
+                term.recv().await;
+            }
+            (Err(_), Ok(mut int)) => {
+                int.recv().await;
+            }
+            (Err(e), Err(_)) => {
+                tracing::error!("cannot watch for SIGTERM/SIGINT ({e}); stop devplug with SIGKILL");
+                std::future::pending::<()>().await
+            }
         }
     }
 }

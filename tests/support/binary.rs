@@ -61,6 +61,27 @@ impl Devplug {
         Ok(())
     }
 
+    /// Wait (bounded) for the process to end by itself or by someone else's signal.
+    pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(st);
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                anyhow::bail!("devplug still running after {timeout:?}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// SIGKILL (no chance to clean up) and reap.
+    pub fn kill(&mut self) -> std::io::Result<ExitStatus> {
+        self.child.kill()?;
+        self.child.wait()
+    }
+
     /// SIGTERM, then wait (bounded) for the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM)?;

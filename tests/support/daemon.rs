@@ -40,6 +40,7 @@ pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_conf
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         poll_interval: Duration::from_millis(100),
         default_grant: DefaultGrant::Requested,
+        write_cdi: false,
         ..Config::default()
     };
     c.backends.insert("chaos".into(), BackendSettings { enabled: true, config: chaos_config.into(), grant: None });

@@ -14,6 +14,7 @@ pub mod binary;
 pub mod daemon;
 pub mod fixtures;
 pub mod hardware;
+pub mod podman;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -8,12 +8,15 @@
 //! paths = ["ttyUSB*", "ttyACM*"]  # globs relative to /dev; each matching node is one device
 //! count = 1                        # >1: every node is shared by this many schedulable devices
 //! together = false                 # true: all matching nodes form a single device
+//! container_path = "/dev/my-null"  # expose the node elsewhere (only with one literal path)
+//! env = { MY_DEVICE = "1" }        # set in every container that gets one of these devices
+//! mounts = [{ host_path = "/etc/thing.conf", container_path = "/etc/thing.conf", read_only = true }]
 //! ```
 //! With no config it serves `/dev/kvm`, `/dev/fuse` and `/dev/net/tun`, 16 shares each.
 
 use devplug_sdk::{
-    Backend, BackendError, ContainerEdits, Device, Health, Info, Node, NodeKind, Resource, ResourceInfo, Sys, edits,
-    invalid_config,
+    Backend, BackendError, ContainerEdits, Device, Health, Info, Mount, Node, NodeKind, Resource, ResourceInfo, Sys,
+    edits, invalid_config,
 };
 use serde::Deserialize;
 
@@ -50,6 +53,24 @@ struct ResourceConfig {
     count: u32,
     #[serde(default)]
     together: bool,
+    container_path: Option<String>,
+    #[serde(default)]
+    env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    mounts: Vec<MountConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MountConfig {
+    host_path: String,
+    container_path: String,
+    #[serde(default = "yes")]
+    read_only: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn one() -> u32 {
@@ -78,6 +99,23 @@ impl Backend for Generic {
             }
             if r.paths.is_empty() {
                 return Err(invalid_config(format!("resource {:?}: paths is empty", r.name)));
+            }
+            if let Some(cp) = &r.container_path {
+                let literal = r.paths.len() == 1 && !r.paths[0].contains(['*', '?', '[', '{']);
+                if !literal || r.together || !cp.starts_with('/') {
+                    return Err(invalid_config(format!(
+                        "resource {:?}: container_path needs exactly one literal path, no `together`, and an absolute container path",
+                        r.name
+                    )));
+                }
+            }
+            if let Some(m) =
+                r.mounts.iter().find(|m| !m.host_path.starts_with('/') || !m.container_path.starts_with('/'))
+            {
+                return Err(invalid_config(format!(
+                    "resource {:?}: mount {:?} -> {:?} needs absolute paths",
+                    r.name, m.host_path, m.container_path
+                )));
             }
             if r.count == 0 || r.count > MAX_COUNT {
                 return Err(invalid_config(format!(
@@ -121,7 +159,10 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
     };
     let mut devices = Vec::new();
     for (base, group) in groups {
-        let node_edits: ContainerEdits = edits::nodes(group.iter().map(|n| n.path.as_str()));
+        let mut node_edits: ContainerEdits = edits::nodes(group.iter().map(|n| n.path.as_str()));
+        if let (Some(cp), [node]) = (&r.container_path, node_edits.device_nodes.as_mut_slice()) {
+            node.host_path = std::mem::replace(&mut node.container_path, cp.clone());
+        }
         for i in 0..r.count {
             let id = if r.count == 1 { base.clone() } else { format!("{base}-{i}") };
             devices.push(Device {
@@ -136,7 +177,20 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
             });
         }
     }
-    Resource { name: r.name.clone(), devices, common_edits: edits::empty() }
+    let mut common = edits::empty();
+    if !devices.is_empty() {
+        common.env = r.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        common.mounts = r
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect();
+    }
+    Resource { name: r.name.clone(), devices, common_edits: common }
 }
 
 /// `devplug.io/kvm` → `kvm`.
@@ -230,6 +284,32 @@ mod tests {
                 Err(e) => panic!("wrong error for {cfg:?}: {e:?}"),
                 Ok(_) => panic!("accepted {cfg:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_node_can_be_re_exposed_with_env_and_mounts() {
+        let (_d, sys) = machine();
+        let cfg = r#"
+[[resource]]
+name = "x.io/kvm"
+paths = ["kvm"]
+container_path = "/dev/my-kvm"
+env = { MY_KVM = "yes" }
+mounts = [{ host_path = "/etc/hostname", container_path = "/etc/kvm-host" }]
+"#;
+        let (b, _) = Generic::init(cfg, &sys).unwrap();
+        let r = &b.discover(&sys).unwrap()[0];
+        let n = &r.devices[0].edits.device_nodes[0];
+        assert_eq!((n.container_path.as_str(), n.host_path.as_str()), ("/dev/my-kvm", "/dev/kvm"));
+        assert_eq!(r.common_edits.env, [("MY_KVM".to_owned(), "yes".to_owned())]);
+        assert!(r.common_edits.mounts[0].read_only, "mounts are read-only unless said otherwise");
+        for bad in [
+            "[[resource]]\nname = \"x.io/a\"\npaths = [\"tty*\"]\ncontainer_path = \"/dev/a\"\n",
+            "[[resource]]\nname = \"x.io/a\"\npaths = [\"kvm\"]\ncontainer_path = \"dev/a\"\n",
+            "[[resource]]\nname = \"x.io/a\"\npaths = [\"kvm\"]\nmounts = [{ host_path = \"etc\", container_path = \"/e\" }]\n",
+        ] {
+            assert!(matches!(Generic::init(bad, &sys), Err(BackendError::InvalidConfig(_))), "{bad}");
         }
     }
 }

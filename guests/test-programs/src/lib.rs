@@ -1,7 +1,8 @@
 //! `chaos`: the backend devplug's own tests use to prove the sandbox and the runtime.
 //!
-//! Config is `key=value` words: `mode=ok|escape|spin-init|spin-discover|trap-init|trap-discover|
-//! hog-discover|fail-discover`, `devices=N` (default 4), `resource=NAME`, `version=V`,
+//! Config is `key=value` words: `mode=ok|churn|escape|spin-init|spin-discover|trap-init|
+//! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
+//! device, so the device list changes on each poll), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
@@ -16,6 +17,16 @@ pub struct Chaos {
     resource: String,
     version: String,
     names: Vec<String>,
+    polls: std::cell::Cell<u32>,
+}
+
+impl Chaos {
+    /// In `churn` mode, whether this discover leaves the last device out (every other one).
+    fn churned(&self) -> bool {
+        let n = self.polls.get();
+        self.polls.set(n.wrapping_add(1));
+        self.mode == "churn" && self.devices > 0 && n % 2 == 1
+    }
 }
 
 impl Backend for Chaos {
@@ -26,6 +37,7 @@ impl Backend for Chaos {
             resource: "test.devplug.io/widget".into(),
             version: "1.0.0".into(),
             names: Vec::new(),
+            polls: Default::default(),
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -67,7 +79,7 @@ impl Backend for Chaos {
                 attributes: escape_attempts(sys),
                 edits: edits::empty(),
             }],
-            _ => (0..self.devices)
+            _ => (0..self.devices - u32::from(self.churned()))
                 .map(|i| Device {
                     id: self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}")),
                     health: Health::Healthy,

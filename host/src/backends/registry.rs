@@ -218,6 +218,7 @@ impl Registry {
                         options: rs.options,
                         devices: rs.tx.subscribe(),
                         ops: Arc::new(BackendOps { slot: slot.clone(), resource: rname.clone() }),
+                        delivery: Default::default(),
                     });
                 }
             }

@@ -2,6 +2,7 @@
 //! registration (kubelet socket or plugin watcher), and recovery from every kind of kubelet
 //! restart. It sees devices only as [`crate::model`] values behind a [`ResourceHandle`].
 
+pub mod answer;
 mod dirwatch;
 mod endpoint;
 pub mod names;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+pub use answer::{CdiTarget, Delivery, Strategy};
 pub use dirwatch::{DirEvent, DirWatcher};
 pub use endpoint::{EndpointState, Endpoints, RegistrationMode};
 pub use service::DevicePluginService;
@@ -57,6 +59,8 @@ pub struct ResourceHandle {
     /// The current device list (with health); every change is streamed to kubelet.
     pub devices: watch::Receiver<Arc<Resource>>,
     pub ops: Arc<dyn ResourceOps>,
+    /// How Allocate answers reach the runtime (device specs, CDI).
+    pub delivery: Delivery,
 }
 
 /// Where kubelet lives.

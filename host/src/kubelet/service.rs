@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::{OpError, ResourceHandle};
-use crate::model::{ContainerEdits, Health, Resource};
+use crate::model::{Health, Resource};
 use crate::proto::deviceplugin as pb;
 
 /// Tracks the ListAndWatch streams of one serving generation, to notice kubelet letting go.
@@ -117,33 +117,6 @@ pub fn to_proto_devices(r: &Resource) -> Vec<pb::Device> {
             }),
         })
         .collect()
-}
-
-/// Classic Allocate answer: DeviceSpecs, mounts, env and annotations.
-pub fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateResponse {
-    pb::ContainerAllocateResponse {
-        envs: edits.env.iter().cloned().collect(),
-        mounts: edits
-            .mounts
-            .iter()
-            .map(|m| pb::Mount {
-                container_path: m.container_path.clone(),
-                host_path: m.host_path.clone(),
-                read_only: m.read_only,
-            })
-            .collect(),
-        devices: edits
-            .device_nodes
-            .iter()
-            .map(|n| pb::DeviceSpec {
-                container_path: n.container_path.clone(),
-                host_path: n.host_path().to_owned(),
-                permissions: n.permissions().to_owned(),
-            })
-            .collect(),
-        annotations: edits.annotations.iter().cloned().collect(),
-        cdi_devices: Vec::new(),
-    }
 }
 
 /// A valid preferred allocation, or why the backend's is not.
@@ -258,15 +231,9 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         }
         let mut out = Vec::with_capacity(reqs.len());
         for c in reqs {
-            let mut edits = snap.common_edits.clone();
-            for id in &c.devices_ids {
-                if let Some(d) = snap.device(id) {
-                    edits.merge(&d.edits);
-                }
-            }
-            let extra = self.handle.ops.allocate(c.devices_ids).await.map_err(|e| status(&self.handle.name, e))?;
-            edits.merge(&extra);
-            out.push(to_container_response(&edits));
+            let extra =
+                self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
+            out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
         }
         Ok(Response::new(pb::AllocateResponse { container_responses: out }))
     }

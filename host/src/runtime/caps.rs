@@ -374,6 +374,50 @@ impl Jail {
     }
 }
 
+/// What a path under the dev root is, as a container runtime needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeType {
+    Char,
+    Block,
+    Directory,
+    Other,
+}
+
+/// A device node's type and numbers (0/0 for anything but a char or block node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStat {
+    pub kind: NodeType,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Jail {
+    /// Type and device numbers of `rel`, following links inside the root. Real nodes are read
+    /// from their metadata; fixture nodes from a `c MAJOR:MINOR` descriptor file.
+    pub fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let r = self.resolve(rel, true)?;
+        let meta = fs::metadata(&r.real).map_err(io_error)?;
+        let ft = meta.file_type();
+        let (kind, major, minor) = if ft.is_char_device() || ft.is_block_device() {
+            let rdev = meta.rdev();
+            let kind = if ft.is_char_device() { NodeType::Char } else { NodeType::Block };
+            (kind, nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
+        } else if ft.is_dir() {
+            (NodeType::Directory, 0, 0)
+        } else if ft.is_file() && meta.len() < 64 {
+            match fs::read_to_string(&r.real).ok().as_deref().and_then(parse_node_descriptor) {
+                Some(('c', ma, mi)) => (NodeType::Char, ma, mi),
+                Some((_, ma, mi)) => (NodeType::Block, ma, mi),
+                None => (NodeType::Other, 0, 0),
+            }
+        } else {
+            (NodeType::Other, 0, 0)
+        };
+        Ok(NodeStat { kind, major, minor })
+    }
+}
+
 fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") }
 }

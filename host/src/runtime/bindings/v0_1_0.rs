@@ -1,14 +1,12 @@
 //! Bindings for `devplug:backend@0.1.0` (`wit/since_v0.1.0`, frozen): the host side of the
 //! `sysfs`, `devfs` and `log` imports, and conversions of the exports into [`crate::model`].
 
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
-
 use wasmtime::Store;
 use wasmtime::component::{HasSelf, Linker};
 
 use super::GuestResult;
 use crate::model;
-use crate::runtime::caps::{self, parse_node_descriptor};
+use crate::runtime::caps;
 use crate::runtime::state::HostState;
 
 wasmtime::component::bindgen!({
@@ -46,25 +44,14 @@ impl HostState {
     }
 
     fn stat_node(&self, path: &str) -> Result<Node, caps::FsError> {
-        let r = self.sandbox.dev.resolve(path, true)?;
-        let meta = std::fs::metadata(&r.real).map_err(|e| caps::FsError::Io(e.to_string()))?;
-        let ft = meta.file_type();
-        let (kind, major, minor) = if ft.is_char_device() || ft.is_block_device() {
-            let rdev = meta.rdev();
-            let kind = if ft.is_char_device() { NodeKind::Character } else { NodeKind::Block };
-            (kind, nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
-        } else if ft.is_dir() {
-            (NodeKind::Directory, 0, 0)
-        } else if ft.is_file() && meta.len() < 64 {
-            match std::fs::read_to_string(&r.real).ok().as_deref().and_then(parse_node_descriptor) {
-                Some(('c', ma, mi)) => (NodeKind::Character, ma, mi),
-                Some((_, ma, mi)) => (NodeKind::Block, ma, mi),
-                None => (NodeKind::Other, 0, 0),
-            }
-        } else {
-            (NodeKind::Other, 0, 0)
+        let st = self.sandbox.dev.stat_node(path)?;
+        let kind = match st.kind {
+            caps::NodeType::Char => NodeKind::Character,
+            caps::NodeType::Block => NodeKind::Block,
+            caps::NodeType::Directory => NodeKind::Directory,
+            caps::NodeType::Other => NodeKind::Other,
         };
-        Ok(Node { path: path.to_owned(), kind, major, minor })
+        Ok(Node { path: path.to_owned(), kind, major: st.major, minor: st.minor })
     }
 }
 

@@ -1,0 +1,200 @@
+//! A CDI spec (`SPEC.md` of cncf-tags/container-device-interface) built from one resource's
+//! device list, stamped with the lowest `cdiVersion` that covers what it uses: runtimes in the
+//! field (podman 4.3 reads up to 0.5.0) refuse a spec whose version they do not know, even when
+//! nothing in it needs the newer version.
+
+use serde::{Deserialize, Serialize};
+
+use super::names::{Kind, device_name};
+use crate::model::{self, ContainerEdits, Resource};
+use crate::runtime::caps::{Jail, NodeType};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<SpecDevice>,
+    #[serde(default, skip_serializing_if = "Edits::is_empty")]
+    pub container_edits: Edits,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecDevice {
+    pub name: String,
+    pub container_edits: Edits,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Edits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<Node>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+impl Edits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Node {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permissions: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+}
+
+/// The spec for `resource`: one CDI device per device (all of them, healthy or not: a
+/// container already running with a device that turned unhealthy must still restart), the
+/// resource's common edits at spec level. Device node types and numbers are read through
+/// `dev` (the host's view of `/dev`); a node that cannot be read is left for the runtime to stat.
+pub fn build(resource: &Resource, kind: &Kind, dev: &Jail) -> Spec {
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: kind.kind(),
+        devices: resource
+            .devices
+            .iter()
+            .map(|d| SpecDevice { name: device_name(&d.id), container_edits: edits(&d.edits, dev) })
+            .collect(),
+        container_edits: edits(&resource.common_edits, dev),
+    };
+    spec.cdi_version = min_version(&spec).to_owned();
+    spec
+}
+
+fn edits(e: &ContainerEdits, dev: &Jail) -> Edits {
+    Edits {
+        env: e.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        device_nodes: e.device_nodes.iter().map(|n| node(n, dev)).collect(),
+        mounts: e.mounts.iter().map(mount).collect(),
+    }
+}
+
+fn node(n: &model::DeviceNode, dev: &Jail) -> Node {
+    let host = n.host_path();
+    let stat = host.strip_prefix("/dev/").and_then(|rel| dev.stat_node(rel).ok());
+    let (kind, major, minor) = match stat.map(|s| (s.kind, s.major, s.minor)) {
+        Some((NodeType::Char, ma, mi)) => (Some("c"), Some(i64::from(ma)), Some(i64::from(mi))),
+        Some((NodeType::Block, ma, mi)) => (Some("b"), Some(i64::from(ma)), Some(i64::from(mi))),
+        _ => (None, None, None),
+    };
+    Node {
+        path: n.container_path.clone(),
+        host_path: (host != n.container_path).then(|| host.to_owned()),
+        kind: kind.map(str::to_owned),
+        major,
+        minor,
+        permissions: Some(n.permissions().to_owned()),
+    }
+}
+
+/// A bind mount; options rather than `type: bind`, since `type` needs cdiVersion 0.4.0.
+fn mount(m: &model::Mount) -> Mount {
+    let mode = if m.read_only { "ro" } else { "rw" };
+    Mount {
+        host_path: m.host_path.clone(),
+        container_path: m.container_path.clone(),
+        options: [mode, "nosuid", "nodev", "rbind"].map(str::to_owned).to_vec(),
+        kind: None,
+    }
+}
+
+/// The lowest CDI version whose schema covers everything `spec` uses (the rules of
+/// `specs-go/version.go`): 0.4.0 for a mount `type`, 0.5.0 for a device name not starting
+/// with a letter or a node `hostPath`, 0.6.0 for a dot in the class. Annotations (also 0.6.0)
+/// are never written.
+pub fn min_version(spec: &Spec) -> &'static str {
+    let all_edits = || spec.devices.iter().map(|d| &d.container_edits).chain([&spec.container_edits]);
+    let class_has_dot = spec.kind.split_once('/').is_some_and(|(_, c)| c.contains('.'));
+    let name_not_letter = spec.devices.iter().any(|d| !d.name.chars().next().is_some_and(|c| c.is_ascii_alphabetic()));
+    let host_path = all_edits().any(|e| e.device_nodes.iter().any(|n| n.host_path.is_some()));
+    let mount_type = all_edits().any(|e| e.mounts.iter().any(|m| m.kind.is_some()));
+    if class_has_dot {
+        "0.6.0"
+    } else if name_not_letter || host_path {
+        "0.5.0"
+    } else if mount_type {
+        "0.4.0"
+    } else {
+        "0.3.0"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Device, DeviceNode, Health};
+    use crate::runtime::caps::Rule;
+
+    fn jail() -> (tempfile::TempDir, Jail) {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("kvm"), "c 10:232\n").unwrap();
+        let all = vec!["**".to_owned()];
+        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        (d, j)
+    }
+
+    fn res(name: &str, ids: &[&str]) -> Resource {
+        Resource {
+            name: name.into(),
+            devices: ids
+                .iter()
+                .map(|id| Device {
+                    id: (*id).into(),
+                    health: Health::Healthy,
+                    numa_nodes: vec![],
+                    attributes: vec![],
+                    edits: ContainerEdits {
+                        device_nodes: vec![DeviceNode { container_path: "/dev/kvm".into(), ..Default::default() }],
+                        ..Default::default()
+                    },
+                })
+                .collect(),
+            common_edits: ContainerEdits::default(),
+        }
+    }
+
+    #[test]
+    fn nodes_get_type_and_numbers_and_the_version_is_the_lowest_that_fits() {
+        let (_d, j) = jail();
+        let kind = Kind::for_resource("devplug.io/kvm").unwrap();
+        let s = build(&res("devplug.io/kvm", &["kvm-0"]), &kind, &j);
+        assert_eq!(s.cdi_version, "0.3.0");
+        let n = &s.devices[0].container_edits.device_nodes[0];
+        assert_eq!((n.kind.as_deref(), n.major, n.minor, n.host_path.as_ref()), (Some("c"), Some(10), Some(232), None));
+        assert_eq!(build(&res("devplug.io/kvm", &["0000:17:00.0"]), &kind, &j).cdi_version, "0.5.0");
+        let dotted = Kind::for_resource("xilinx.com/fpga-u250.1").unwrap();
+        assert_eq!(build(&res("xilinx.com/fpga-u250.1", &["a"]), &dotted, &j).cdi_version, "0.6.0");
+        let mut moved = res("devplug.io/kvm", &["kvm-0"]);
+        moved.devices[0].edits.device_nodes[0].host_path = "/dev/kvm".into();
+        moved.devices[0].edits.device_nodes[0].container_path = "/dev/kvm2".into();
+        assert_eq!(build(&moved, &kind, &j).cdi_version, "0.5.0");
+    }
+}

@@ -1,0 +1,165 @@
+//! The CDI spec directory: devplug's own spec files in it, written so a reader (or a crash at
+//! any instant) only ever sees a whole old file or a whole new one.
+//!
+//! A spec is written to a temp file in the same directory (named `.devplug-*.tmp`, which no CDI
+//! reader loads), fsynced, renamed over the target and the directory fsynced. Files devplug owns
+//! are named `devplug-<vendor>_<class>.json`; nothing else in the directory is ever touched.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::names::{Kind, OWNED_PREFIX};
+use super::spec::{self, Spec};
+use crate::model::Resource;
+use crate::runtime::caps::Jail;
+
+const TEMP_PREFIX: &str = ".devplug-";
+
+/// Why a spec could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum CdiError {
+    #[error("{0}")]
+    Name(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CdiError + '_ {
+    move |source| CdiError::Io { path: path.to_owned(), source }
+}
+
+/// What was last written for a resource.
+struct Written {
+    file: PathBuf,
+    spec: Spec,
+}
+
+/// devplug's files in one CDI directory.
+pub struct SpecDir {
+    dir: PathBuf,
+    dev: Jail,
+    written: Mutex<BTreeMap<String, Written>>,
+}
+
+impl SpecDir {
+    /// Use `dir` (created if missing), reading device nodes through `dev`. Temp files a killed
+    /// devplug left behind are removed; they were never visible as specs.
+    pub fn open(dir: &Path, dev: Jail) -> Result<SpecDir, CdiError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        for entry in fs::read_dir(dir).map_err(io(dir))?.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(TEMP_PREFIX) && name.ends_with(".tmp") {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        Ok(SpecDir { dir: dir.to_owned(), dev, written: Mutex::new(BTreeMap::new()) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bring the resource's spec file up to date. Returns whether the file was (re)written.
+    /// A resource with no devices has no spec (CDI readers refuse a spec without devices).
+    pub fn sync(&self, resource: &Resource) -> Result<bool, CdiError> {
+        let kind = Kind::for_resource(&resource.name).map_err(CdiError::Name)?;
+        if resource.devices.is_empty() {
+            self.remove(&resource.name);
+            return Ok(false);
+        }
+        let spec = spec::build(resource, &kind, &self.dev);
+        let file = self.dir.join(kind.file_name());
+        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = written.get(&resource.name)
+            && w.spec == spec
+            && w.file.exists()
+        {
+            return Ok(false);
+        }
+        write_atomically(&self.dir, &file, &spec)?;
+        written.insert(resource.name.clone(), Written { file, spec });
+        Ok(true)
+    }
+
+    /// Make sure the spec on disk names every device in `ids` (Allocate can race the poll loop's
+    /// sync by a few microseconds after a new device appears), writing it now if not.
+    pub fn ensure(&self, resource: &Resource, ids: &[String]) -> Result<(), CdiError> {
+        let covered = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&resource.name).is_some_and(|w| {
+            w.file.exists() && ids.iter().all(|id| w.spec.devices.iter().any(|d| d.name == super::device_name(id)))
+        });
+        if !covered {
+            self.sync(resource)?;
+        }
+        Ok(())
+    }
+
+    /// Remove the resource's spec file, if devplug wrote one.
+    pub fn remove(&self, resource: &str) {
+        let gone = self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(resource);
+        if let Some(w) = gone {
+            let _ = fs::remove_file(&w.file);
+            sync_dir(&self.dir);
+        }
+    }
+
+    /// Remove every spec this process wrote (clean exit).
+    pub fn remove_all(&self) {
+        let all: Vec<String> = self.written.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        for r in all {
+            self.remove(&r);
+        }
+    }
+
+    /// Remove devplug's spec files for resources not in `live` (left by an earlier devplug that
+    /// was killed). A file counts as devplug's only by its name and a kind matching that name.
+    pub fn sweep(&self, live: &[String]) -> Vec<PathBuf> {
+        let keep: Vec<String> = live.iter().filter_map(|r| Kind::for_resource(r).ok()).map(|k| k.file_name()).collect();
+        let mut removed = Vec::new();
+        let Ok(entries) = fs::read_dir(&self.dir) else { return removed };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(OWNED_PREFIX) || !name.ends_with(".json") || keep.contains(&name) {
+                continue;
+            }
+            let ours = fs::read(entry.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Spec>(&b).ok())
+                .and_then(|s| Kind::for_resource(&s.kind).ok())
+                .is_some_and(|k| k.file_name() == name);
+            if ours && fs::remove_file(entry.path()).is_ok() {
+                removed.push(entry.path());
+            }
+        }
+        sync_dir(&self.dir);
+        removed
+    }
+}
+
+/// Temp file, write, fsync, chmod 0644, rename over `file`, fsync the directory.
+fn write_atomically(dir: &Path, file: &Path, spec: &Spec) -> Result<(), CdiError> {
+    let mut bytes =
+        serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.to_owned(), source: e.into() })?;
+    bytes.push(b'\n');
+    let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).suffix(".tmp").tempfile_in(dir).map_err(io(dir))?;
+    tmp.write_all(&bytes).map_err(io(tmp.path()))?;
+    tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).map_err(io(file))?;
+    tmp.as_file().sync_all().map_err(io(file))?;
+    tmp.persist(file).map_err(|e| CdiError::Io { path: file.to_owned(), source: e.error })?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Make a rename or unlink durable. Best effort: some file systems refuse fsync on a directory.
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}

@@ -1,0 +1,161 @@
+//! How an Allocate answer hands devices to the container runtime: the strategies, alone or
+//! several at once.
+//!
+//! - `device-specs`: the classic answer, DeviceSpecs + mounts + envs. Every runtime kubelet
+//!   supports understands it, which is why it is the default.
+//! - `cdi-cri`: `cdi_devices` (KEP-4009, kubelet ≥ 1.28; GA in 1.31) naming each device's CDI
+//!   name; the runtime (containerd ≥ 1.7 with CDI on, CRI-O ≥ 1.23) injects it from the spec file.
+//! - `cdi-annotations`: the same names in a `cdi.k8s.io/` annotation, for runtimes that read CDI
+//!   from annotations but predate the CRI field.
+//!
+//! Per-device and common edits live in the CDI spec, so a CDI-only answer carries just what the
+//! backend's `allocate` computed for this particular set of IDs (it depends on the set, so it
+//! cannot be in a spec). When a CDI strategy is chosen but no spec could be written, the answer
+//! falls back to device-specs for that call and says so in the log: the pod starts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::cdi::{Kind, SpecDir};
+use crate::model::{ContainerEdits, Resource};
+use crate::proto::deviceplugin as pb;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    DeviceSpecs,
+    CdiCri,
+    CdiAnnotations,
+}
+
+impl Strategy {
+    pub fn is_cdi(self) -> bool {
+        matches!(self, Strategy::CdiCri | Strategy::CdiAnnotations)
+    }
+}
+
+/// Where a resource's CDI specs are.
+#[derive(Clone)]
+pub struct CdiTarget {
+    pub kind: Kind,
+    pub specs: Arc<SpecDir>,
+}
+
+/// How one resource answers Allocate.
+#[derive(Clone)]
+pub struct Delivery {
+    pub strategies: Vec<Strategy>,
+    pub cdi: Option<CdiTarget>,
+    warned: Arc<AtomicBool>,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Delivery::new(vec![Strategy::DeviceSpecs], None)
+    }
+}
+
+impl Delivery {
+    pub fn new(strategies: Vec<Strategy>, cdi: Option<CdiTarget>) -> Self {
+        Delivery { strategies, cdi, warned: Arc::default() }
+    }
+
+    fn has(&self, s: Strategy) -> bool {
+        self.strategies.contains(&s)
+    }
+
+    /// One container's answer. `extra` is what the backend's `allocate` returned for `ids`.
+    pub fn answer(&self, resource: &Resource, ids: &[String], extra: &ContainerEdits) -> pb::ContainerAllocateResponse {
+        let wants_cdi = self.strategies.iter().any(|s| s.is_cdi());
+        let cdi = if wants_cdi { self.usable_cdi(resource, ids) } else { None };
+        let classic = self.has(Strategy::DeviceSpecs) || (wants_cdi && cdi.is_none());
+        let mut edits = ContainerEdits::default();
+        if classic {
+            edits = resource.common_edits.clone();
+            for id in ids {
+                if let Some(d) = resource.device(id) {
+                    edits.merge(&d.edits);
+                }
+            }
+        }
+        edits.merge(extra);
+        let mut out = to_container_response(&edits);
+        if let Some(kind) = cdi {
+            let names: Vec<String> = ids.iter().map(|id| kind.qualified(id)).collect();
+            if self.has(Strategy::CdiCri) {
+                out.cdi_devices = names.iter().map(|n| pb::CdiDevice { name: n.clone() }).collect();
+            }
+            if self.has(Strategy::CdiAnnotations) {
+                out.annotations.insert(annotation_key(&kind), names.join(","));
+            }
+        }
+        out
+    }
+
+    fn usable_cdi(&self, resource: &Resource, ids: &[String]) -> Option<Kind> {
+        let failure = match &self.cdi {
+            None => "no CDI spec can be written for it (see the log line at startup)".to_owned(),
+            Some(t) => match t.specs.ensure(resource, ids) {
+                Ok(()) => return Some(t.kind.clone()),
+                Err(e) => format!("its CDI spec could not be written: {e}"),
+            },
+        };
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(resource = %resource.name, "answering Allocate with device specs: {failure}");
+        }
+        None
+    }
+}
+
+/// `cdi.k8s.io/devplug_<class>`: the annotation form's key, whose name part kubelet and the CDI
+/// library both cap at 63 characters.
+fn annotation_key(kind: &Kind) -> String {
+    let name: String = format!("devplug_{}", kind.class)
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .take(63)
+        .collect();
+    format!("cdi.k8s.io/{}", name.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
+}
+
+/// Classic Allocate answer: DeviceSpecs, mounts, env and annotations.
+pub fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateResponse {
+    pb::ContainerAllocateResponse {
+        envs: edits.env.iter().cloned().collect(),
+        mounts: edits
+            .mounts
+            .iter()
+            .map(|m| pb::Mount {
+                container_path: m.container_path.clone(),
+                host_path: m.host_path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        devices: edits
+            .device_nodes
+            .iter()
+            .map(|n| pb::DeviceSpec {
+                container_path: n.container_path.clone(),
+                host_path: n.host_path().to_owned(),
+                permissions: n.permissions().to_owned(),
+            })
+            .collect(),
+        annotations: edits.annotations.iter().cloned().collect(),
+        cdi_devices: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn annotation_keys_fit_the_cdi_rules() {
+        let k = Kind::for_resource("nvidia.com/gpu").unwrap();
+        assert_eq!(annotation_key(&k), "cdi.k8s.io/devplug_gpu");
+        let long = Kind::for_resource(&format!("x.io/{}", "a".repeat(80))).unwrap();
+        assert_eq!(annotation_key(&long).len(), "cdi.k8s.io/".len() + 63);
+    }
+}

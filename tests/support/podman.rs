@@ -1,0 +1,107 @@
+//! A private podman for end-to-end tests: its own containers.conf (runc, cgroupfs, small
+//! ulimits: this machine's podman 4.3.1 fails with crun on the hybrid cgroup layout and with its
+//! default 1048576 ulimits without CAP_SYS_RESOURCE) and its own vfs storage, plus a tiny image
+//! imported from busybox-static, so nothing comes from a registry.
+//!
+//! Podman reads CDI specs only from `/etc/cdi` and `/var/run/cdi`, so tests that use it write
+//! there, under kinds no one else uses, and remove what they wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+pub const IMAGE: &str = "localhost/devplug-e2e:latest";
+
+pub struct Podman {
+    dir: tempfile::TempDir,
+}
+
+/// Where a program is on PATH.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+impl Podman {
+    /// Set up podman or panic saying exactly what is missing: a test that needs a container
+    /// engine must never pass without one.
+    pub fn new() -> Podman {
+        for (bin, pkg) in [("podman", "podman"), ("runc", "runc"), ("busybox", "busybox-static")] {
+            assert!(
+                which(bin).is_some(),
+                "PODMAN E2E CANNOT RUN: `{bin}` is not installed. ./scripts/test installs it (Debian package {pkg})."
+            );
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::write(
+            root.join("containers.conf"),
+            "[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=1024:1024\"]\n\
+             [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\nevents_logger = \"file\"\n",
+        )
+        .expect("containers.conf");
+        std::fs::write(
+            root.join("storage.conf"),
+            format!(
+                "[storage]\ndriver = \"vfs\"\nrunroot = \"{}\"\ngraphroot = \"{}\"\n",
+                root.join("run").display(),
+                root.join("graph").display()
+            ),
+        )
+        .expect("storage.conf");
+        let p = Podman { dir };
+        p.import_busybox();
+        p
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new("podman");
+        c.env("CONTAINERS_CONF", self.dir.path().join("containers.conf"))
+            .env("CONTAINERS_STORAGE_CONF", self.dir.path().join("storage.conf"))
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// A one-binary rootfs (busybox-static and its applet links), imported as IMAGE.
+    fn import_busybox(&self) {
+        let rootfs = self.dir.path().join("rootfs");
+        let bin = rootfs.join("bin");
+        std::fs::create_dir_all(&bin).expect("rootfs");
+        std::fs::copy(which("busybox").expect("busybox"), bin.join("busybox")).expect("copy busybox");
+        for applet in ["sh", "cat", "stat", "echo", "ls", "test"] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet link");
+        }
+        let tar = self.dir.path().join("rootfs.tar");
+        let st = Command::new("tar").arg("-C").arg(&rootfs).arg("-cf").arg(&tar).arg(".").status().expect("tar");
+        assert!(st.success(), "tar of the rootfs failed");
+        let out = self.command().arg("import").arg(&tar).arg(IMAGE).output().expect("podman import");
+        assert!(out.status.success(), "PODMAN E2E CANNOT RUN: podman import failed:\n{}", text(&out));
+    }
+
+    /// `podman run --rm --network none [--device D]... IMAGE sh -c SCRIPT`.
+    pub fn run(&self, devices: &[String], script: &str) -> Output {
+        let mut c = self.command();
+        c.args(["run", "--rm", "--network", "none"]);
+        for d in devices {
+            c.arg("--device").arg(d);
+        }
+        c.args([IMAGE, "/bin/sh", "-c", script]);
+        c.output().expect("podman run")
+    }
+
+    pub fn root(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// stdout and stderr of a finished command, for messages.
+pub fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
