@@ -16,7 +16,7 @@ use devplug::kubelet::Strategy;
 use devplug::proto::deviceplugin as pb;
 use notify::Watcher;
 use support::Kubelet;
-use support::binary::{Devplug, run};
+use support::binary::{Devplug, run, run_args};
 use support::daemon::{Daemon, chaos_dir, config};
 use support::fixtures::Machine;
 use support::hardware::MACHINES;
@@ -276,32 +276,11 @@ fn sigkill_during_spec_rewrites_never_leaves_a_torn_spec() {
     // A big spec (about 600 KB) that changes on every poll: each poll is a rewrite.
     std::fs::write(&cfg, "[backends.chaos]\nconfig = \"mode=churn devices=2000\"\n").unwrap();
     let s = |p: &Path| p.display().to_string();
-    let args = [
-        "run",
-        "--config",
-        &s(&cfg),
-        "--kubelet-dir",
-        &s(&dir.path().join("kubelet")),
-        "--registration",
-        "kubelet-socket",
-        "--no-embedded",
-        "--backends",
-        &s(backends.path()),
-        "--default-grant",
-        "requested",
-        "--sysfs-root",
-        &s(&m.sys()),
-        "--dev-root",
-        &s(&m.dev()),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "100ms",
-        "--cdi-dir",
-        &s(&cdi),
-        "--cache-dir",
-        &s(&cache_dir()),
-    ];
+    let mut args = run_args(&dir.path().join("kubelet"), backends.path(), &m);
+    args.extend(
+        ["--config", &s(&cfg), "--poll-interval", "100ms", "--cdi-dir", &s(&cdi), "--cache-dir", &s(&cache_dir())]
+            .map(str::to_owned),
+    );
     let spec = cdi.join("devplug-test.devplug.io_widget.json");
     let is_temp = |p: &Path| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".devplug-"));
 

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use support::Kubelet;
-use support::binary::{Devplug, run};
+use support::binary::{Devplug, run, run_args};
 use support::daemon::{WIDGET, chaos_dir, chaos_paths};
 use support::fixtures::Machine;
 
@@ -20,30 +20,11 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
     let cfg = dir.path().join("devplug.toml");
     std::fs::write(&cfg, "[backends.chaos]\nconfig = \"devices=3\"\n").unwrap();
     let s = |p: &std::path::Path| p.display().to_string();
-    let mut d = Devplug::spawn(&[
-        "run",
-        "--config",
-        &s(&cfg),
-        "--kubelet-dir",
-        &s(&kdir),
-        "--registration",
-        "kubelet-socket",
-        "--no-embedded",
-        "--backends",
-        &s(backends.path()),
-        "--default-grant",
-        "requested",
-        "--sysfs-root",
-        &s(&m.sys()),
-        "--dev-root",
-        &s(&m.dev()),
-        "--metrics-addr",
-        "127.0.0.1:0",
-        "--poll-interval",
-        "200ms",
-        "--cdi-dir",
-        &s(&dir.path().join("cdi")),
-    ]);
+    let mut args = run_args(&kdir, backends.path(), &m);
+    args.extend(
+        ["--config", &s(&cfg), "--poll-interval", "200ms", "--cdi-dir", &s(&dir.path().join("cdi"))].map(str::to_owned),
+    );
+    let mut d = Devplug::spawn(&args);
     d.wait_log("waiting for kubelet", T).unwrap();
     assert!(kdir.join("devplug-test.devplug.io_widget.sock").exists(), "serving before kubelet is there");
     let kubelet = Kubelet::start(&kdir).await;

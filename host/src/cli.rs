@@ -36,6 +36,28 @@ pub enum Command {
     /// CDI spec files.
     #[command(subcommand)]
     Cdi(CdiCommand),
+    /// Pack backends into an OCI image (layout dir or oci-archive tar) for an image volume.
+    Pack(PackArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    /// Write an OCI image layout into this directory.
+    #[arg(long, conflicts_with = "tar", required_unless_present = "tar")]
+    pub out: Option<PathBuf>,
+    /// Write an oci-archive tar file instead.
+    #[arg(long)]
+    pub tar: Option<PathBuf>,
+    /// The image's tag (`org.opencontainers.image.ref.name`).
+    #[arg(long, default_value = "latest")]
+    pub tag: String,
+    /// Platform architecture to stamp (the node's; wasm itself runs anywhere).
+    #[arg(long, default_value_t = crate::pack::host_arch().to_owned())]
+    pub arch: String,
+    /// BACKEND.wasm files, each optionally followed by its manifest (.toml); a NAME.toml beside
+    /// NAME.wasm is taken along.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -280,6 +302,20 @@ pub fn discover_table(v: &serde_json::Value) -> String {
 }
 
 /// `devplug inspect`: what a component is, without running it.
+/// Check that `bytes` is a backend component of a WIT version this host loads; returns it.
+pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
+    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let compiled = runtime.compile(bytes)?;
+    let version = exported_version(runtime.engine(), &compiled.component)
+        .ok_or_else(|| anyhow::anyhow!("it does not export devplug:backend/backend"))?;
+    anyhow::ensure!(
+        crate::runtime::bindings::SUPPORTED.contains(&version.as_str()),
+        "built against devplug:backend@{version}, which this host does not load (it loads {})",
+        crate::runtime::bindings::SUPPORTED.join(", ")
+    );
+    Ok(version)
+}
+
 pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let runtime = Runtime::new(RuntimeConfig::default())?;

@@ -13,5 +13,6 @@ pub mod config;
 pub mod kubelet;
 pub mod model;
 pub mod observe;
+pub mod pack;
 pub mod proto;
 pub mod runtime;

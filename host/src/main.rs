@@ -51,6 +51,18 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
             Ok(())
         }
+        Command::Pack(args) => {
+            let contents = devplug::pack::Contents::collect(&args.files)?;
+            let layout = devplug::pack::layout(&contents, &args.tag, &args.arch)?;
+            match (&args.out, &args.tar) {
+                (Some(dir), _) => layout.write_dir(dir)?,
+                (None, Some(file)) => layout.write_tar(file)?,
+                (None, None) => anyhow::bail!("give --out DIR or --tar FILE"),
+            }
+            let names: Vec<&str> = contents.files.iter().map(|(n, _)| n.as_str()).collect();
+            println!("{} {}", layout.manifest_digest, names.join(" "));
+            Ok(())
+        }
         Command::Inspect(args) => {
             let v = cli::inspect(&args.file)?;
             match args.format {

@@ -14,7 +14,7 @@ pub struct Devplug {
 }
 
 impl Devplug {
-    pub fn spawn(args: &[&str]) -> Self {
+    pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
         let mut child = Command::new(BIN)
             .args(args)
             .env("RUST_LOG", "info")
@@ -107,6 +107,36 @@ impl Drop for Devplug {
 }
 
 /// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
+/// `devplug run` against a kubelet dir (socket registration), only the backends in `backends`
+/// (granted what they request), a fixture machine and a free metrics port; add the rest.
+pub fn run_args(
+    kubelet_dir: &std::path::Path,
+    backends: &std::path::Path,
+    machine: &super::fixtures::Machine,
+) -> Vec<String> {
+    let s = |p: &std::path::Path| p.display().to_string();
+    [
+        "run",
+        "--kubelet-dir",
+        &s(kubelet_dir),
+        "--registration",
+        "kubelet-socket",
+        "--no-embedded",
+        "--backends",
+        &s(backends),
+        "--default-grant",
+        "requested",
+        "--sysfs-root",
+        &s(&machine.sys()),
+        "--dev-root",
+        &s(&machine.dev()),
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 pub fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().expect("run devplug");
     (

@@ -28,6 +28,26 @@ pub fn chaos_dir() -> tempfile::TempDir {
     d
 }
 
+/// The chaos component with a custom section naming `build`: a distinct file (new digest) that
+/// behaves the same, as a rebuilt backend would.
+pub fn chaos_build(n: u32) -> Vec<u8> {
+    let mut bytes = std::fs::read(chaos_paths().0).unwrap();
+    let name = b"devplug-test-build";
+    let payload = n.to_le_bytes();
+    let body_len = 1 + name.len() + payload.len();
+    assert!(body_len < 128 && name.len() < 128, "one-byte LEB128 lengths");
+    bytes.extend_from_slice(&[0x00, body_len as u8, name.len() as u8]);
+    bytes.extend_from_slice(name);
+    bytes.extend_from_slice(&payload);
+    bytes
+}
+
+/// The chaos manifest with a default config: version `1.0.k` with `4 + k` devices.
+pub fn chaos_manifest(k: u32, mode: &str) -> String {
+    let orig = std::fs::read_to_string(chaos_paths().1).unwrap();
+    format!("config = \"mode={mode} devices={} version=1.0.{k}\"\n{orig}", 4 + k)
+}
+
 /// A daemon config for tests: socket registration, fast polls, only the given backends.
 pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_config: &str) -> Config {
     let mut c = Config {

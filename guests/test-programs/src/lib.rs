@@ -129,7 +129,9 @@ impl Backend for Chaos {
                 return Err(BackendError::Other(format!("chaos: refusing {id}")));
             }
         }
-        Ok(edits::env("CHAOS_IDS", &ids.join(",")))
+        let mut e = edits::env("CHAOS_IDS", &ids.join(","));
+        e.env.push(("CHAOS_VERSION".into(), self.version.clone()));
+        Ok(e)
     }
 }
 

@@ -1,9 +1,11 @@
 //! Backends: where they come from (embedded first-party set, a directory), how they are loaded
-//! with their capabilities, and the registry that polls them and routes each resource's calls.
+//! with their capabilities, the registry that polls them and routes each resource's calls, and
+//! the directory watch that hot-swaps them.
 
 pub mod embedded;
 mod registry;
 mod source;
+pub mod watch;
 
-pub use registry::{BackendSummary, PollReport, Registry};
+pub use registry::{BackendSummary, PollReport, Registry, Retired, Swapped};
 pub use source::{BackendSource, Origin, load_dir};

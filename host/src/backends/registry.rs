@@ -20,7 +20,8 @@ use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 
 /// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
 struct Slot {
-    origin: Origin,
+    /// Where the current instance came from and its source key (content identity).
+    origin: ArcSwap<(Origin, String)>,
     current: ArcSwap<BackendInstance>,
     last_error: Mutex<Option<String>>,
 }
@@ -38,6 +39,27 @@ struct ResSlot {
 pub struct PollReport {
     /// Resources that have devices for the first time: start serving them to kubelet.
     pub ready: Vec<ResourceHandle>,
+}
+
+/// A resource a backend no longer serves. Its stream already carries an empty device list;
+/// keep this value until its endpoint is stopped (dropping it ends the stream).
+pub struct Retired {
+    pub name: String,
+    _devices: watch::Sender<Arc<Resource>>,
+}
+
+fn retire(name: String, r: ResSlot) -> Retired {
+    r.tx.send_modify(|v| *v = Arc::new(Resource { name: name.clone(), ..Default::default() }));
+    tracing::info!(resource = %name, backend = %r.backend, "resource retired: its backend no longer serves it");
+    Retired { name, _devices: r.tx }
+}
+
+/// What a swap changed.
+pub struct Swapped {
+    /// Resources to start serving (new names, or names whose backend moved to a new slot).
+    pub ready: Vec<ResourceHandle>,
+    /// Resources the new version no longer declares.
+    pub retired: Vec<Retired>,
 }
 
 /// One backend, for `devplug discover` and status.
@@ -108,9 +130,10 @@ impl Registry {
         Capabilities::new(requested, &granted).map_err(LoadError::Manifest)
     }
 
-    /// Compile, instantiate and `init` a backend and claim its resources. Blocking.
-    pub fn load(&self, src: BackendSource) -> Result<(), LoadError> {
-        let caps = self.capabilities(&src)?;
+    /// Compile, instantiate and `init` a backend (its config: the operator's, else the
+    /// manifest's default). Blocking.
+    fn instantiate(&self, src: &BackendSource) -> Result<BackendInstance, LoadError> {
+        let caps = self.capabilities(src)?;
         let sandbox = Sandbox {
             backend: src.name.as_str().into(),
             sysfs: Arc::new(Jail::new(&self.sysfs_root, caps.sysfs)),
@@ -118,18 +141,84 @@ impl Registry {
             refusals: Arc::new(RefusalLog::default()),
             memory_cap: self.runtime.config.memory_cap,
         };
-        let config = self.settings.get(&src.name).map(|s| s.config.clone()).unwrap_or_default();
-        let inst = BackendInstance::load(&self.runtime, &src.bytes, config, sandbox)?;
-        let info = inst.info().clone();
+        let config = self
+            .settings
+            .get(&src.name)
+            .map(|s| s.config.clone())
+            .filter(|c| !c.is_empty())
+            .or_else(|| src.manifest.config.clone())
+            .unwrap_or_default();
+        BackendInstance::load(&self.runtime, &src.bytes, config, sandbox)
+    }
+
+    /// Compile, instantiate and `init` a backend and claim its resources. Blocking.
+    pub fn load(&self, src: BackendSource) -> Result<(), LoadError> {
+        let inst = self.instantiate(&src)?;
+        self.log_loaded(&src, &inst, "backend loaded");
+        let retired = self.install(&src, inst);
+        debug_assert!(retired.is_empty(), "a first load retires nothing");
+        Ok(())
+    }
+
+    fn log_loaded(&self, src: &BackendSource, inst: &BackendInstance, what: &'static str) {
         tracing::info!(
             backend = %src.name,
-            version = %info.version,
+            version = %inst.info().version,
             wit = inst.wit_version(),
             digest = &inst.digest()[..12],
             origin = %src.origin,
             cache = ?inst.cache,
-            "backend loaded"
+            "{what}"
         );
+    }
+
+    /// Replace (or add) a backend while everything keeps serving: the new version is built and
+    /// must `init` and `discover` within its deadlines before anything changes; then the slot
+    /// is swapped atomically (calls in flight finish on the old instance) and the new device
+    /// lists are published (kubelet hears only of real changes). On any failure the old version
+    /// keeps serving and the error says which step failed. Blocking.
+    pub fn swap(&self, src: BackendSource) -> Result<Swapped, LoadError> {
+        let inst = self.instantiate(&src)?;
+        let found = inst.discover().map_err(LoadError::Discover)?;
+        self.log_loaded(&src, &inst, "backend swapped in");
+        let inst = Arc::new(inst);
+        let retired = self.install_arc(&src, inst.clone());
+        let slot = self.backends.lock().expect("registry lock").get(&src.name).cloned();
+        let mut ready = Vec::new();
+        if let Some(slot) = slot {
+            self.apply(&src.name, &slot, &inst, Ok(found), &mut ready);
+        }
+        Ok(Swapped { ready, retired })
+    }
+
+    /// Stop a backend: its resources stream an empty device list (kubelet has no deregister
+    /// call) and are handed back to be stopped.
+    pub fn unload(&self, name: &str) -> Vec<Retired> {
+        self.backends.lock().expect("registry lock").remove(name);
+        let mut resources = self.resources.lock().expect("registry lock");
+        let names: Vec<String> = resources.iter().filter(|(_, r)| r.backend == name).map(|(n, _)| n.clone()).collect();
+        names.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect()
+    }
+
+    /// Loaded backends: name → (origin, source key).
+    pub fn loaded(&self) -> BTreeMap<String, (Origin, String)> {
+        self.backends
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .map(|(n, s)| (n.clone(), (**s.origin.load()).clone()))
+            .collect()
+    }
+
+    fn install(&self, src: &BackendSource, inst: BackendInstance) -> Vec<Retired> {
+        self.install_arc(src, Arc::new(inst))
+    }
+
+    /// Put `inst` in the backend's slot and bring resource claims in line with its `init`:
+    /// new names are claimed (unless another backend has them), names it no longer declares
+    /// are retired.
+    fn install_arc(&self, src: &BackendSource, inst: Arc<BackendInstance>) -> Vec<Retired> {
+        let info = inst.info().clone();
         let mut resources = self.resources.lock().expect("registry lock");
         for (name, options) in &info.resources {
             if let Some(why) = resource_name_problem(name) {
@@ -145,7 +234,11 @@ impl Registry {
                         "resource skipped: already served by another backend (the first one loaded keeps it)"
                     );
                 }
-                Some(_) => {}
+                Some(r) => {
+                    if r.options != *options {
+                        tracing::warn!(backend = %src.name, resource = %name, "the new version announces other options; kubelet learns them at the next registration");
+                    }
+                }
                 None => {
                     let (tx, _) = watch::channel(Arc::new(Resource { name: name.clone(), ..Default::default() }));
                     resources.insert(
@@ -161,10 +254,33 @@ impl Registry {
                 }
             }
         }
+        let declared: HashSet<&String> = info.resources.iter().map(|(n, _)| n).collect();
+        let gone: Vec<String> = resources
+            .iter()
+            .filter(|(n, r)| r.backend == src.name && !declared.contains(n))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let retired: Vec<Retired> =
+            gone.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect();
         drop(resources);
-        let slot = Slot { origin: src.origin, current: ArcSwap::from_pointee(inst), last_error: Mutex::new(None) };
-        self.backends.lock().expect("registry lock").insert(src.name, Arc::new(slot));
-        Ok(())
+        let mut backends = self.backends.lock().expect("registry lock");
+        match backends.get(&src.name) {
+            // Swap in place, so every BackendOps already handed to kubelet's servers routes to
+            // the new instance and no resource is re-registered.
+            Some(slot) => {
+                slot.origin.store(Arc::new((src.origin.clone(), src.key.clone())));
+                slot.current.store(inst);
+            }
+            None => {
+                let slot = Slot {
+                    origin: ArcSwap::from_pointee((src.origin.clone(), src.key.clone())),
+                    current: ArcSwap::new(inst),
+                    last_error: Mutex::new(None),
+                };
+                backends.insert(src.name.clone(), Arc::new(slot));
+            }
+        }
+        retired
     }
 
     /// Run every backend's `discover` and update the device lists.
@@ -178,61 +294,78 @@ impl Registry {
             let result = tokio::task::spawn_blocking(move || probe.discover())
                 .await
                 .unwrap_or_else(|e| Err(CallError::Trap(format!("discover panicked in the host: {e}"))));
-            self.note_error(&name, &slot, result.as_ref().err());
-            let breaker = inst.breaker_open();
-            let ok = result.is_ok();
-            let found: BTreeMap<String, Resource> = match result {
-                Ok(list) => list.into_iter().map(|r| (r.name.clone(), r)).collect(),
-                Err(_) => BTreeMap::new(),
-            };
-            let mut resources = self.resources.lock().expect("registry lock");
-            for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
-                let prev = rs.tx.borrow().clone();
-                let mut next = match found.get(rname) {
-                    Some(r) => clean(r, &name, &mut rs.logged),
-                    // A failed discover keeps the last list (a passing fault must not empty
-                    // kubelet's view); an answer without this resource means no devices.
-                    None if ok => Resource { name: rname.clone(), ..Default::default() },
-                    None => (*prev).clone(),
-                };
-                if breaker {
-                    next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
-                }
-                let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
-                if kubelet_changed {
-                    for d in &next.devices {
-                        let before = prev.device(&d.id).map(|p| p.health);
-                        if before.is_some_and(|b| b != d.health) {
-                            tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
-                        }
-                    }
-                }
-                rs.tx.send_if_modified(|v| {
-                    *v = Arc::new(next);
-                    kubelet_changed
-                });
-                if !rs.published && !rs.tx.borrow().devices.is_empty() {
-                    rs.published = true;
-                    report.ready.push(ResourceHandle {
-                        name: rname.clone(),
-                        options: rs.options,
-                        devices: rs.tx.subscribe(),
-                        ops: Arc::new(BackendOps { slot: slot.clone(), resource: rname.clone() }),
-                        delivery: Default::default(),
-                    });
-                }
-            }
-            let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
-            for extra in extras {
-                let key = format!("undeclared {extra}");
-                if let Some(r) = resources.values_mut().find(|r| r.backend == name)
-                    && r.logged.insert(key)
-                {
-                    tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
-                }
-            }
+            self.apply(&name, &slot, &inst, result, &mut report.ready);
         }
         report
+    }
+
+    /// Publish one backend's discover result to its resources' streams.
+    fn apply(
+        &self,
+        name: &str,
+        slot: &Arc<Slot>,
+        inst: &BackendInstance,
+        result: Result<Vec<Resource>, CallError>,
+        ready: &mut Vec<ResourceHandle>,
+    ) {
+        // A discover that raced a swap or unload must not publish over the newer state.
+        let current = self.backends.lock().expect("registry lock").get(name).is_some_and(|s| Arc::ptr_eq(s, slot));
+        if !current || !std::ptr::eq(slot.current.load().as_ref(), inst) {
+            return;
+        }
+        self.note_error(name, slot, result.as_ref().err());
+        let breaker = inst.breaker_open();
+        let ok = result.is_ok();
+        let found: BTreeMap<String, Resource> = match result {
+            Ok(list) => list.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            Err(_) => BTreeMap::new(),
+        };
+        let mut resources = self.resources.lock().expect("registry lock");
+        for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
+            let prev = rs.tx.borrow().clone();
+            let mut next = match found.get(rname) {
+                Some(r) => clean(r, name, &mut rs.logged),
+                // A failed discover keeps the last list (a passing fault must not empty
+                // kubelet's view); an answer without this resource means no devices.
+                None if ok => Resource { name: rname.clone(), ..Default::default() },
+                None => (*prev).clone(),
+            };
+            if breaker {
+                next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
+            }
+            let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
+            if kubelet_changed {
+                for d in &next.devices {
+                    let before = prev.device(&d.id).map(|p| p.health);
+                    if before.is_some_and(|b| b != d.health) {
+                        tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
+                    }
+                }
+            }
+            rs.tx.send_if_modified(|v| {
+                *v = Arc::new(next);
+                kubelet_changed
+            });
+            if !rs.published && !rs.tx.borrow().devices.is_empty() {
+                rs.published = true;
+                ready.push(ResourceHandle {
+                    name: rname.clone(),
+                    options: rs.options,
+                    devices: rs.tx.subscribe(),
+                    ops: Arc::new(BackendOps { slot: slot.clone(), resource: rname.clone() }),
+                    delivery: Default::default(),
+                });
+            }
+        }
+        let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
+        for extra in extras {
+            let key = format!("undeclared {extra}");
+            if let Some(r) = resources.values_mut().find(|r| r.backend == name)
+                && r.logged.insert(key)
+            {
+                tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
+            }
+        }
     }
 
     fn note_error(&self, backend: &str, slot: &Slot, err: Option<&CallError>) {
@@ -268,7 +401,7 @@ impl Registry {
                     version: inst.info().version.clone(),
                     wit_version: inst.wit_version().to_owned(),
                     digest: inst.digest().to_owned(),
-                    origin: slot.origin.to_string(),
+                    origin: slot.origin.load().0.to_string(),
                     breaker_open: inst.breaker_open(),
                     resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
                 }

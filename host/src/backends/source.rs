@@ -27,6 +27,27 @@ pub struct BackendSource {
     pub bytes: Vec<u8>,
     pub manifest: Manifest,
     pub origin: Origin,
+    /// The version in the file name (`gpu-1.3.0.wasm`), if it has one.
+    pub file_version: Option<semver::Version>,
+    /// Identifies the content (component bytes and manifest text): a change means a new version.
+    pub key: String,
+}
+
+/// `sha256(bytes) + sha256(manifest)`, short.
+fn source_key(bytes: &[u8], manifest_text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(Sha256::digest(bytes));
+    h.update(Sha256::digest(manifest_text.as_bytes()));
+    hex::encode(&h.finalize()[..16])
+}
+
+/// `gpu-1.3.0` → (`gpu`, 1.3.0); a stem without a trailing semver is a name as it is.
+pub fn split_version(stem: &str) -> (&str, Option<semver::Version>) {
+    stem.match_indices('-')
+        .map(|(i, _)| i)
+        .find_map(|i| semver::Version::parse(&stem[i + 1..]).ok().map(|v| (&stem[..i], Some(v))))
+        .unwrap_or((stem, None))
 }
 
 impl BackendSource {
@@ -39,48 +60,118 @@ impl BackendSource {
                 bytes: bytes.to_vec(),
                 manifest: Manifest::parse(manifest).expect("first-party manifests are valid"),
                 origin: Origin::Embedded,
+                file_version: None,
+                key: source_key(bytes, manifest),
             })
             .collect()
     }
 
     /// `path` and its manifest (`NAME.toml` beside `NAME.wasm`; none means no capabilities).
+    /// The backend's name is the manifest's `name`, else the file stem without a trailing
+    /// version (`gpu-1.3.0.wasm` is version 1.3.0 of `gpu`).
     pub fn from_file(path: &Path) -> anyhow::Result<BackendSource> {
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let manifest_path = path.with_extension("toml");
-        let manifest = match std::fs::read_to_string(&manifest_path) {
-            Ok(text) => Manifest::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Manifest::default(),
+        let (manifest, text) = match std::fs::read_to_string(&manifest_path) {
+            Ok(text) => {
+                (Manifest::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?, text)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Manifest::default(), String::new()),
             Err(e) => anyhow::bail!("{}: {e}", manifest_path.display()),
         };
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("backend").to_owned();
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("backend");
+        let (base, file_version) = split_version(stem);
         Ok(BackendSource {
-            name: manifest.name.clone().unwrap_or(stem),
+            name: manifest.name.clone().unwrap_or_else(|| base.to_owned()),
+            key: source_key(&bytes, &text),
             bytes,
             manifest,
             origin: Origin::File(path.to_owned()),
+            file_version,
         })
     }
 }
 
-/// Every `*.wasm` in `dir`, sorted by file name. Files that cannot be read are reported, not fatal.
+/// Every `*.wasm` in `dir` (hidden entries skipped: Kubernetes keeps a ConfigMap's real files
+/// under `..data/`), one per backend name: of several versions of one backend
+/// (`gpu-1.2.0.wasm`, `gpu-1.3.0.wasm`) the highest file version wins, and a versioned file wins
+/// over an unversioned one. Files that cannot be read, and the versions passed over, are
+/// reported, not fatal.
 pub fn load_dir(dir: &Path) -> (Vec<BackendSource>, Vec<anyhow::Error>) {
-    let mut out = Vec::new();
     let mut errors = Vec::new();
     let mut paths: Vec<PathBuf> = match std::fs::read_dir(dir) {
-        Ok(rd) => {
-            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "wasm")).collect()
-        }
+        Ok(rd) => rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "wasm"))
+            .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')))
+            .collect(),
         Err(e) => {
             errors.push(anyhow::anyhow!("backends dir {}: {e}", dir.display()));
-            return (out, errors);
+            return (Vec::new(), errors);
         }
     };
     paths.sort();
+    let mut by_name: std::collections::BTreeMap<String, BackendSource> = std::collections::BTreeMap::new();
     for p in paths {
-        match BackendSource::from_file(&p) {
-            Ok(s) => out.push(s),
-            Err(e) => errors.push(e),
+        let src = match BackendSource::from_file(&p) {
+            Ok(s) => s,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
+        };
+        match by_name.get(&src.name) {
+            Some(kept) if kept.file_version >= src.file_version => {
+                errors.push(passed_over(&src, kept));
+            }
+            Some(kept) => {
+                errors.push(passed_over(kept, &src));
+                by_name.insert(src.name.clone(), src);
+            }
+            None => {
+                by_name.insert(src.name.clone(), src);
+            }
         }
     }
-    (out, errors)
+    (by_name.into_values().collect(), errors)
+}
+
+fn passed_over(old: &BackendSource, new: &BackendSource) -> anyhow::Error {
+    let v = |s: &BackendSource| s.file_version.as_ref().map_or("unversioned".to_owned(), |v| v.to_string());
+    anyhow::anyhow!(
+        "{} ({}) not loaded: {} ({}) is a newer version of backend {:?}",
+        old.origin,
+        v(old),
+        new.origin,
+        v(new),
+        new.name
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_come_from_the_file_stem() {
+        assert_eq!(split_version("gpu-1.3.0"), ("gpu", Some(semver::Version::new(1, 3, 0))));
+        assert_eq!(split_version("my-nic-2.0.0-rc.1").0, "my-nic");
+        assert_eq!(split_version("intel-gpu"), ("intel-gpu", None));
+        assert_eq!(split_version("gpu"), ("gpu", None));
+    }
+
+    #[test]
+    fn the_highest_version_of_a_backend_wins_and_the_others_are_named() {
+        let d = tempfile::tempdir().unwrap();
+        for f in ["gpu-1.2.0.wasm", "gpu-1.10.0.wasm", "gpu.wasm", "nic.wasm", ".hidden.wasm"] {
+            std::fs::write(d.path().join(f), f).unwrap();
+        }
+        let (srcs, errors) = load_dir(d.path());
+        let picked: Vec<String> = srcs.iter().map(|s| s.origin.to_string()).collect();
+        assert!(picked[0].ends_with("gpu-1.10.0.wasm") && picked[1].ends_with("nic.wasm"), "{picked:?}");
+        assert_eq!(picked.len(), 2);
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(msgs.len(), 2, "{msgs:?}");
+        assert!(msgs.iter().all(|m| m.contains("gpu-1.10.0.wasm (1.10.0) is a newer version")), "{msgs:?}");
+    }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
-use tokio_stream::{Stream, StreamExt, wrappers::WatchStream};
+use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -171,14 +171,25 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         self.streams.open.fetch_add(1, Ordering::AcqRel);
         let guard = StreamGuard(self.streams.clone());
         let cancel = self.cancel.clone();
-        // WatchStream yields the current list at once, then every change; a burst of changes
-        // collapses to the newest list, which is what kubelet needs.
-        let stream = WatchStream::new(self.handle.devices.clone()).map(move |r| {
-            let _keep = &guard;
-            Ok(pb::ListAndWatchResponse { devices: to_proto_devices(&r) })
+        // The current list at once, then every change (a burst collapses to the newest list,
+        // which is what kubelet needs). When this serving generation stops, a change already
+        // published is still sent first: a retired resource's last word is its empty list.
+        let rx = self.handle.devices.clone();
+        let stream = futures::stream::unfold((rx, cancel, guard, true), |(mut rx, cancel, guard, first)| async move {
+            if !first {
+                tokio::select! {
+                    biased;
+                    changed = rx.changed() => changed.ok()?,
+                    _ = cancel.cancelled() => {
+                        if !rx.has_changed().unwrap_or(false) {
+                            return None;
+                        }
+                    }
+                }
+            }
+            let list = to_proto_devices(&rx.borrow_and_update());
+            Some((Ok(pb::ListAndWatchResponse { devices: list }), (rx, cancel, guard, false)))
         });
-        // Ends when this serving generation stops, so a graceful server shutdown can finish.
-        let stream = futures::StreamExt::take_until(stream, cancel.cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
     }
 

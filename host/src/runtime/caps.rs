@@ -60,6 +60,8 @@ pub struct Manifest {
     pub name: Option<String>,
     #[serde(default)]
     pub requests: Globs,
+    /// The config `init` gets when the operator gives none (vendors ship their defaults here).
+    pub config: Option<String>,
 }
 
 impl Manifest {

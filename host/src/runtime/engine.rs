@@ -138,7 +138,15 @@ impl Runtime {
     }
 
     fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
-        Component::new(&self.engine, bytes).map_err(|e| LoadError::Invalid(format!("{e:#}")))
+        Component::new(&self.engine, bytes).map_err(|e| {
+            let msg = format!("{e:#}");
+            // A section reaching past the end is what a half-written or cut-off file looks like.
+            if msg.contains("out of bounds") || msg.contains("unexpected end") {
+                LoadError::Invalid(format!("the file is truncated (or corrupt): {msg}"))
+            } else {
+                LoadError::Invalid(msg)
+            }
+        })
     }
 }
 

@@ -33,6 +33,8 @@ pub enum LoadError {
     Link(String),
     #[error("init failed: {0}")]
     Init(#[from] CallError),
+    #[error("discover of the new version failed, so it was not swapped in: {0}")]
+    Discover(CallError),
     #[error("bad manifest: {0}")]
     Manifest(String),
     #[error("internal error: {0}")]

@@ -1,0 +1,156 @@
+//! Which backends should be loaded (embedded set + backends directory) and bringing the running
+//! host in line with that when the directory changes: new or changed files are swapped in,
+//! removed files unloaded, and every refusal logged once, naming the file and the reason.
+//!
+//! Rules: a directory backend replaces the embedded one of the same name (and removing it brings
+//! the embedded one back); of several versions of one backend in the directory the highest file
+//! version wins; two backends declaring one resource name: the one loaded first keeps it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::specs::delivery;
+use crate::backends::{BackendSource, Registry, Retired, load_dir};
+use crate::cdi::SpecDir;
+use crate::config::Config;
+use crate::kubelet::{Endpoints, ResourceHandle};
+
+/// The backends to load, and what is wrong in the directory. Directory backends replace
+/// embedded ones of the same name, so a vendor can ship a newer first-party backend without a
+/// new host.
+pub fn sources(cfg: &Config) -> (Vec<BackendSource>, Vec<String>) {
+    let mut out: Vec<BackendSource> = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
+    let mut problems = Vec::new();
+    if let Some(dir) = &cfg.backends_dir {
+        let (found, errors) = load_dir(dir);
+        problems.extend(errors.into_iter().map(|e| format!("{e:#}")));
+        for src in found {
+            out.retain(|s| s.name != src.name);
+            out.push(src);
+        }
+    }
+    (out, problems)
+}
+
+/// Load every enabled source at startup (a backend whose first discover fails is still loaded:
+/// its device list fills in once discover works). Returns the sources that failed, by name and
+/// key, so the same file is not retried until it changes.
+pub async fn load_all(registry: &Arc<Registry>, sources: Vec<BackendSource>) -> HashMap<String, String> {
+    let mut failed = HashMap::new();
+    for src in sources {
+        if !registry.enabled(&src.name) {
+            tracing::info!(backend = %src.name, "disabled in the config");
+            continue;
+        }
+        let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
+        let r = registry.clone();
+        match tokio::task::spawn_blocking(move || r.load(src)).await {
+            Ok(Ok(())) => continue,
+            Ok(Err(e)) => tracing::error!(backend = %name, file = %origin, "backend not loaded: {e}"),
+            Err(e) => tracing::error!(backend = %name, file = %origin, "backend load panicked: {e}"),
+        }
+        failed.insert(name, key);
+    }
+    failed
+}
+
+/// Keeps the running set of backends in line with the sources.
+pub struct Reconciler {
+    pub cfg: Config,
+    pub registry: Arc<Registry>,
+    pub endpoints: Arc<Endpoints>,
+    pub specs: Option<Arc<SpecDir>>,
+    /// Sources that failed to load or swap, by name → key: not retried until the file changes.
+    refused: HashMap<String, String>,
+    /// Directory problems already logged (logged again only after they went away).
+    noted: HashSet<String>,
+}
+
+impl Reconciler {
+    pub fn new(
+        cfg: Config,
+        registry: Arc<Registry>,
+        endpoints: Arc<Endpoints>,
+        specs: Option<Arc<SpecDir>>,
+        refused: HashMap<String, String>,
+    ) -> Self {
+        Reconciler { cfg, registry, endpoints, specs, refused, noted: HashSet::new() }
+    }
+
+    /// Start serving resources that have devices for the first time.
+    pub async fn serve(&self, ready: Vec<ResourceHandle>) {
+        for mut handle in ready {
+            handle.delivery = delivery(&self.cfg, &handle.name, self.specs.as_ref());
+            tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
+            self.endpoints.add(handle).await;
+        }
+    }
+
+    /// Stop serving retired resources: their streams already sent an empty list.
+    async fn stop(&self, retired: Vec<Retired>) {
+        for r in retired {
+            self.endpoints.remove(&r.name).await;
+            if let Some(specs) = &self.specs {
+                specs.remove(&r.name);
+            }
+            tracing::info!(resource = %r.name, "stopped serving: socket removed");
+        }
+    }
+
+    /// Look at the sources again and swap, load or unload what changed.
+    pub async fn reconcile(&mut self) {
+        let (sources, problems) = sources(&self.cfg);
+        let now: HashSet<String> = problems.into_iter().collect();
+        for p in now.difference(&self.noted) {
+            tracing::error!("backends dir: {p}");
+        }
+        self.noted = now;
+
+        let loaded = self.registry.loaded();
+        let wanted: HashSet<&str> =
+            sources.iter().filter(|s| self.registry.enabled(&s.name)).map(|s| s.name.as_str()).collect();
+        for gone in loaded.keys().filter(|n| !wanted.contains(n.as_str())) {
+            let retired = self.registry.unload(gone);
+            tracing::info!(backend = %gone, "backend removed from the directory: unloaded");
+            self.refused.remove(gone);
+            self.stop(retired).await;
+        }
+        for src in sources {
+            if !self.registry.enabled(&src.name) {
+                continue;
+            }
+            let unchanged = loaded.get(&src.name).is_some_and(|(o, k)| *o == src.origin && *k == src.key);
+            if unchanged || self.refused.get(&src.name) == Some(&src.key) {
+                continue;
+            }
+            self.swap(src).await;
+        }
+    }
+
+    /// Swap one source in; on failure the old version (if any) keeps serving.
+    async fn swap(&mut self, src: BackendSource) {
+        let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
+        let had_one = self.registry.loaded().contains_key(&name);
+        let r = self.registry.clone();
+        let t0 = Instant::now();
+        let result = tokio::task::spawn_blocking(move || r.swap(src)).await;
+        match result {
+            Ok(Ok(swapped)) => {
+                self.refused.remove(&name);
+                tracing::info!(backend = %name, file = %origin, took_ms = t0.elapsed().as_millis() as u64, "backend swapped: the new version serves");
+                self.serve(swapped.ready).await;
+                self.stop(swapped.retired).await;
+            }
+            Ok(Err(e)) => {
+                let keeps = if had_one { "the old version keeps serving" } else { "nothing was loaded" };
+                tracing::error!(backend = %name, file = %origin, "backend refused, {keeps}: {e}");
+                self.refused.insert(name, key);
+            }
+            Err(e) => {
+                tracing::error!(backend = %name, file = %origin, "backend swap panicked: {e}");
+                self.refused.insert(name, key);
+            }
+        }
+    }
+}
