@@ -125,3 +125,173 @@ fn pack_refuses_what_devplug_would_not_load() {
     assert!(err.contains("README.md"), "{err}");
     assert!(std::fs::read_dir(out.path()).unwrap().next().is_none(), "nothing written on refusal");
 }
+
+/// A tool the suite's setup (`./scripts/test`) installs; a test that needs it fails loudly
+/// without it rather than passing.
+fn tool(name: &str) -> PathBuf {
+    let installed = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin"));
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .chain(installed)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("`{name}` is not on PATH: run the suite with ./scripts/test, which installs it"))
+}
+
+/// `kubernetes-validate --strict -k VERSION file`: (passed, output).
+fn validate(file: &Path, version: &str) -> (bool, String) {
+    let out = Command::new(tool("kubernetes-validate")).args(["--strict", "-k", version]).arg(file).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+#[test]
+fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schema() {
+    // 1.35: the first release with image volumes on by default.
+    const K8S: &str = "1.35.0";
+    let dir = repo().join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    for f in &files {
+        let (ok, out) = validate(f, K8S);
+        assert!(ok && out.contains("passed for resource daemonset/devplug"), "{}:\n{out}", f.display());
+    }
+    // The schema is not a rubber stamp: before image volumes existed, the same DaemonSet fails.
+    let (ok, out) = validate(&dir.join("devplug.yaml"), "1.30.0");
+    assert!(!ok && out.contains("'image' was unexpected"), "{out}");
+
+    let rendered = tempfile::tempdir().unwrap();
+    for (name, sets) in [
+        ("default", vec![]),
+        ("init-container", vec!["backends.imageVolume=false"]),
+        ("no-backends", vec!["backends.enabled=false", "metrics.service.enabled=false"]),
+        ("service-monitor", vec!["metrics.serviceMonitor.enabled=true", "nodeSelector.gpu=true"]),
+    ] {
+        let mut cmd = Command::new(tool("helm"));
+        cmd.args(["template", "devplug"]).arg(repo().join("deploy/helm/devplug")).args(["--namespace", "devplug"]);
+        for s in &sets {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "helm template ({name}): {}", String::from_utf8_lossy(&out.stderr));
+        let yaml = String::from_utf8(out.stdout).unwrap();
+        let f = rendered.path().join(format!("{name}.yaml"));
+        std::fs::write(&f, &yaml).unwrap();
+        let (ok, report) = validate(&f, K8S);
+        assert!(ok && report.contains("passed for resource daemonset/devplug"), "chart ({name}):\n{report}\n{yaml}");
+        match name {
+            "init-container" => assert!(yaml.contains("initContainers:") && !yaml.contains("reference:"), "{yaml}"),
+            "no-backends" => assert!(!yaml.contains("/backends") && !yaml.contains("kind: Service\n"), "{yaml}"),
+            "service-monitor" => {
+                assert!(yaml.contains("kind: ServiceMonitor") && yaml.contains("\"gpu\": \"true\""), "{yaml}")
+            }
+            _ => assert!(yaml.contains("reference: ghcr.io/devplug/backends"), "{yaml}"),
+        }
+    }
+}
+
+/// Removes the test's container however the test ends.
+struct Container<'a>(&'a support::podman::Podman, String);
+
+impl Drop for Container<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.tool("podman").args(["rm", "-f", "-t", "0", &self.1]).output();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_image() {
+    use support::fixtures::Machine;
+    let podman = tokio::task::spawn_blocking(support::podman::Podman::new).await.unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let s = |p: &Path| p.display().to_string();
+
+    // The host image, from deploy/Containerfile, with buildah and no registry.
+    let ctx = work.path().join("ctx");
+    let st = Command::new(repo().join("deploy/image-context.sh")).arg(&ctx).arg(support::binary::BIN).output().unwrap();
+    assert!(st.status.success(), "image-context.sh: {}", String::from_utf8_lossy(&st.stderr));
+    let containerfile = s(&repo().join("deploy/Containerfile"));
+    let tag = format!("localhost/devplug-host:e2e-{}", std::process::id());
+    podman.ok("buildah", &["bud", "--isolation", "chroot", "-f", &containerfile, "-t", &tag, &s(&ctx)]);
+
+    // The backends image, from `devplug pack`, loaded as a registry would deliver it.
+    let (_src, wasm, _) = backend_dir();
+    let archive = work.path().join("backends.tar");
+    let (code, _, err) = run(&["pack", "--tar", &s(&archive), "--tag", "e2e", &s(&wasm)]);
+    assert_eq!(code, 0, "{err}");
+    let pulled = podman.ok("podman", &["pull", "-q", &format!("oci-archive:{}", s(&archive))]);
+    let backends_image = format!("localhost/devplug-backends:e2e-{}", std::process::id());
+    podman.ok("podman", &["tag", pulled.trim(), &backends_image]);
+
+    // Run it as the DaemonSet does: read-only root, no capabilities, the backends image mounted
+    // read-only at /backends, kubelet's dir and a fixture machine bind-mounted.
+    let kdir = work.path().join("device-plugins");
+    std::fs::create_dir_all(&kdir).unwrap();
+    let kubelet = support::Kubelet::start(&kdir).await;
+    let m = Machine::generic_box();
+    let name = format!("devplug-e2e-{}", std::process::id());
+    let image_mount = format!("type=image,source={backends_image},destination=/backends");
+    let kubelet_mount = format!("{}:/var/lib/kubelet/device-plugins", s(&kdir));
+    let machine_mount = format!("{}:/machine:ro", s(m.root()));
+    let _guard = Container(&podman, name.clone());
+    podman.ok(
+        "podman",
+        &[
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--network",
+            "none",
+            "--read-only",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--mount",
+            &image_mount,
+            "-v",
+            &kubelet_mount,
+            "-v",
+            &machine_mount,
+            "--tmpfs",
+            "/var/run/cdi",
+            &tag,
+            "run",
+            "--backends",
+            "/backends",
+            "--no-embedded",
+            "--default-grant",
+            "requested",
+            "--registration",
+            "kubelet-socket",
+            "--sysfs-root",
+            "/machine/sys",
+            "--dev-root",
+            "/machine/dev",
+            "--poll-interval",
+            "200ms",
+        ],
+    );
+    let plugin = kubelet
+        .wait_registered(support::daemon::WIDGET, 1, std::time::Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| {
+            let log = podman.tool("podman").args(["logs", &name]).output().unwrap();
+            panic!("{e}\ncontainer log:\n{}", support::podman::text(&log))
+        });
+    let req = devplug::proto::deviceplugin::AllocateRequest {
+        container_requests: vec![devplug::proto::deviceplugin::ContainerAllocateRequest {
+            devices_ids: vec!["widget-2".into()],
+        }],
+    };
+    let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+    assert_eq!(resp.container_responses[0].envs["CHAOS_IDS"], "widget-2");
+    let log = support::podman::text(&podman.tool("podman").args(["logs", &name]).output().unwrap());
+    assert!(log.contains("origin=/backends/chaos.wasm"), "the backend came from the image volume:\n{log}");
+}

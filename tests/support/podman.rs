@@ -57,7 +57,12 @@ impl Podman {
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new("podman");
+        self.tool("podman")
+    }
+
+    /// `podman` or `buildah`, on this private configuration and storage.
+    pub fn tool(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
         c.env("CONTAINERS_CONF", self.dir.path().join("containers.conf"))
             .env("CONTAINERS_STORAGE_CONF", self.dir.path().join("storage.conf"))
             .stdin(Stdio::null());
@@ -89,6 +94,13 @@ impl Podman {
         }
         c.args([IMAGE, "/bin/sh", "-c", script]);
         c.output().expect("podman run")
+    }
+
+    /// Run a `podman`/`buildah` command to success, or panic with its output; returns stdout.
+    pub fn ok(&self, program: &str, args: &[&str]) -> String {
+        let out = self.tool(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
+        assert!(out.status.success(), "{program} {}:\n{}", args.join(" "), text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     pub fn root(&self) -> &Path {
