@@ -253,6 +253,7 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
             devices: rx,
             ops: Arc::new(NoBackend),
             delivery: Default::default(),
+            metrics: None,
         })
         .await;
     let before = kubelet.refusals().len();

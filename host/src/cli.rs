@@ -38,6 +38,91 @@ pub enum Command {
     Cdi(CdiCommand),
     /// Pack backends into an OCI image (layout dir or oci-archive tar) for an image volume.
     Pack(PackArgs),
+    /// Ask a running devplug (its --metrics-addr) what it serves, in a table.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The running devplug's --metrics-addr.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub addr: String,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+/// GET `path` from devplug's HTTP listener at `addr`; (status code, body).
+pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use http_body_util::BodyExt;
+    let stream = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| anyhow::anyhow!("{addr}: connect timed out"))?
+        .map_err(|e| anyhow::anyhow!("cannot reach devplug at {addr} (its --metrics-addr): {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, addr)
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let code = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((code, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `devplug status` as a table for people.
+pub fn status_table(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let str_of = |x: &serde_json::Value| x.as_str().unwrap_or("-").to_owned();
+    let _ = writeln!(out, "{:<40} {:>8} {:>10}  KUBELET", "RESOURCE", "HEALTHY", "UNHEALTHY");
+    for r in v["resources"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{:<40} {:>8} {:>10}  {}",
+            str_of(&r["name"]),
+            r["healthy"],
+            r["unhealthy"],
+            str_of(&r["endpoint"])
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<12} {:<10} {:<14} {:<8} {:>6} {:>8}  LAST ERROR",
+        "BACKEND", "VERSION", "DIGEST", "BREAKER", "TRAPS", "TIMEOUTS"
+    );
+    for b in v["backends"].as_array().into_iter().flatten() {
+        let digest: String = str_of(&b["digest"]).chars().take(12).collect();
+        let breaker = if b["breaker_open"].as_bool() == Some(true) { "OPEN" } else { "closed" };
+        let _ = writeln!(
+            out,
+            "{:<12} {:<10} {:<14} {:<8} {:>6} {:>8}  {}",
+            str_of(&b["name"]),
+            str_of(&b["version"]),
+            digest,
+            breaker,
+            b["stats"]["traps"],
+            b["stats"]["timeouts"],
+            b["last_error"].as_str().unwrap_or("")
+        );
+    }
+    let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
+    if allocs.is_empty() {
+        let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
+    } else {
+        let _ = writeln!(out, "\n{:<40} {:<16} NAMESPACE/POD/CONTAINER", "RESOURCE", "DEVICE");
+        for a in allocs {
+            let _ = writeln!(
+                out,
+                "{:<40} {:<16} {}/{}/{}",
+                str_of(&a["resource"]),
+                str_of(&a["device"]),
+                str_of(&a["namespace"]),
+                str_of(&a["pod"]),
+                str_of(&a["container"])
+            );
+        }
+    }
+    out
 }
 
 #[derive(clap::Args, Debug)]

@@ -113,6 +113,11 @@ pub struct Config {
     pub allocate: Vec<Strategy>,
     pub resources: BTreeMap<String, ResourceSettings>,
     pub metrics_addr: SocketAddr,
+    /// Kubelet's pod resources socket (default: `pod-resources/kubelet.sock` beside the
+    /// device-plugins dir); absent → no pod attribution, logged once.
+    pub pod_resources_socket: Option<PathBuf>,
+    #[serde(with = "humantime_serde")]
+    pub pod_resources_interval: Duration,
     pub cache_dir: Option<PathBuf>,
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
@@ -136,6 +141,8 @@ impl Default for Config {
             allocate: vec![Strategy::DeviceSpecs],
             resources: BTreeMap::new(),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9400)),
+            pod_resources_socket: None,
+            pod_resources_interval: Duration::from_secs(10),
             cache_dir: None,
             poll_interval: Duration::from_secs(5),
             default_grant: DefaultGrant::None,
@@ -171,6 +178,13 @@ impl Config {
             "a cdi-* allocate strategy needs write_cdi = true"
         );
         Ok(cfg)
+    }
+
+    /// The pod resources socket.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.pod_resources_socket
+            .clone()
+            .unwrap_or_else(|| self.kubelet_dir.parent().unwrap_or(Path::new("/")).join("pod-resources/kubelet.sock"))
     }
 
     /// Allocate strategies for `resource`.

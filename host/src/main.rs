@@ -63,6 +63,16 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             println!("{} {}", layout.manifest_digest, names.join(" "));
             Ok(())
         }
+        Command::Status(args) => {
+            let (code, body) = cli::http_get(&args.addr, "/status").await?;
+            anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            match args.format {
+                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
+                Format::Table => print!("{}", cli::status_table(&v)),
+            }
+            Ok(())
+        }
         Command::Inspect(args) => {
             let v = cli::inspect(&args.file)?;
             match args.format {

@@ -15,6 +15,7 @@ pub mod daemon;
 pub mod fixtures;
 pub mod hardware;
 pub mod podman;
+pub mod podresources;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

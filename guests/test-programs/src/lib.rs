@@ -3,7 +3,7 @@
 //! Config is `key=value` words: `mode=ok|churn|escape|spin-init|spin-discover|trap-init|
 //! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
 //! device, so the device list changes on each poll), `devices=N` (default 4), `resource=NAME`, `version=V`,
-//! `names=a,b,c` (device IDs instead of `widget-N`).
+//! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
@@ -18,6 +18,7 @@ pub struct Chaos {
     version: String,
     names: Vec<String>,
     polls: std::cell::Cell<u32>,
+    sick: Vec<String>,
 }
 
 impl Chaos {
@@ -38,6 +39,7 @@ impl Backend for Chaos {
             version: "1.0.0".into(),
             names: Vec::new(),
             polls: Default::default(),
+            sick: Vec::new(),
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -46,6 +48,7 @@ impl Backend for Chaos {
                 Some(("resource", v)) => me.resource = v.into(),
                 Some(("version", v)) => me.version = v.into(),
                 Some(("names", v)) => me.names = v.split(',').map(str::to_owned).collect(),
+                Some(("sick", v)) => me.sick = v.split(',').map(str::to_owned).collect(),
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -80,9 +83,10 @@ impl Backend for Chaos {
                 edits: edits::empty(),
             }],
             _ => (0..self.devices - u32::from(self.churned()))
-                .map(|i| Device {
-                    id: self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}")),
-                    health: Health::Healthy,
+                .map(|i| (i, self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}"))))
+                .map(|(i, id)| Device {
+                    health: if self.sick.contains(&id) { Health::Unhealthy } else { Health::Healthy },
+                    id,
                     numa_nodes: vec![i % 2],
                     attributes: vec![("index".into(), i.to_string())],
                     edits: ContainerEdits {

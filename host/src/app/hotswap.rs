@@ -137,12 +137,14 @@ impl Reconciler {
         let result = tokio::task::spawn_blocking(move || r.swap(src)).await;
         match result {
             Ok(Ok(swapped)) => {
+                self.registry.metrics().swap(&name, true);
                 self.refused.remove(&name);
                 tracing::info!(backend = %name, file = %origin, took_ms = t0.elapsed().as_millis() as u64, "backend swapped: the new version serves");
                 self.serve(swapped.ready).await;
                 self.stop(swapped.retired).await;
             }
             Ok(Err(e)) => {
+                self.registry.metrics().swap(&name, false);
                 let keeps = if had_one { "the old version keeps serving" } else { "nothing was loaded" };
                 tracing::error!(backend = %name, file = %origin, "backend refused, {keeps}: {e}");
                 self.refused.insert(name, key);

@@ -7,6 +7,7 @@ mod specs;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +16,7 @@ pub use hotswap::{Reconciler, load_all, sources};
 use crate::backends::Registry;
 use crate::backends::watch::DirTicks;
 use crate::config::Config;
-use crate::kubelet::{Endpoints, KubeletPaths};
+use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
 use crate::runtime::Runtime;
 
@@ -40,7 +41,17 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         KubeletPaths { device_plugin_dir: cfg.kubelet_dir.clone(), plugins_registry_dir: cfg.plugins_registry_dir() };
     let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
     let stop = CancellationToken::new();
-    observe::serve(cfg.metrics_addr, observe::Health { endpoints: endpoints.clone() }, stop.clone()).await?;
+    let served = registry.clone();
+    let pods = podresources::spawn(
+        cfg.pod_resources_socket(),
+        cfg.pod_resources_interval,
+        move |r| served.snapshot().iter().any(|x| x.name == r),
+        stop.clone(),
+    );
+    let polled = Arc::new(AtomicBool::new(false));
+    let health =
+        observe::Health { endpoints: endpoints.clone(), registry: registry.clone(), pods, polled: polled.clone() };
+    observe::serve(cfg.metrics_addr, health, stop.clone()).await?;
 
     let specs = specs::open_cdi(&cfg);
     let mut cdi_errors = HashMap::new();
@@ -76,6 +87,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
             _ = tokio::time::sleep_until(next_poll) => {
                 let report = registry.poll_once().await;
                 hot.serve(report.ready).await;
+                polled.store(true, Ordering::Release);
                 next_poll = tokio::time::Instant::now() + cfg.poll_interval;
             }
         }

@@ -14,6 +14,7 @@ use crate::config::{BackendSettings, DefaultGrant};
 use crate::kubelet::names::resource_name_problem;
 use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
 use crate::model::{ContainerEdits, Health, Resource, ResourceOptions, device_id_problem};
+use crate::observe::Metrics;
 use crate::runtime::caps::{Capabilities, Globs, Jail};
 use crate::runtime::state::{RefusalLog, Sandbox};
 use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
@@ -72,6 +73,20 @@ pub struct BackendSummary {
     pub origin: String,
     pub breaker_open: bool,
     pub resources: Vec<String>,
+    /// The loaded version's call and fault counts.
+    pub stats: StatsSnapshot,
+    /// The last discover error, if discover is failing now.
+    pub last_error: Option<String>,
+}
+
+/// A copy of a backend instance's counters.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct StatsSnapshot {
+    pub calls: u64,
+    pub guest_errors: u64,
+    pub traps: u64,
+    pub timeouts: u64,
+    pub memory_cap_hits: u64,
 }
 
 pub struct Registry {
@@ -82,6 +97,7 @@ pub struct Registry {
     default_grant: DefaultGrant,
     backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     resources: Mutex<BTreeMap<String, ResSlot>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Registry {
@@ -100,7 +116,13 @@ impl Registry {
             default_grant,
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
+            metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// This host's metrics (backend call latency is recorded here; the rest by their owners).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Whether the operator's config turns this backend off.
@@ -291,9 +313,11 @@ impl Registry {
         for (name, slot) in slots {
             let inst = slot.current.load_full();
             let probe = inst.clone();
+            let t0 = std::time::Instant::now();
             let result = tokio::task::spawn_blocking(move || probe.discover())
                 .await
                 .unwrap_or_else(|e| Err(CallError::Trap(format!("discover panicked in the host: {e}"))));
+            self.metrics.backend_call(&name, "discover", t0.elapsed());
             self.apply(&name, &slot, &inst, result, &mut report.ready);
         }
         report
@@ -352,8 +376,14 @@ impl Registry {
                     name: rname.clone(),
                     options: rs.options,
                     devices: rs.tx.subscribe(),
-                    ops: Arc::new(BackendOps { slot: slot.clone(), resource: rname.clone() }),
+                    ops: Arc::new(BackendOps {
+                        slot: slot.clone(),
+                        resource: rname.clone(),
+                        backend: name.to_owned(),
+                        metrics: self.metrics.clone(),
+                    }),
                     delivery: Default::default(),
+                    metrics: Some(self.metrics.clone()),
                 });
             }
         }
@@ -404,6 +434,17 @@ impl Registry {
                     origin: slot.origin.load().0.to_string(),
                     breaker_open: inst.breaker_open(),
                     resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
+                    stats: {
+                        let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+                        StatsSnapshot {
+                            calls: l(&inst.stats.calls),
+                            guest_errors: l(&inst.stats.guest_errors),
+                            traps: l(&inst.stats.traps),
+                            timeouts: l(&inst.stats.timeouts),
+                            memory_cap_hits: l(&inst.stats.memory_cap_hits),
+                        }
+                    },
+                    last_error: slot.last_error.lock().ok().and_then(|e| e.clone()),
                 }
             })
             .collect()
@@ -434,6 +475,8 @@ fn clean(r: &Resource, backend: &str, logged: &mut HashSet<String>) -> Resource 
 struct BackendOps {
     slot: Arc<Slot>,
     resource: String,
+    backend: String,
+    metrics: Arc<Metrics>,
 }
 
 fn op_error(e: CallError) -> OpError {
@@ -445,6 +488,17 @@ fn op_error(e: CallError) -> OpError {
 
 impl BackendOps {
     async fn run<T: Send + 'static>(
+        &self,
+        call: &'static str,
+        f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
+    ) -> Result<T, OpError> {
+        let t0 = std::time::Instant::now();
+        let out = self.run_inner(f).await;
+        self.metrics.backend_call(&self.backend, call, t0.elapsed());
+        out
+    }
+
+    async fn run_inner<T: Send + 'static>(
         &self,
         f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
     ) -> Result<T, OpError> {
@@ -466,7 +520,7 @@ impl BackendOps {
 #[async_trait::async_trait]
 impl ResourceOps for BackendOps {
     async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError> {
-        self.run(move |b, r| b.allocate(r, &ids)).await
+        self.run("allocate", move |b, r| b.allocate(r, &ids)).await
     }
 
     async fn preferred_allocation(
@@ -475,10 +529,10 @@ impl ResourceOps for BackendOps {
         must: Vec<String>,
         size: u32,
     ) -> Result<Vec<String>, OpError> {
-        self.run(move |b, r| b.preferred_allocation(r, &available, &must, size)).await
+        self.run("preferred_allocation", move |b, r| b.preferred_allocation(r, &available, &must, size)).await
     }
 
     async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError> {
-        self.run(move |b, r| b.pre_start(r, &ids)).await
+        self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
     }
 }

@@ -259,6 +259,9 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
         };
         backoff = FIRST_BACKOFF;
         ctx.registrations.fetch_add(1, Ordering::Relaxed);
+        if let Some(m) = &handle.metrics {
+            m.registered(&resource, reason != "start");
+        }
         ctx.state.send_replace(EndpointState::Registered);
         tracing::info!(resource = %resource, socket = %sock_name, reason, "registered with kubelet");
 
@@ -295,6 +298,8 @@ async fn finish(stop: &CancellationToken, server: JoinHandle<()>, sock_path: &Pa
 
 async fn watcher_mode(mut ctx: Ctx, handle: ResourceHandle) {
     let resource = handle.name.clone();
+    // Whether the next registration is the first of this endpoint (for the metrics).
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sock_path: PathBuf = ctx.paths.plugins_registry_dir.join(names::socket_file_name(&resource));
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -306,6 +311,8 @@ async fn watcher_mode(mut ctx: Ctx, handle: ResourceHandle) {
             endpoint: sock_path.display().to_string(),
             state: ctx.state.clone(),
             registered: ctx.registrations.clone(),
+            metrics: handle.metrics.clone(),
+            first: first.clone(),
         };
         let server = match serve(&sock_path, svc, Some(reg), stop.clone()) {
             Ok(s) => s,

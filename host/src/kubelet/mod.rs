@@ -6,6 +6,7 @@ pub mod answer;
 mod dirwatch;
 mod endpoint;
 pub mod names;
+pub mod podresources;
 mod registration;
 mod service;
 pub mod uds;
@@ -61,6 +62,8 @@ pub struct ResourceHandle {
     pub ops: Arc<dyn ResourceOps>,
     /// How Allocate answers reach the runtime (device specs, CDI).
     pub delivery: Delivery,
+    /// Where request counts and latencies go (none in unit tests).
+    pub metrics: Option<Arc<crate::observe::Metrics>>,
 }
 
 /// Where kubelet lives.

@@ -44,6 +44,8 @@ pub struct WatcherRegistration {
     pub endpoint: String,
     pub state: watch::Sender<EndpointState>,
     pub registered: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub metrics: Option<std::sync::Arc<crate::observe::Metrics>>,
+    pub first: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[tonic::async_trait]
@@ -64,6 +66,10 @@ impl pr::registration_server::Registration for WatcherRegistration {
         let s = req.into_inner();
         if s.plugin_registered {
             self.registered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let again = !self.first.swap(false, std::sync::atomic::Ordering::Relaxed);
+            if let Some(m) = &self.metrics {
+                m.registered(&self.resource, again);
+            }
             tracing::info!(resource = %self.resource, mode = "plugin-watcher", "registered with kubelet");
             self.state.send_replace(EndpointState::Registered);
         } else {

@@ -55,6 +55,12 @@ impl DevicePluginService {
         DevicePluginService { handle, streams, cancel }
     }
 
+    fn record(&self, method: &str, ok: bool, t0: std::time::Instant) {
+        if let Some(m) = &self.handle.metrics {
+            m.request(&self.handle.name, method, ok, t0.elapsed());
+        }
+    }
+
     fn snapshot(&self) -> Arc<Resource> {
         self.handle.devices.borrow().clone()
     }
@@ -197,66 +203,85 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         &self,
         req: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
-        let mut out = Vec::new();
-        for c in req.into_inner().container_requests {
-            let size = usize::try_from(c.allocation_size)
-                .map_err(|_| Status::invalid_argument(format!("{}: negative allocation size", self.handle.name)))?;
-            let (available, must) = (c.available_device_i_ds, c.must_include_device_i_ds);
-            let snap = self.snapshot();
-            self.check_ids(&snap, &available, false)?;
-            self.check_ids(&snap, &must, false)?;
-            let answer = if self.handle.options.preferred_allocation {
-                match self.handle.ops.preferred_allocation(available.clone(), must.clone(), size as u32).await {
-                    Ok(ids) => match preferred_problem(&ids, &available, &must, size) {
-                        None => ids,
-                        Some(why) => {
-                            tracing::warn!(resource = %self.handle.name, "backend's preferred allocation ignored: {why}");
+        let t0 = std::time::Instant::now();
+        let out: Result<Response<pb::PreferredAllocationResponse>, Status> = async {
+            let mut out = Vec::new();
+            for c in req.into_inner().container_requests {
+                let size = usize::try_from(c.allocation_size)
+                    .map_err(|_| Status::invalid_argument(format!("{}: negative allocation size", self.handle.name)))?;
+                let (available, must) = (c.available_device_i_ds, c.must_include_device_i_ds);
+                let snap = self.snapshot();
+                self.check_ids(&snap, &available, false)?;
+                self.check_ids(&snap, &must, false)?;
+                let answer = if self.handle.options.preferred_allocation {
+                    match self.handle.ops.preferred_allocation(available.clone(), must.clone(), size as u32).await {
+                        Ok(ids) => match preferred_problem(&ids, &available, &must, size) {
+                            None => ids,
+                            Some(why) => {
+                                tracing::warn!(resource = %self.handle.name, "backend's preferred allocation ignored: {why}");
+                                plain_choice(&available, &must, size)
+                            }
+                        },
+                        Err(e) => {
+                            tracing::warn!(resource = %self.handle.name, error = %e, "preferred allocation failed; using a plain choice");
                             plain_choice(&available, &must, size)
                         }
-                    },
-                    Err(e) => {
-                        tracing::warn!(resource = %self.handle.name, error = %e, "preferred allocation failed; using a plain choice");
-                        plain_choice(&available, &must, size)
                     }
-                }
-            } else {
-                plain_choice(&available, &must, size)
-            };
-            out.push(pb::ContainerPreferredAllocationResponse { device_i_ds: answer });
+                } else {
+                    plain_choice(&available, &must, size)
+                };
+                out.push(pb::ContainerPreferredAllocationResponse { device_i_ds: answer });
+            }
+            Ok(Response::new(pb::PreferredAllocationResponse { container_responses: out }))
+
         }
-        Ok(Response::new(pb::PreferredAllocationResponse { container_responses: out }))
+        .await;
+        self.record("GetPreferredAllocation", out.is_ok(), t0);
+        out
     }
 
     async fn allocate(&self, req: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
-        let reqs = req.into_inner().container_requests;
-        let snap = self.snapshot();
-        // Check every container before calling the backend once, so a bad request has no effect.
-        for c in &reqs {
-            if c.devices_ids.is_empty() {
-                return Err(Status::invalid_argument(format!(
-                    "{}: a container request names no devices",
-                    self.handle.name
-                )));
+        let t0 = std::time::Instant::now();
+        let out: Result<Response<pb::AllocateResponse>, Status> = async {
+            let reqs = req.into_inner().container_requests;
+            let snap = self.snapshot();
+            // Check every container before calling the backend once, so a bad request has no effect.
+            for c in &reqs {
+                if c.devices_ids.is_empty() {
+                    return Err(Status::invalid_argument(format!(
+                        "{}: a container request names no devices",
+                        self.handle.name
+                    )));
+                }
+                self.check_ids(&snap, &c.devices_ids, true)?;
             }
-            self.check_ids(&snap, &c.devices_ids, true)?;
+            let mut out = Vec::with_capacity(reqs.len());
+            for c in reqs {
+                let extra =
+                    self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
+                out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
+            }
+            Ok(Response::new(pb::AllocateResponse { container_responses: out }))
         }
-        let mut out = Vec::with_capacity(reqs.len());
-        for c in reqs {
-            let extra =
-                self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
-            out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
-        }
-        Ok(Response::new(pb::AllocateResponse { container_responses: out }))
+        .await;
+        self.record("Allocate", out.is_ok(), t0);
+        out
     }
 
     async fn pre_start_container(
         &self,
         req: Request<pb::PreStartContainerRequest>,
     ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
-        let ids = req.into_inner().devices_ids;
-        self.check_ids(&self.snapshot(), &ids, false)?;
-        self.handle.ops.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
-        Ok(Response::new(pb::PreStartContainerResponse {}))
+        let t0 = std::time::Instant::now();
+        let out: Result<Response<pb::PreStartContainerResponse>, Status> = async {
+            let ids = req.into_inner().devices_ids;
+            self.check_ids(&self.snapshot(), &ids, false)?;
+            self.handle.ops.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
+            Ok(Response::new(pb::PreStartContainerResponse {}))
+        }
+        .await;
+        self.record("PreStartContainer", out.is_ok(), t0);
+        out
     }
 }
 

@@ -1,21 +1,31 @@
-//! `/healthz` (the process answers) and `/readyz` (every resource with devices is registered with
-//! kubelet) on the `--metrics-addr` listener; the DaemonSet's probes use them.
+//! The `--metrics-addr` listener: `/healthz` (the process answers), `/readyz` (the first poll is
+//! done and every resource with devices is registered with kubelet; the DaemonSet's probes use
+//! both), `/metrics` (Prometheus) and `/status` (JSON for `devplug status`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Router;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
+use crate::backends::Registry;
+use crate::kubelet::podresources::PodAssignments;
 use crate::kubelet::{EndpointState, Endpoints};
 
-/// What the probes look at.
+/// What the endpoints look at.
 #[derive(Clone)]
 pub struct Health {
     pub endpoints: Arc<Endpoints>,
+    pub registry: Arc<Registry>,
+    pub pods: Arc<PodAssignments>,
+    /// Set once the first discover round has been published.
+    pub polled: Arc<AtomicBool>,
 }
 
 async fn healthz() -> &'static str {
@@ -23,6 +33,9 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
+    if !h.polled.load(Ordering::Acquire) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "not ready: backends are still starting\n".into());
+    }
     let states = h.endpoints.states().await;
     let waiting: Vec<String> =
         states.iter().filter(|(_, s)| *s != EndpointState::Registered).map(|(n, s)| format!("{n}: {s:?}")).collect();
@@ -33,13 +46,48 @@ async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
     }
 }
 
+async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+    let body = h.registry.metrics().render(&h.registry, &h.pods.get());
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+}
+
+async fn status(State(h): State<Health>) -> Json<serde_json::Value> {
+    let states: std::collections::BTreeMap<String, String> =
+        h.endpoints.states().await.into_iter().map(|(n, s)| (n, format!("{s:?}"))).collect();
+    let resources: Vec<serde_json::Value> = h
+        .registry
+        .snapshot()
+        .iter()
+        .map(|r| {
+            let healthy = r.devices.iter().filter(|d| d.health == crate::model::Health::Healthy).count();
+            serde_json::json!({
+                "name": r.name,
+                "healthy": healthy,
+                "unhealthy": r.devices.len() - healthy,
+                "endpoint": states.get(&r.name).cloned().unwrap_or_else(|| "NotServed".into()),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({
+        "resources": resources,
+        "backends": h.registry.summaries(),
+        "allocations": *h.pods.get(),
+    }))
+}
+
 /// Serve the probes until `stop`. Binding errors are returned so a port clash is reported.
 pub async fn serve(addr: SocketAddr, health: Health, stop: CancellationToken) -> anyhow::Result<()> {
-    let app = Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(health);
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status))
+        .with_state(health);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-addr): {e}"))?;
-    tracing::info!(%addr, "serving /healthz and /readyz");
+    let addr = listener.local_addr().unwrap_or(addr);
+    tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
             tracing::warn!(error = %e, "health endpoint stopped");

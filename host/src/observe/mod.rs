@@ -1,8 +1,11 @@
-//! Observability: log setup, and the HTTP endpoint with `/healthz` and `/readyz`.
+//! Observability: log setup, metrics, and the HTTP endpoint with `/healthz`, `/readyz`,
+//! `/metrics` and `/status`.
 
 mod http;
+mod metrics;
 
 pub use http::{Health, serve};
+pub use metrics::Metrics;
 
 /// Log output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

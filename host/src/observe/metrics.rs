@@ -1,0 +1,241 @@
+//! Prometheus metrics (prometheus-client, OpenMetrics text on `/metrics`).
+//!
+//! Events are counted where they happen (kubelet requests, registrations, swaps, backend call
+//! latency); state (devices by health, backend fault counters and breaker, loaded versions, pod
+//! attribution) is read from the registry at scrape time, so it can never drift from what is
+//! served. Backend fault counters belong to the loaded version: a swap starts them at zero again,
+//! which Prometheus's `rate()` reads as a counter reset.
+
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::backends::Registry as Backends;
+use crate::kubelet::podresources::Assignment;
+use crate::model::Health;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HealthLabels {
+    resource: String,
+    health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    resource: String,
+    method: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    resource: String,
+    method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabel {
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    backend: String,
+    call: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabels {
+    backend: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SwapLabels {
+    backend: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InfoLabels {
+    backend: String,
+    version: String,
+    wit: String,
+    digest: String,
+    origin: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AllocLabels {
+    resource: String,
+    device: String,
+    pod: String,
+    namespace: String,
+    container: String,
+}
+
+type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    // 50 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// Every metric devplug exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    devices: Family<HealthLabels, Gauge>,
+    registrations: Family<ResourceLabel, Counter>,
+    reregistrations: Family<ResourceLabel, Counter>,
+    requests: Family<RequestLabels, Counter>,
+    request_seconds: Hist<MethodLabels>,
+    backend_call_seconds: Hist<CallLabels>,
+    backend_faults: Family<FaultLabels, Counter>,
+    breaker_open: Family<BackendLabel, Gauge>,
+    swaps: Family<SwapLabels, Counter>,
+    backend_info: Family<InfoLabels, Gauge>,
+    allocated: Family<AllocLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let m = Metrics {
+            registry: Mutex::new(Registry::with_prefix("devplug")),
+            devices: Family::default(),
+            registrations: Family::default(),
+            reregistrations: Family::default(),
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            backend_call_seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            backend_faults: Family::default(),
+            breaker_open: Family::default(),
+            swaps: Family::default(),
+            backend_info: Family::default(),
+            allocated: Family::default(),
+        };
+        {
+            let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            r.register("devices", "Devices of a resource, by health, as kubelet sees them", m.devices.clone());
+            r.register("registrations", "First registrations with kubelet", m.registrations.clone());
+            r.register("reregistrations", "Registrations after kubelet restarted", m.reregistrations.clone());
+            r.register("kubelet_requests", "Kubelet's calls, by method and outcome (ok or error)", m.requests.clone());
+            r.register("kubelet_request_seconds", "Kubelet call latency", m.request_seconds.clone());
+            r.register("backend_call_seconds", "Backend call latency, by call", m.backend_call_seconds.clone());
+            r.register(
+                "backend_faults",
+                "Backend faults of the loaded version: trap, timeout, memory_cap, error",
+                m.backend_faults.clone(),
+            );
+            r.register("backend_breaker_open", "1 while a backend's circuit breaker is open", m.breaker_open.clone());
+            r.register("backend_swaps", "Hot swaps, by outcome (ok or refused)", m.swaps.clone());
+            r.register("backend_info", "The loaded version of each backend (value 1)", m.backend_info.clone());
+            r.register(
+                "device_allocated",
+                "1 for each device assigned to a container (from kubelet's pod resources API)",
+                m.allocated.clone(),
+            );
+        }
+        m
+    }
+
+    pub fn registered(&self, resource: &str, again: bool) {
+        let l = ResourceLabel { resource: resource.to_owned() };
+        if again { self.reregistrations.get_or_create(&l) } else { self.registrations.get_or_create(&l) }.inc();
+    }
+
+    /// One kubelet call: `method` as in the API (`Allocate`), `ok` or not, how long.
+    pub fn request(&self, resource: &str, method: &str, ok: bool, took: Duration) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.requests
+            .get_or_create(&RequestLabels { resource: resource.into(), method: method.into(), outcome: outcome.into() })
+            .inc();
+        self.request_seconds
+            .get_or_create(&MethodLabels { resource: resource.into(), method: method.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn backend_call(&self, backend: &str, call: &str, took: Duration) {
+        self.backend_call_seconds
+            .get_or_create(&CallLabels { backend: backend.into(), call: call.into() })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn swap(&self, backend: &str, ok: bool) {
+        let outcome = if ok { "ok" } else { "refused" };
+        self.swaps.get_or_create(&SwapLabels { backend: backend.into(), outcome: outcome.into() }).inc();
+    }
+
+    /// The OpenMetrics text, with state read from `backends` and `pods` now.
+    pub fn render(&self, backends: &Backends, pods: &[Assignment]) -> String {
+        self.devices.clear();
+        for r in backends.snapshot() {
+            for health in [Health::Healthy, Health::Unhealthy] {
+                let n = r.devices.iter().filter(|d| d.health == health).count();
+                self.devices
+                    .get_or_create(&HealthLabels { resource: r.name.clone(), health: health.as_str().to_owned() })
+                    .set(n as i64);
+            }
+        }
+        self.backend_faults.clear();
+        self.breaker_open.clear();
+        self.backend_info.clear();
+        for b in backends.summaries() {
+            let backend = b.name.clone();
+            for (kind, n) in [
+                ("trap", b.stats.traps),
+                ("timeout", b.stats.timeouts),
+                ("memory_cap", b.stats.memory_cap_hits),
+                ("error", b.stats.guest_errors),
+            ] {
+                let c = self.backend_faults.get_or_create(&FaultLabels { backend: backend.clone(), kind: kind.into() });
+                c.inner().store(n, Ordering::Relaxed);
+            }
+            self.breaker_open.get_or_create(&BackendLabel { backend: backend.clone() }).set(i64::from(b.breaker_open));
+            let digest = b.digest.get(..12).unwrap_or(&b.digest).to_owned();
+            self.backend_info
+                .get_or_create(&InfoLabels {
+                    backend,
+                    version: b.version.clone(),
+                    wit: b.wit_version.clone(),
+                    digest,
+                    origin: b.origin.clone(),
+                })
+                .set(1);
+        }
+        self.allocated.clear();
+        for a in pods {
+            self.allocated
+                .get_or_create(&AllocLabels {
+                    resource: a.resource.clone(),
+                    device: a.device.clone(),
+                    pod: a.pod.clone(),
+                    namespace: a.namespace.clone(),
+                    container: a.container.clone(),
+                })
+                .set(1);
+        }
+        let mut out = String::new();
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &r);
+        out
+    }
+}

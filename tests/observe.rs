@@ -1,0 +1,222 @@
+//! Operating devplug: `/metrics` series and values through a scripted scenario (parsed with a
+//! Prometheus text-format parser), `/readyz` following kubelet, pod attribution from the pod
+//! resources API (and working without it), `devplug status`, and a quiet log when idle.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use devplug::proto::deviceplugin as pb;
+use support::Kubelet;
+use support::binary::{Devplug, run, run_args};
+use support::daemon::{WIDGET, chaos_build, chaos_paths};
+use support::fixtures::Machine;
+use support::podresources::PodResources;
+
+const T: Duration = Duration::from_secs(30);
+
+/// A backends dir with chaos at version `1.0.k` and this extra config.
+fn chaos(dir: &Path, k: u32, extra: &str) {
+    let orig = std::fs::read_to_string(chaos_paths().1).unwrap();
+    let toml =
+        format!("config = \"names=widget-0,widget-1,widget-2,trap-3 devices=4 version=1.0.{k} {extra}\"\n{orig}");
+    for (name, bytes) in [("chaos.toml", toml.into_bytes()), ("chaos.wasm", chaos_build(k))] {
+        let tmp = dir.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, bytes).unwrap();
+        std::fs::rename(&tmp, dir.join(name)).unwrap();
+    }
+}
+
+struct Setup {
+    _root: tempfile::TempDir,
+    kdir: PathBuf,
+    backends: PathBuf,
+    machine: Machine,
+}
+
+fn setup() -> Setup {
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("device-plugins"), root.path().join("backends"));
+    std::fs::create_dir_all(&kdir).unwrap();
+    std::fs::create_dir_all(&backends).unwrap();
+    chaos(&backends, 0, "");
+    Setup { _root: root, kdir, backends, machine: Machine::generic_box() }
+}
+
+/// `devplug run` with a fast poll; returns it and its HTTP address (from its log).
+fn start(s: &Setup, poll: &str) -> (Devplug, String) {
+    let cfg = s.backends.parent().unwrap().join("devplug.toml");
+    std::fs::write(&cfg, "pod_resources_interval = \"100ms\"\n").unwrap();
+    let mut args = run_args(&s.kdir, &s.backends, &s.machine);
+    args.extend(["--config".into(), cfg.display().to_string(), "--poll-interval".into(), poll.into()]);
+    let d = Devplug::spawn(&args);
+    d.wait_log("serving /healthz, /readyz, /metrics and /status", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    (d, addr)
+}
+
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    devplug::cli::http_get(addr, path).await.unwrap()
+}
+
+/// Poll `path` until `pred` holds on (status, body), bounded.
+async fn wait_http(addr: &str, path: &str, what: &str, pred: impl Fn(u16, &str) -> bool) -> String {
+    let deadline = Instant::now() + T;
+    loop {
+        let (code, body) = get(addr, path).await;
+        if pred(code, &body) {
+            return body;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what} on {path}: {code}\n{body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn alloc(id: &str) -> pb::AllocateRequest {
+    pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.to_owned()] }] }
+}
+
+/// Samples of a scrape, as `name{label="v",...}` (labels sorted) → value.
+fn samples(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("the output parses as Prometheus text");
+    scrape
+        .samples
+        .into_iter()
+        .map(|s| {
+            let mut labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+            labels.sort();
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
+                prometheus_parse::Value::Untyped(v) => v,
+                _ => f64::NAN,
+            };
+            (format!("{}{{{}}}", s.metric, labels.join(",")), value)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_tell_the_story_of_a_scripted_scenario() {
+    let s = setup();
+    let kubelet = Kubelet::start(&s.kdir).await;
+    let pods = PodResources::serve(&s.kdir.parent().unwrap().join("pod-resources/kubelet.sock"));
+    let (d, addr) = start(&s, "200ms");
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let mut c = plugin.client.clone();
+
+    // Three pods get a device each.
+    for i in 0..3 {
+        let id = format!("widget-{i}");
+        c.allocate(alloc(&id)).await.unwrap();
+        pods.assign("ml", &format!("train-{i}"), "main", WIDGET, &[&id]);
+    }
+    // A new version marks widget-2 Unhealthy; then its trap-3 traps.
+    chaos(&s.backends, 1, "sick=widget-2");
+    kubelet.wait_devices(WIDGET, T, |l| l.iter().any(|d| d.id == "widget-2" && d.health == "Unhealthy")).await.unwrap();
+    let err = c.allocate(alloc("trap-3")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    let err = c.allocate(alloc("widget-9")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    let text = wait_http(&addr, "/metrics", "pod attribution", |_, b| b.contains("pod=\"train-2\"")).await;
+    let m = samples(&text);
+    let r = "resource=\"test.devplug.io/widget\"";
+    let want: Vec<(String, f64)> = vec![
+        (format!("devplug_devices{{health=\"Healthy\",{r}}}"), 3.0),
+        (format!("devplug_devices{{health=\"Unhealthy\",{r}}}"), 1.0),
+        (format!("devplug_registrations_total{{{r}}}"), 1.0),
+        (format!("devplug_kubelet_requests_total{{method=\"Allocate\",outcome=\"ok\",{r}}}"), 3.0),
+        (format!("devplug_kubelet_requests_total{{method=\"Allocate\",outcome=\"error\",{r}}}"), 2.0),
+        (format!("devplug_kubelet_request_seconds_count{{method=\"Allocate\",{r}}}"), 5.0),
+        // The unknown ID never reached the backend: 4 backend calls for 5 requests.
+        ("devplug_backend_call_seconds_count{backend=\"chaos\",call=\"allocate\"}".into(), 4.0),
+        ("devplug_backend_swaps_total{backend=\"chaos\",outcome=\"ok\"}".into(), 1.0),
+        ("devplug_backend_faults_total{backend=\"chaos\",kind=\"trap\"}".into(), 1.0),
+        ("devplug_backend_faults_total{backend=\"chaos\",kind=\"timeout\"}".into(), 0.0),
+        ("devplug_backend_breaker_open{backend=\"chaos\"}".into(), 0.0),
+    ];
+    for (series, value) in &want {
+        assert_eq!(m.get(series), Some(value), "{series}\n{text}");
+    }
+    for i in 0..3 {
+        let series = format!(
+            "devplug_device_allocated{{container=\"main\",device=\"widget-{i}\",namespace=\"ml\",pod=\"train-{i}\",{r}}}"
+        );
+        assert_eq!(m.get(&series), Some(&1.0), "{series}\n{text}");
+    }
+    let info: Vec<&String> = m.keys().filter(|k| k.starts_with("devplug_backend_info{")).collect();
+    assert_eq!(info.len(), 1, "{info:?}");
+    assert!(info[0].contains("version=\"1.0.1\"") && info[0].contains("wit=\"0.1.0\""), "{info:?}");
+    assert!(!m.keys().any(|k| k.starts_with("devplug_reregistrations_total")), "no kubelet restart happened");
+
+    // `devplug status` shows the same picture to a person.
+    let (code, out, err) = run(&["status", "--addr", &addr]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("test.devplug.io/widget") && out.contains("Registered"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("chaos") && l.contains("1.0.1") && l.contains("closed")), "{out}");
+    assert!(out.contains("ml/train-1/main"), "{out}");
+    drop(d);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_kubelet_and_attribution_is_optional() {
+    let s = setup();
+    let (d, addr) = start(&s, "100ms");
+    // No kubelet yet: alive but not ready.
+    assert_eq!(get(&addr, "/healthz").await.0, 200);
+    wait_http(&addr, "/readyz", "503 while waiting for kubelet", |c, b| c == 503 && b.contains("WaitingForKubelet"))
+        .await;
+    let mut kubelet = Kubelet::start(&s.kdir).await;
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    wait_http(&addr, "/readyz", "200 once registered", |c, _| c == 200).await;
+    // Kubelet goes away (its socket with it): not ready; back: ready again.
+    kubelet.shutdown().await;
+    wait_http(&addr, "/readyz", "503 after kubelet.sock is gone", |c, _| c == 503).await;
+    kubelet.restart().await;
+    kubelet.wait_registered(WIDGET, 2, T).await.unwrap();
+    wait_http(&addr, "/readyz", "200 once re-registered", |c, _| c == 200).await;
+    let m = samples(&get(&addr, "/metrics").await.1);
+    assert_eq!(m.get("devplug_reregistrations_total{resource=\"test.devplug.io/widget\"}"), Some(&1.0));
+
+    // No pod resources socket anywhere: Allocate works, attribution is off, said once.
+    drop(plugin);
+    let mut c = kubelet.plugin(WIDGET).await.unwrap().client;
+    for _ in 0..20 {
+        c.allocate(alloc("widget-0")).await.unwrap();
+    }
+    // Let many pod-resources polls (every 100 ms) pass: wait for 20 more discover rounds.
+    let rounds = |m: &std::collections::BTreeMap<String, f64>| {
+        m.get("devplug_backend_call_seconds_count{backend=\"chaos\",call=\"discover\"}").copied().unwrap_or(0.0)
+    };
+    let start_rounds = rounds(&samples(&get(&addr, "/metrics").await.1));
+    wait_http(&addr, "/metrics", "20 more polls", |_, b| rounds(&samples(b)) >= start_rounds + 20.0).await;
+    let log = d.log();
+    assert_eq!(log.matches("pod attribution is off").count(), 1, "{log}");
+    assert!(!get(&addr, "/metrics").await.1.contains("devplug_device_allocated{"), "nothing attributed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_devplug_logs_state_changes_not_polls() {
+    let s = setup();
+    let kubelet = Kubelet::start(&s.kdir).await;
+    let (d, addr) = start(&s, "100ms");
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let settled = d.log().lines().count();
+    // 100 health polls (the 10 idle minutes at a 1 s poll would be 600; the log does not
+    // grow with polls at all, so the count of polls is what matters, not the clock).
+    let rounds = |b: &str| {
+        samples(b)
+            .get("devplug_backend_call_seconds_count{backend=\"chaos\",call=\"discover\"}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let first = rounds(&get(&addr, "/metrics").await.1);
+    wait_http(&addr, "/metrics", "100 polls", |_, b| rounds(b) >= first + 100.0).await;
+    let log = d.log();
+    let new: Vec<&str> = log.lines().skip(settled).collect();
+    assert!(new.len() <= 2, "an idle devplug logged {} lines over 100 polls:\n{}", new.len(), new.join("\n"));
+}
