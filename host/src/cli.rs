@@ -40,6 +40,27 @@ pub enum Command {
     Pack(PackArgs),
     /// Ask a running devplug (its --metrics-addr) what it serves, in a table.
     Status(StatusArgs),
+    /// Start a new project.
+    #[command(subcommand)]
+    New(NewCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NewCommand {
+    /// A backend project (Rust against the SDK, Python with componentize-py, JavaScript with
+    /// componentize-js), with a fixture and a test.
+    Backend(NewBackendArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct NewBackendArgs {
+    /// The backend's name ([a-z0-9-]).
+    pub name: String,
+    #[arg(long, value_enum, default_value = "rust")]
+    pub lang: crate::scaffold::Lang,
+    /// Where to create it (default: ./NAME).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -231,6 +252,9 @@ pub struct SourceArgs {
     /// Also load the embedded backends when --backend is given.
     #[arg(long)]
     pub embedded: bool,
+    /// The manifest of a single --backend, when it is not NAME.toml beside the .wasm.
+    #[arg(long, requires = "backends")]
+    pub manifest: Option<PathBuf>,
     /// Config file for backend settings and grants (without it, backends get what they request).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -292,8 +316,9 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
         sources.extend(BackendSource::embedded());
     }
     let mut errors = Vec::new();
+    anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
     for path in &args.backends {
-        match BackendSource::from_file(path) {
+        match BackendSource::from_file_with(path, args.manifest.as_deref()) {
             Ok(s) => sources.push(s),
             Err(e) => errors.push(format!("{e:#}")),
         }

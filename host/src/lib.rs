@@ -16,3 +16,4 @@ pub mod observe;
 pub mod pack;
 pub mod proto;
 pub mod runtime;
+pub mod scaffold;

@@ -1,7 +1,7 @@
 //! The `devplug` binary.
 
 use clap::Parser;
-use devplug::cli::{self, CdiCommand, Cli, Command, Format};
+use devplug::cli::{self, CdiCommand, Cli, Command, Format, NewCommand};
 use devplug::observe;
 
 fn main() -> std::process::ExitCode {
@@ -71,6 +71,24 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
                 Format::Table => print!("{}", cli::status_table(&v)),
             }
+            Ok(())
+        }
+        Command::New(NewCommand::Backend(args)) => {
+            let dir = args.dir.clone().unwrap_or_else(|| args.name.clone().into());
+            devplug::scaffold::new_backend(&args.name, args.lang, &dir)?;
+            let readme = std::fs::read_to_string(dir.join("README.md"))?;
+            println!("created {} ({:?}); next:\n", dir.display(), args.lang);
+            println!(
+                "{}",
+                readme
+                    .lines()
+                    .skip_while(|l| !l.starts_with("```sh"))
+                    .skip(1)
+                    .take_while(|l| !l.starts_with("```"))
+                    .map(|l| format!("  {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
             Ok(())
         }
         Command::Inspect(args) => {

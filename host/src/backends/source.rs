@@ -70,8 +70,13 @@ impl BackendSource {
     /// The backend's name is the manifest's `name`, else the file stem without a trailing
     /// version (`gpu-1.3.0.wasm` is version 1.3.0 of `gpu`).
     pub fn from_file(path: &Path) -> anyhow::Result<BackendSource> {
+        Self::from_file_with(path, None)
+    }
+
+    /// Like [`from_file`](Self::from_file), with the manifest at `manifest` when given.
+    pub fn from_file_with(path: &Path, manifest: Option<&Path>) -> anyhow::Result<BackendSource> {
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let manifest_path = path.with_extension("toml");
+        let manifest_path = manifest.map(Path::to_owned).unwrap_or_else(|| path.with_extension("toml"));
         let (manifest, text) = match std::fs::read_to_string(&manifest_path) {
             Ok(text) => {
                 (Manifest::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?, text)

@@ -1,0 +1,135 @@
+//! `devplug new backend NAME --lang rust|python|js`: a ready-to-build backend project with the
+//! WIT contract, a manifest, a fixture machine and a test. The Rust project vendors the guest SDK
+//! (it is not on crates.io yet), so it builds anywhere with the `wasm32-wasip2` target.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Lang {
+    Rust,
+    Python,
+    Js,
+}
+
+const WIT: &[(&str, &str)] = &[
+    ("backend.wit", include_str!("../../wit/since_v0.1.0/backend.wit")),
+    ("host.wit", include_str!("../../wit/since_v0.1.0/host.wit")),
+    ("types.wit", include_str!("../../wit/since_v0.1.0/types.wit")),
+];
+
+const SDK: &[(&str, &str)] = &[
+    ("lib.rs", include_str!("../../guests/sdk/src/lib.rs")),
+    ("edits.rs", include_str!("../../guests/sdk/src/edits.rs")),
+    ("fixture.rs", include_str!("../../guests/sdk/src/fixture.rs")),
+    ("pci.rs", include_str!("../../guests/sdk/src/pci.rs")),
+    ("sys.rs", include_str!("../../guests/sdk/src/sys.rs")),
+    ("topology.rs", include_str!("../../guests/sdk/src/topology.rs")),
+];
+
+/// Why `name` cannot name a backend, if it cannot.
+fn name_problem(name: &str) -> Option<&'static str> {
+    let ok = name.len() <= 40
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.ends_with('-');
+    (!ok).then_some("use 1 to 40 characters of [a-z0-9-], starting with a letter")
+}
+
+/// Write the project into `dir` (which must not exist yet). Returns the files written.
+pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if let Some(why) = name_problem(name) {
+        anyhow::bail!("backend name {name:?}: {why}");
+    }
+    anyhow::ensure!(!dir.exists(), "{} already exists; choose a new directory", dir.display());
+    let resource = format!("example.com/{name}");
+    let crate_name = name.replace('-', "_");
+    let fill =
+        |t: &str| t.replace("{{name}}", name).replace("{{resource}}", &resource).replace("{{crate}}", &crate_name);
+    let mut files: Vec<(String, String)> = WIT.iter().map(|(f, t)| (format!("wit/{f}"), (*t).to_owned())).collect();
+    files.push((
+        "devplug.toml".into(),
+        format!("# What this backend may see; the operator grants it (or less) in devplug's config.\nname = \"{name}\"\n[requests]\nsysfs = []\ndev = [\"{name}*\"]\n"),
+    ));
+    files.push((format!("tests/fixture/dev/{name}0"), "c 240:0\n".into()));
+    files.push((format!("tests/fixture/dev/{name}1"), "c 240:1\n".into()));
+    files.push(("tests/fixture/sys/README".into(), "A fixture /sys: add the attributes your backend reads.\n".into()));
+    let (build, test, wasm) = match lang {
+        Lang::Rust => {
+            files.push(("Cargo.toml".into(), fill(include_str!("../templates/rust/Cargo.toml"))));
+            files.push(("src/lib.rs".into(), fill(include_str!("../templates/rust/lib.rs"))));
+            files.push(("devplug-sdk/Cargo.toml".into(), include_str!("../templates/rust/sdk-Cargo.toml").into()));
+            for (f, t) in SDK {
+                // The vendored SDK finds the WIT beside it, not in devplug's repository layout.
+                files.push((format!("devplug-sdk/src/{f}"), t.replace("\"../../wit/since_v0.1.0\"", "\"../wit\"")));
+            }
+            files.push((".gitignore".into(), "/target\n".into()));
+            (
+                "cargo build --release --target wasm32-wasip2".to_owned(),
+                "cargo test".to_owned(),
+                format!("target/wasm32-wasip2/release/{crate_name}.wasm"),
+            )
+        }
+        Lang::Python => {
+            files.push(("app.py".into(), fill(include_str!("../templates/python/app.py"))));
+            files.push(("test.sh".into(), fill(include_str!("../templates/python/test.sh"))));
+            files.push((".gitignore".into(), "*.wasm\n__pycache__/\n".into()));
+            (
+                format!("componentize-py -d wit -w devplug-backend componentize app -o {name}.wasm"),
+                "./test.sh".to_owned(),
+                format!("{name}.wasm"),
+            )
+        }
+        Lang::Js => {
+            files.push(("backend.js".into(), fill(include_str!("../templates/js/backend.js"))));
+            files.push(("test.js".into(), fill(include_str!("../templates/js/test.js"))));
+            files.push(("package.json".into(), fill(include_str!("../templates/js/package.json"))));
+            let lock = include_str!("../templates/js/package-lock.json").replace("devplug-example-js-fusetun", name);
+            files.push(("package-lock.json".into(), lock));
+            files.push((".gitignore".into(), "node_modules/\n*.wasm\n".into()));
+            ("npm install && npm run build".to_owned(), "npm test".to_owned(), format!("{name}.wasm"))
+        }
+    };
+    files.push((
+        "README.md".into(),
+        format!(
+            "# {name}\n\nA devplug backend serving `{resource}`, generated by `devplug new backend`.\n\n\
+             ```sh\n{build}\n{test}\ndevplug discover --backend {wasm} --manifest devplug.toml --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev\n\
+             devplug pack --out image {wasm} devplug.toml\n```\n\n\
+             The contract is `wit/` (devplug:backend@0.1.0). See devplug's docs/writing-a-backend.md.\n"
+        ),
+    ));
+    let mut written = Vec::new();
+    for (rel, text) in files {
+        let p = dir.join(&rel);
+        std::fs::create_dir_all(p.parent().unwrap_or(dir)).with_context(|| format!("{}", p.display()))?;
+        std::fs::write(&p, text).with_context(|| format!("{}", p.display()))?;
+        written.push(p);
+    }
+    if lang == Lang::Python {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.join("test.sh"), std::fs::Permissions::from_mode(0o755))?;
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_directories_never_overwritten() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(
+            new_backend("Bad_Name", Lang::Rust, &d.path().join("x")).unwrap_err().to_string().contains("[a-z0-9-]")
+        );
+        assert!(new_backend("ok", Lang::Js, d.path()).unwrap_err().to_string().contains("already exists"));
+        let files = new_backend("my-dev", Lang::Rust, &d.path().join("my-dev")).unwrap();
+        let lib = std::fs::read_to_string(d.path().join("my-dev/src/lib.rs")).unwrap();
+        assert!(lib.contains("example.com/my-dev") && !lib.contains("{{"), "{lib}");
+        let sdk = std::fs::read_to_string(d.path().join("my-dev/devplug-sdk/src/lib.rs")).unwrap();
+        assert!(sdk.contains("path: \"../wit\""), "the vendored SDK points at the project's WIT");
+        assert!(files.iter().any(|f| f.ends_with("wit/backend.wit")));
+    }
+}

@@ -1,0 +1,11 @@
+// Check that devplug finds the fixture's two nodes in the built component.
+import { execFileSync } from "node:child_process";
+
+const out = execFileSync("devplug", ["discover", "--backend", "{{name}}.wasm", "--manifest", "devplug.toml", "--sysfs-root", "tests/fixture/sys",
+  "--dev-root", "tests/fixture/dev", "--format", "json"], { encoding: "utf8" });
+const ids = JSON.parse(out).resources.flatMap((r) => r.devices.map((d) => d.id)).sort();
+if (JSON.stringify(ids) !== JSON.stringify(["{{name}}0", "{{name}}1"])) {
+  console.error(`FAIL: discovered ${JSON.stringify(ids)}`);
+  process.exit(1);
+}
+console.log("ok: {{name}} finds {{name}}0 and {{name}}1");

@@ -1,0 +1,209 @@
+//! Backends in other languages, built from source in the suite and loaded by the unmodified
+//! host: `guests/examples/python-serial` (componentize-py) and `guests/examples/js-fusetun`
+//! (componentize-js), found by `devplug discover` on a fixture and answering Allocate through the
+//! kubelet stand-in.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use devplug::proto::deviceplugin as pb;
+use sha2::{Digest, Sha256};
+use support::Kubelet;
+use support::binary::{Devplug, run, run_args};
+use support::fixtures::Machine;
+
+const T: Duration = Duration::from_secs(120);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")
+}
+
+/// The examples built by `guests/examples/build.sh`, reused while their sources are unchanged
+/// (the builds are not bit-reproducible, and each new digest costs a compile).
+fn built() -> PathBuf {
+    let ex = repo().join("guests/examples");
+    let mut h = Sha256::new();
+    for f in [
+        "build.sh",
+        "python-serial/app.py",
+        "python-serial/devplug.toml",
+        "js-fusetun/backend.js",
+        "js-fusetun/devplug.toml",
+        "js-fusetun/package-lock.json",
+    ] {
+        h.update(std::fs::read(ex.join(f)).unwrap());
+    }
+    h.update(std::fs::read(repo().join("tests/requirements.txt")).unwrap());
+    for e in std::fs::read_dir(repo().join("wit/since_v0.1.0")).unwrap().flatten() {
+        h.update(std::fs::read(e.path()).unwrap());
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("examples-{}", hex::encode(&h.finalize()[..8])));
+    if out.join("py-serial.wasm").exists() && out.join("js-fusetun.wasm").exists() {
+        return out;
+    }
+    let tools = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin")).unwrap();
+    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
+    let st = Command::new(ex.join("build.sh")).arg(&out).env("PATH", path).output().unwrap();
+    assert!(
+        st.status.success(),
+        "building the Python and JS examples failed (./scripts/test installs componentize-py and node):\n{}{}",
+        String::from_utf8_lossy(&st.stdout),
+        String::from_utf8_lossy(&st.stderr)
+    );
+    out
+}
+
+/// A machine with two USB serial adapters, FUSE and TUN.
+fn machine() -> Machine {
+    let m = Machine::new();
+    m.node("ttyUSB0", 'c', 188, 0)
+        .node("ttyACM0", 'c', 166, 0)
+        .node("fuse", 'c', 10, 229)
+        .node("net/tun", 'c', 10, 200);
+    m
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_and_javascript_backends_are_discovered_and_allocate_through_kubelet() {
+    let out = tokio::task::spawn_blocking(built).await.unwrap();
+    let m = machine();
+    let s = |p: &Path| p.display().to_string();
+
+    // discover, one backend at a time, as a vendor checks theirs.
+    for (file, resource, ids) in [
+        ("py-serial.wasm", "devplug.io/serial", vec!["ttyACM0", "ttyUSB0"]),
+        ("js-fusetun.wasm", "devplug.io/js-tun", vec!["net_tun-0", "net_tun-1", "net_tun-2", "net_tun-3"]),
+    ] {
+        let (code, stdout, err) = run(&[
+            "discover",
+            "--backend",
+            &s(&out.join(file)),
+            "--sysfs-root",
+            &s(&m.sys()),
+            "--dev-root",
+            &s(&m.dev()),
+            "--cache-dir",
+            &s(&cache_dir()),
+            "--format",
+            "json",
+        ]);
+        assert_eq!(code, 0, "{file}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let r = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == resource).unwrap();
+        let mut got: Vec<&str> = r["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, ids, "{file}");
+        assert!(r["devices"].as_array().unwrap().iter().all(|d| d["health"] == "Healthy"));
+    }
+
+    // Both served by `devplug run`; kubelet allocates from each.
+    let kdir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(kdir.path()).await;
+    let mut args = run_args(kdir.path(), &out, &m);
+    args.extend(["--cache-dir".into(), s(&cache_dir()), "--poll-interval".into(), "1s".into()]);
+    let d = Devplug::spawn(&args);
+    for (resource, id, env, want) in [
+        ("devplug.io/serial", "ttyUSB0", "SERIAL_PORTS", "/dev/ttyUSB0"),
+        ("devplug.io/js-fuse", "fuse-2", "JS_DEVICES", "fuse-2"),
+    ] {
+        let plugin = kubelet.wait_plugin(resource, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        let req = pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.into()] }],
+        };
+        let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+        let c = &resp.container_responses[0];
+        assert_eq!(c.envs.get(env).map(String::as_str), Some(want), "{resource}: {c:?}");
+        assert_eq!(c.devices[0].container_path, format!("/dev/{}", id.split('-').next().unwrap()), "{resource}");
+    }
+}
+
+/// The WIT version policy: every frozen contract under `wit/since_v*` stays a version the host
+/// loads, so a backend built against `devplug:backend@0.1.0` keeps working when `0.2.0` arrives.
+/// (Each frozen directory is what its backends were built against; removing one from
+/// `SUPPORTED` fails here.)
+#[test]
+fn every_frozen_wit_version_is_still_loaded_by_the_host() {
+    let mut frozen = Vec::new();
+    for e in std::fs::read_dir(repo().join("wit")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(version) = name.strip_prefix("since_v") else { continue };
+        for f in std::fs::read_dir(e.path()).unwrap().flatten() {
+            let text = std::fs::read_to_string(f.path()).unwrap();
+            assert!(
+                text.contains(&format!("package devplug:backend@{version};")),
+                "{} must declare package devplug:backend@{version}",
+                f.path().display()
+            );
+        }
+        frozen.push(version.to_owned());
+    }
+    assert!(!frozen.is_empty());
+    for v in &frozen {
+        assert!(devplug::runtime::bindings::SUPPORTED.contains(&v.as_str()), "WIT {v} is frozen but no longer loaded");
+    }
+}
+
+/// Run a project's own command in `dir`, with devplug and the suite's tools on PATH.
+fn project_cmd(dir: &Path, line: &str) {
+    let bin_dir = Path::new(support::binary::BIN).parent().unwrap().to_owned();
+    let tools = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin")).unwrap();
+    let path = format!("{}:{}:{}", bin_dir.display(), tools.display(), std::env::var("PATH").unwrap_or_default());
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(line)
+        .current_dir(dir)
+        .env("PATH", path)
+        // Reused between runs: the new project's dependencies compile once per machine.
+        .env("CARGO_TARGET_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("scaffold-target"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{line}` in {} failed:\n{}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (lang, steps) in [
+        (
+            "rust",
+            vec![
+                "cargo test",
+                "cargo build --release --target wasm32-wasip2",
+                "devplug discover --backend \"$CARGO_TARGET_DIR/wasm32-wasip2/release/demo.wasm\" --manifest devplug.toml \
+                 --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --format json > found.json",
+            ],
+        ),
+        ("python", vec!["./test.sh"]),
+        ("js", vec!["npm install --no-save --no-audit --no-fund --silent", "npm test"]),
+    ] {
+        let dir = tmp.path().join(lang);
+        let (code, out, err) = run(&["new", "backend", "demo", "--lang", lang, "--dir", dir.to_str().unwrap()]);
+        assert_eq!(code, 0, "{lang}: {err}");
+        assert!(out.contains("created"), "{out}");
+        for step in steps {
+            project_cmd(&dir, step);
+        }
+    }
+    let found: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("rust/found.json")).unwrap()).unwrap();
+    let ids: Vec<&str> =
+        found["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["demo0", "demo1"]);
+    // A second `new` into an existing directory is refused, nothing overwritten.
+    let (code, _, err) = run(&["new", "backend", "demo", "--dir", tmp.path().join("rust").to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already exists"), "{err}");
+}
