@@ -16,7 +16,7 @@ use devplug::kubelet::Strategy;
 use devplug::proto::deviceplugin as pb;
 use notify::Watcher;
 use support::Kubelet;
-use support::binary::{Devplug, run, run_args};
+use support::binary::{Devplug, on_machine, run_args};
 use support::daemon::{Daemon, chaos_dir, config};
 use support::fixtures::Machine;
 use support::hardware::MACHINES;
@@ -74,20 +74,8 @@ fn generated_specs_validate_against_the_cdi_schema_for_every_fixture() {
     for machine in MACHINES {
         let root = repo().join("tests/fixtures/sysfs").join(machine);
         let out = tempfile::tempdir().unwrap();
-        let s = |p: PathBuf| p.display().to_string();
-        let (code, stdout, err) = run(&[
-            "cdi",
-            "generate",
-            "--sysfs-root",
-            &s(root.join("sys")),
-            "--dev-root",
-            &s(root.join("dev")),
-            "--cache-dir",
-            &s(cache_dir()),
-            "--out",
-            &s(out.path().to_owned()),
-        ]);
-        assert_eq!(code, 0, "{machine}: {err}");
+        let out_dir = out.path().display().to_string();
+        let stdout = on_machine(&["cdi", "generate"], &root, &cache_dir(), &["--out", &out_dir]);
         let discover = discover_ids(&root);
         let files: Vec<PathBuf> = stdout.lines().map(PathBuf::from).collect();
         let mut on_disk: Vec<PathBuf> = std::fs::read_dir(out.path()).unwrap().flatten().map(|e| e.path()).collect();
@@ -130,19 +118,7 @@ fn generated_specs_validate_against_the_cdi_schema_for_every_fixture() {
 
 /// Resource → device IDs, from `devplug discover`.
 fn discover_ids(root: &Path) -> BTreeMap<String, Vec<String>> {
-    let s = |p: PathBuf| p.display().to_string();
-    let (code, out, err) = run(&[
-        "discover",
-        "--sysfs-root",
-        &s(root.join("sys")),
-        "--dev-root",
-        &s(root.join("dev")),
-        "--cache-dir",
-        &s(cache_dir()),
-        "--format",
-        "json",
-    ]);
-    assert_eq!(code, 0, "{err}");
+    let out = on_machine(&["discover"], root, &cache_dir(), &["--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v["resources"]
         .as_array()

@@ -15,7 +15,7 @@ use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
 use devplug::proto::deviceplugin as pb;
 use support::Kubelet;
-use support::binary::run;
+use support::binary::on_machine;
 use support::daemon::Daemon;
 use support::hardware::{MACHINES, build, snapshot};
 
@@ -86,20 +86,7 @@ fn cache_dir() -> PathBuf {
 }
 
 fn discover_json(machine: &Path) -> serde_json::Value {
-    let s = |p: PathBuf| p.display().to_string();
-    let (code, out, err) = run(&[
-        "discover",
-        "--sysfs-root",
-        &s(machine.join("sys")),
-        "--dev-root",
-        &s(machine.join("dev")),
-        "--cache-dir",
-        &s(cache_dir()),
-        "--format",
-        "json",
-    ]);
-    assert_eq!(code, 0, "{err}");
-    serde_json::from_str(&out).unwrap()
+    serde_json::from_str(&on_machine(&["discover"], machine, &cache_dir(), &["--format", "json"])).unwrap()
 }
 
 #[test]

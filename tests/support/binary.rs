@@ -85,17 +85,7 @@ impl Devplug {
     /// SIGTERM, then wait (bounded) for the exit status.
     pub fn terminate(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM)?;
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                return Ok(st);
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                anyhow::bail!("devplug did not exit within {timeout:?} of SIGTERM; log:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_exit(timeout).map_err(|e| anyhow::anyhow!("after SIGTERM: {e}"))
     }
 }
 
@@ -135,6 +125,20 @@ pub fn run_args(
     ]
     .map(str::to_owned)
     .to_vec()
+}
+
+/// `devplug <command> --sysfs-root M/sys --dev-root M/dev --cache-dir CACHE <extra>` on a machine
+/// tree `m`, which must succeed; returns stdout.
+pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
+    let s = |p: std::path::PathBuf| p.display().to_string();
+    let mut args: Vec<String> = command.iter().map(|a| (*a).to_owned()).collect();
+    args.extend(["--sysfs-root".into(), s(m.join("sys")), "--dev-root".into(), s(m.join("dev"))]);
+    args.extend(["--cache-dir".into(), s(cache.to_owned())]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, out, err) = run(&refs);
+    assert_eq!(code, 0, "devplug {}: {err}", args.join(" "));
+    out
 }
 
 pub fn run(args: &[&str]) -> (i32, String, String) {
