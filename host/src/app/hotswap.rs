@@ -81,6 +81,12 @@ impl Reconciler {
     /// Start serving resources that have devices for the first time.
     pub async fn serve(&self, ready: Vec<ResourceHandle>) {
         for mut handle in ready {
+            // The spec first, so kubelet never sees a device the CDI directory does not name yet
+            // (a failure here is logged by the poll loop's sync).
+            if let Some(specs) = &self.specs {
+                let snapshot = handle.devices.borrow().clone();
+                let _ = specs.sync(&snapshot);
+            }
             handle.delivery = delivery(&self.cfg, &handle.name, self.specs.as_ref());
             tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
             self.endpoints.add(handle).await;
