@@ -70,10 +70,12 @@ fn land(dir: &Path, how: Arrival, wasm: &[u8], toml: &str, k: u32) {
             }
         }
         Arrival::Rename => {
+            // Both written first, then renamed back to back, as a deploy tool would.
             for (name, bytes) in files {
-                let tmp = dir.join(format!(".{name}.tmp"));
-                std::fs::write(&tmp, bytes).unwrap();
-                std::fs::rename(&tmp, dir.join(name)).unwrap();
+                std::fs::write(dir.join(format!(".{name}.tmp")), bytes).unwrap();
+            }
+            for (name, _) in files {
+                std::fs::rename(dir.join(format!(".{name}.tmp")), dir.join(name)).unwrap();
             }
         }
         Arrival::Copy => {

@@ -21,10 +21,12 @@ fn chaos(dir: &Path, k: u32, extra: &str) {
     let orig = std::fs::read_to_string(chaos_paths().1).unwrap();
     let toml =
         format!("config = \"names=widget-0,widget-1,widget-2,trap-3 devices=4 version=1.0.{k} {extra}\"\n{orig}");
+    // Both files written first, then renamed back to back: one new version, not two.
     for (name, bytes) in [("chaos.toml", toml.into_bytes()), ("chaos.wasm", chaos_build(k))] {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes).unwrap();
-        std::fs::rename(&tmp, dir.join(name)).unwrap();
+        std::fs::write(dir.join(format!(".{name}.tmp")), bytes).unwrap();
+    }
+    for name in ["chaos.toml", "chaos.wasm"] {
+        std::fs::rename(dir.join(format!(".{name}.tmp")), dir.join(name)).unwrap();
     }
 }
 

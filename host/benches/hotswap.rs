@@ -22,9 +22,10 @@ fn report(name: &str, mut v: Vec<Duration>) {
 
 fn land(dir: &Path, wasm: &[u8], toml: &str) -> anyhow::Result<()> {
     for (name, bytes) in [("chaos.toml", toml.as_bytes()), ("chaos.wasm", wasm)] {
-        let tmp = dir.join(format!(".{name}.tmp"));
-        std::fs::write(&tmp, bytes)?;
-        std::fs::rename(&tmp, dir.join(name))?;
+        std::fs::write(dir.join(format!(".{name}.tmp")), bytes)?;
+    }
+    for name in ["chaos.toml", "chaos.wasm"] {
+        std::fs::rename(dir.join(format!(".{name}.tmp")), dir.join(name))?;
     }
     Ok(())
 }
