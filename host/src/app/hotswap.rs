@@ -130,14 +130,14 @@ impl Reconciler {
             if unchanged || self.refused.get(&src.name) == Some(&src.key) {
                 continue;
             }
-            self.swap(src).await;
+            let had_one = loaded.contains_key(&src.name);
+            self.swap(src, had_one).await;
         }
     }
 
-    /// Swap one source in; on failure the old version (if any) keeps serving.
-    async fn swap(&mut self, src: BackendSource) {
+    /// Swap one source in; on failure the old version (`had_one`) keeps serving.
+    async fn swap(&mut self, src: BackendSource, had_one: bool) {
         let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
-        let had_one = self.registry.loaded().contains_key(&name);
         let r = self.registry.clone();
         let t0 = Instant::now();
         let result = tokio::task::spawn_blocking(move || r.swap(src)).await;

@@ -177,7 +177,7 @@ impl Registry {
     pub fn load(&self, src: BackendSource) -> Result<(), LoadError> {
         let inst = self.instantiate(&src)?;
         self.log_loaded(&src, &inst, "backend loaded");
-        let retired = self.install(&src, inst);
+        let retired = self.install(&src, Arc::new(inst));
         debug_assert!(retired.is_empty(), "a first load retires nothing");
         Ok(())
     }
@@ -204,7 +204,7 @@ impl Registry {
         let found = inst.discover().map_err(LoadError::Discover)?;
         self.log_loaded(&src, &inst, "backend swapped in");
         let inst = Arc::new(inst);
-        let retired = self.install_arc(&src, inst.clone());
+        let retired = self.install(&src, inst.clone());
         let slot = self.backends.lock().expect("registry lock").get(&src.name).cloned();
         let mut ready = Vec::new();
         if let Some(slot) = slot {
@@ -232,14 +232,10 @@ impl Registry {
             .collect()
     }
 
-    fn install(&self, src: &BackendSource, inst: BackendInstance) -> Vec<Retired> {
-        self.install_arc(src, Arc::new(inst))
-    }
-
     /// Put `inst` in the backend's slot and bring resource claims in line with its `init`:
     /// new names are claimed (unless another backend has them), names it no longer declares
     /// are retired.
-    fn install_arc(&self, src: &BackendSource, inst: Arc<BackendInstance>) -> Vec<Retired> {
+    fn install(&self, src: &BackendSource, inst: Arc<BackendInstance>) -> Vec<Retired> {
         let info = inst.info().clone();
         let mut resources = self.resources.lock().expect("registry lock");
         for (name, options) in &info.resources {
