@@ -20,7 +20,7 @@ use support::binary::{Devplug, on_machine, run_args};
 use support::daemon::{Daemon, chaos_dir, config};
 use support::fixtures::Machine;
 use support::hardware::MACHINES;
-use support::podman::{Podman, text};
+use support::podman::{Podman, SystemCdi, text};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -131,18 +131,6 @@ fn discover_ids(root: &Path) -> BTreeMap<String, Vec<String>> {
         .collect()
 }
 
-/// Stops the daemon and checks it removed its specs from the shared `/var/run/cdi`, even when
-/// an assertion failed first.
-struct CdiCleanup(Vec<PathBuf>);
-
-impl Drop for CdiCleanup {
-    fn drop(&mut self) {
-        for f in &self.0 {
-            let _ = std::fs::remove_file(f);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn podman_runs_containers_with_the_cdi_devices_allocate_names() {
     let podman = tokio::task::spawn_blocking(Podman::new).await.unwrap();
@@ -173,16 +161,25 @@ async fn podman_runs_containers_with_the_cdi_devices_allocate_names() {
     cfg.embedded = true;
     cfg.sysfs_root = "/sys".into();
     cfg.dev_root = "/dev".into();
+    cfg.dev_fixtures = false;
     cfg.write_cdi = true;
-    cfg.cdi_dir = "/var/run/cdi".into();
+    // Podman reads no other directory: the guard serialises its users and restores it, even
+    // when an assertion below fails.
+    let system_cdi = SystemCdi::take();
+    cfg.cdi_dir = system_cdi.dir().to_owned();
     cfg.allocate = vec![Strategy::CdiCri];
     cfg.cache_dir = Some(cache_dir());
     for off in ["gpu", "nic", "fpga"] {
-        cfg.backends.insert(off.into(), BackendSettings { enabled: false, config: String::new(), grant: None });
+        cfg.backends.insert(
+            off.into(),
+            BackendSettings { enabled: false, config: String::new(), grant: None, replace_embedded: false },
+        );
     }
-    cfg.backends.insert("generic".into(), BackendSettings { enabled: true, config: generic, grant: None });
-    let spec_file = |r: &str| PathBuf::from("/var/run/cdi").join(format!("devplug-{}.json", r.replace('/', "_")));
-    let _cleanup = CdiCleanup(vec![spec_file(&null_res), spec_file(&kvm_res)]);
+    cfg.backends.insert(
+        "generic".into(),
+        BackendSettings { enabled: true, config: generic, grant: None, replace_embedded: false },
+    );
+    let spec_file = |r: &str| system_cdi.dir().join(format!("devplug-{}.json", r.replace('/', "_")));
     let daemon = Daemon::start(cfg);
 
     let plugin = kubelet.wait_plugin(&null_res, T).await.unwrap();
@@ -243,7 +240,7 @@ fn sigkill_during_spec_rewrites_never_leaves_a_torn_spec() {
     let v = validator();
     let dir = tempfile::tempdir().unwrap();
     let (m, backends) = (Machine::generic_box(), chaos_dir());
-    let cdi = dir.path().join("cdi");
+    let cdi = m.root().join("cdi");
     std::fs::create_dir_all(&cdi).unwrap();
     // A file devplug did not write: it must survive everything below byte for byte.
     let foreign = cdi.join("vendor-other.json");
@@ -253,10 +250,7 @@ fn sigkill_during_spec_rewrites_never_leaves_a_torn_spec() {
     std::fs::write(&cfg, "[backends.chaos]\nconfig = \"mode=churn devices=2000\"\n").unwrap();
     let s = |p: &Path| p.display().to_string();
     let mut args = run_args(&dir.path().join("kubelet"), backends.path(), &m);
-    args.extend(
-        ["--config", &s(&cfg), "--poll-interval", "100ms", "--cdi-dir", &s(&cdi), "--cache-dir", &s(&cache_dir())]
-            .map(str::to_owned),
-    );
+    args.extend(["--config", &s(&cfg), "--poll-interval", "100ms", "--cache-dir", &s(&cache_dir())].map(str::to_owned));
     let spec = cdi.join("devplug-test.devplug.io_widget.json");
     let is_temp = |p: &Path| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".devplug-"));
 

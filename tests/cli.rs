@@ -21,16 +21,14 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
     std::fs::write(&cfg, "[backends.chaos]\nconfig = \"devices=3\"\n").unwrap();
     let s = |p: &std::path::Path| p.display().to_string();
     let mut args = run_args(&kdir, backends.path(), &m);
-    args.extend(
-        ["--config", &s(&cfg), "--poll-interval", "200ms", "--cdi-dir", &s(&dir.path().join("cdi"))].map(str::to_owned),
-    );
+    args.extend(["--config", &s(&cfg), "--poll-interval", "200ms"].map(str::to_owned));
     let mut d = Devplug::spawn(&args);
     d.wait_log("waiting for kubelet", T).unwrap();
     assert!(kdir.join("devplug-test.devplug.io_widget.sock").exists(), "serving before kubelet is there");
     let kubelet = Kubelet::start(&kdir).await;
     kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 3).await.unwrap();
-    let spec_file = dir.path().join("cdi/devplug-test.devplug.io_widget.json");
+    let spec_file = m.root().join("cdi/devplug-test.devplug.io_widget.json");
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_file).unwrap()).unwrap();
     assert_eq!(
         (spec["kind"].as_str(), spec["devices"].as_array().map(Vec::len)),
@@ -65,6 +63,7 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
         m.sys().to_str().unwrap(),
         "--dev-root",
         m.dev().to_str().unwrap(),
+        "--dev-fixtures",
         "--format",
         "json",
     ]);

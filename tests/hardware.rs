@@ -108,6 +108,7 @@ fn daemon_config(kubelet_dir: &Path, machine: &Path) -> Config {
         embedded: true,
         sysfs_root: machine.join("sys"),
         dev_root: machine.join("dev"),
+        dev_fixtures: true,
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         poll_interval: Duration::from_millis(50),
         cache_dir: Some(cache_dir()),

@@ -89,6 +89,7 @@ async fn python_and_javascript_backends_are_discovered_and_allocate_through_kube
             &s(&m.sys()),
             "--dev-root",
             &s(&m.dev()),
+            "--dev-fixtures",
             "--cache-dir",
             &s(&cache_dir()),
             "--format",

@@ -274,6 +274,7 @@ async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_im
             "/machine/sys",
             "--dev-root",
             "/machine/dev",
+            "--dev-fixtures",
             "--poll-interval",
             "200ms",
         ],

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use devplug::backends::{BackendSource, Origin};
 use devplug::runtime::caps::{Capabilities, Globs, Jail};
-use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig};
 use support::daemon::chaos_paths;
 use support::fixtures::Machine;
@@ -20,13 +20,7 @@ fn chaos_bytes() -> Vec<u8> {
 
 fn sandbox(m: &Machine, name: &str, requested: &Globs, granted: &Globs, memory_cap: usize) -> Sandbox {
     let caps = Capabilities::new(requested, granted).unwrap();
-    Sandbox {
-        backend: name.into(),
-        sysfs: Arc::new(Jail::new(m.sys(), caps.sysfs)),
-        dev: Arc::new(Jail::new(m.dev(), caps.dev)),
-        refusals: Arc::new(RefusalLog::default()),
-        memory_cap,
-    }
+    Sandbox::new(name, &caps, &m.sys(), &m.dev(), true, memory_cap)
 }
 
 fn runtime() -> Arc<Runtime> {
@@ -40,7 +34,13 @@ fn runtime() -> Arc<Runtime> {
 
 fn load(rt: &Arc<Runtime>, m: &Machine, config: &str) -> Result<BackendInstance, LoadError> {
     let manifest = devplug::runtime::caps::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
-    let granted = Globs { sysfs: vec!["**".into()], dev: vec!["null".into()] };
+    let granted = Globs {
+        sysfs: vec!["**".into()],
+        dev: vec!["null".into()],
+        resources: vec!["**".into()],
+        annotations: vec!["**".into()],
+        ..Globs::default()
+    };
     BackendInstance::load(
         rt,
         &chaos_bytes(),
@@ -92,8 +92,8 @@ fn granted_paths_still_work_inside_the_sandbox() {
     // well-formed read through.
     let m = hostile_machine();
     let caps = Capabilities::new(
-        &Globs { sysfs: vec!["bus/pci/devices/*/vendor".into(), "devices/**/vendor".into()], dev: vec![] },
-        &Globs { sysfs: vec!["**".into()], dev: vec![] },
+        &Globs { sysfs: vec!["bus/pci/devices/*/vendor".into(), "devices/**/vendor".into()], ..Globs::default() },
+        &Globs { sysfs: vec!["**".into()], ..Globs::default() },
     )
     .unwrap();
     let jail = Jail::new(m.sys(), caps.sysfs);
@@ -186,7 +186,7 @@ fn a_second_start_loads_from_the_compile_cache() {
     let m = Machine::generic_box();
     let cache = tempfile::tempdir().unwrap();
     let cfg = RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() };
-    let granted = Globs { sysfs: vec![], dev: vec!["null".into()] };
+    let granted = Globs { dev: vec!["null".into()], resources: vec!["test.devplug.io/*".into()], ..Globs::default() };
     let first = Runtime::new(cfg.clone()).unwrap();
     let a =
         BackendInstance::load(&first, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20))
@@ -217,4 +217,47 @@ fn embedded_backends_have_valid_manifests_and_origin() {
     let all = BackendSource::embedded();
     assert!(all.iter().any(|s| s.name == "generic"));
     assert!(all.iter().all(|s| s.origin == Origin::Embedded));
+}
+
+#[test]
+fn a_backend_blocked_in_a_wasi_sleep_is_cut_off_at_its_deadline() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    let t0 = std::time::Instant::now();
+    let err = inst.allocate("test.devplug.io/widget", &["sleep-0".into()]).unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(err, CallError::Timeout(Duration::from_millis(100)));
+    // The guest asked for a minute; the call ends at its deadline (the exact overrun is measured
+    // in the benchmarks, not asserted here).
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(inst.allocate("test.devplug.io/widget", &["widget-0".into()]).is_ok(), "a fresh instance serves next");
+    let e = load(&rt, &m, "mode=sleep-init").err().unwrap();
+    assert!(matches!(e, LoadError::Init(CallError::Timeout(_))), "{e}");
+}
+
+#[test]
+fn a_backend_that_faults_every_other_call_still_trips_the_breaker() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    for round in 0..3 {
+        assert!(!inst.breaker_open(), "round {round}");
+        assert!(inst.allocate("r", &["trap-0".into()]).unwrap_err().is_fault());
+        if round < 2 {
+            assert!(inst.allocate("r", &["widget-0".into()]).is_ok());
+        }
+    }
+    assert!(inst.breaker_open(), "three faults in the last five calls");
+}
+
+#[test]
+fn a_trap_says_what_the_guest_said_when_it_panicked() {
+    let m = Machine::generic_box();
+    let rt = runtime();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    match inst.allocate("r", &["trap-7".into()]).unwrap_err() {
+        CallError::Trap(msg) => assert!(msg.contains("chaos: trapping in allocate for trap-7"), "{msg}"),
+        e => panic!("{e:?}"),
+    }
 }

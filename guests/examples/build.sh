@@ -8,6 +8,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 wit="$here/../../wit/since_v0.1.0"
+# componentize-py imports app.py with the host's Python: no __pycache__ in the source tree.
+export PYTHONDONTWRITEBYTECODE=1
 
 (cd "$here/python-serial" && componentize-py -d "$wit" -w devplug-backend componentize app -o "$out/py-serial.wasm" >/dev/null)
 cp "$here/python-serial/devplug.toml" "$out/py-serial.toml"

@@ -13,19 +13,13 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
-use devplug::runtime::caps::{Capabilities, Jail};
-use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::caps::Capabilities;
+use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn load(rt: &Arc<Runtime>, src: &BackendSource, machine: &Path) -> BackendInstance {
     let caps = Capabilities::new(&src.manifest.requests, &src.manifest.requests).expect("caps");
-    let sandbox = Sandbox {
-        backend: src.name.as_str().into(),
-        sysfs: Arc::new(Jail::new(machine.join("sys"), caps.sysfs)),
-        dev: Arc::new(Jail::new(machine.join("dev"), caps.dev)),
-        refusals: Arc::new(RefusalLog::default()),
-        memory_cap: 64 << 20,
-    };
+    let sandbox = Sandbox::new(&src.name, &caps, &machine.join("sys"), &machine.join("dev"), true, 64 << 20);
     BackendInstance::load(rt, &src.bytes, String::new(), sandbox).expect("load")
 }
 

@@ -11,21 +11,15 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
-use devplug::runtime::caps::{Capabilities, Globs, Jail};
-use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::caps::{Capabilities, Globs};
+use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn sandbox(root: &Path, name: &str) -> Sandbox {
-    let g = Globs { sysfs: vec![], dev: vec!["**".into()] };
+    let g = Globs { dev: vec!["**".into()], resources: vec!["*/*".into()], ..Globs::default() };
     let caps = Capabilities::new(&g, &g).expect("caps");
-    Sandbox {
-        backend: name.into(),
-        sysfs: Arc::new(Jail::new(root.join("sys"), caps.sysfs)),
-        dev: Arc::new(Jail::new(root.join("dev"), caps.dev)),
-        refusals: Arc::new(RefusalLog::default()),
-        // CPython in wasm needs more than the Rust backends' default cap.
-        memory_cap: 256 << 20,
-    }
+    // CPython in wasm needs more than the Rust backends' default cap.
+    Sandbox::new(name, &caps, &root.join("sys"), &root.join("dev"), true, 256 << 20)
 }
 
 fn build_examples(out: &Path) {

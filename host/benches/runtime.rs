@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use devplug::runtime::caps::{Capabilities, Globs, Jail};
-use devplug::runtime::state::{RefusalLog, Sandbox};
+use devplug::runtime::caps::{Capabilities, Globs};
+use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn chaos() -> Vec<u8> {
@@ -16,15 +16,9 @@ fn chaos() -> Vec<u8> {
 }
 
 fn sandbox(root: &std::path::Path) -> Sandbox {
-    let g = Globs { sysfs: vec![], dev: vec!["null".into()] };
+    let g = Globs { dev: vec!["null".into()], resources: vec!["test.devplug.io/*".into()], ..Globs::default() };
     let caps = Capabilities::new(&g, &g).expect("caps");
-    Sandbox {
-        backend: "chaos".into(),
-        sysfs: Arc::new(Jail::new(root.join("sys"), caps.sysfs)),
-        dev: Arc::new(Jail::new(root.join("dev"), caps.dev)),
-        refusals: Arc::new(RefusalLog::default()),
-        memory_cap: 64 << 20,
-    }
+    Sandbox::new("chaos", &caps, &root.join("sys"), &root.join("dev"), true, 64 << 20)
 }
 
 fn benches(c: &mut Criterion) {

@@ -195,6 +195,9 @@ pub struct RunArgs {
     /// Where CDI spec files go.
     #[arg(long)]
     pub cdi_dir: Option<PathBuf>,
+    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
+    #[arg(long)]
+    pub dev_fixtures: bool,
     /// Address for /healthz and /readyz.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
@@ -232,6 +235,9 @@ impl RunArgs {
         if self.no_embedded {
             c.embedded = false;
         }
+        if self.dev_fixtures {
+            c.dev_fixtures = true;
+        }
         Ok(c)
     }
 }
@@ -262,6 +268,9 @@ pub struct SourceArgs {
     pub sysfs_root: PathBuf,
     #[arg(long, default_value = "/dev")]
     pub dev_root: PathBuf,
+    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
+    #[arg(long)]
+    pub dev_fixtures: bool,
     /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
@@ -309,8 +318,10 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
         rc.cache_dir = args.cache_dir.clone();
     }
     let runtime = Runtime::new(rc)?;
-    let registry =
-        Arc::new(Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant));
+    let registry = Arc::new(
+        Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant)
+            .with_dev_fixtures(args.dev_fixtures || cfg.dev_fixtures),
+    );
     let mut sources = Vec::new();
     if args.backends.is_empty() || args.embedded {
         sources.extend(BackendSource::embedded());
@@ -338,9 +349,8 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
 /// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
 /// Returns the files written and the load errors.
 pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
-    let dev_root = args.source.dev_root.clone();
     let (registry, mut errors) = load_once(args.source).await?;
-    let specs = crate::cdi::SpecDir::open(&args.out, crate::cdi::dev_view(&dev_root))?;
+    let specs = crate::cdi::SpecDir::open(&args.out)?;
     let mut written = Vec::new();
     for r in registry.snapshot() {
         match specs.sync(&r) {
@@ -354,7 +364,14 @@ pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>
 
 /// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
 pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
-    let (registry, errors) = load_once(args.source).await?;
+    let (registry, mut errors) = load_once(args.source).await?;
+    // A backend that loaded but whose discover failed (or was refused) is an error too: a
+    // vendor's CI must see it.
+    for b in registry.summaries() {
+        if let Some(e) = &b.last_error {
+            errors.push(format!("{}: discover: {e}", b.name));
+        }
+    }
     let resources: Vec<serde_json::Value> = registry
         .snapshot()
         .iter()

@@ -18,13 +18,17 @@
 //! memory_mb = 64
 //!
 //! [backends.generic]
+//! replace_embedded = false          # may generic.wasm in backends_dir replace the embedded one?
 //! config = '''
 //! [[resource]]
 //! name = "devplug.io/kvm"
 //! paths = ["kvm"]
 //! '''
-//! grant = { dev = ["kvm"] }
+//! grant = { dev = ["kvm"], resources = ["devplug.io/*"] }
 //! ```
+//!
+//! A grant has the manifest's request kinds: `sysfs`, `dev`, `mounts` (absolute host paths),
+//! `resources` and `annotations`; a backend gets requested ∩ granted of each.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -66,6 +70,11 @@ pub struct BackendSettings {
     pub config: String,
     /// Capabilities granted; `None` → the default for the backend's origin.
     pub grant: Option<Globs>,
+    /// Let a `NAME.wasm` in the backends directory replace the embedded backend `NAME` (and so
+    /// receive this entry's config and grant). Off by default: a file must not take a
+    /// first-party backend's place, or its grant, by its name alone.
+    #[serde(default)]
+    pub replace_embedded: bool,
 }
 
 fn yes() -> bool {
@@ -106,6 +115,9 @@ pub struct Config {
     pub embedded: bool,
     pub sysfs_root: PathBuf,
     pub dev_root: PathBuf,
+    /// Treat `c MAJOR:MINOR` files under `dev_root` as device nodes: fixture trees only. Never on
+    /// a real `/dev`, where a planted file would pose as any device.
+    pub dev_fixtures: bool,
     pub cdi_dir: PathBuf,
     /// Write CDI spec files at all (needed by the `cdi-*` strategies).
     pub write_cdi: bool,
@@ -136,6 +148,7 @@ impl Default for Config {
             embedded: true,
             sysfs_root: PathBuf::from("/sys"),
             dev_root: PathBuf::from("/dev"),
+            dev_fixtures: false,
             cdi_dir: PathBuf::from("/var/run/cdi"),
             write_cdi: true,
             allocate: vec![Strategy::DeviceSpecs],

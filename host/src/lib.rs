@@ -17,3 +17,4 @@ pub mod pack;
 pub mod proto;
 pub mod runtime;
 pub mod scaffold;
+pub mod untrusted;

@@ -14,7 +14,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(dispatch(cli.command)) {
+    let outcome = rt.block_on(dispatch(cli.command));
+    // A backend call cut off at shutdown may still sit on a blocking thread until its own
+    // deadline: exit now rather than wait for it.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("devplug: {e:#}");

@@ -24,6 +24,18 @@ pub struct DeviceNode {
     /// Empty means the same as `container_path`.
     pub host_path: String,
     pub permissions: String,
+    /// The host node's type and numbers, read when the host checked the node against the
+    /// backend's grants (`None` until then); CDI specs are written from these.
+    #[serde(skip)]
+    pub numbers: Option<NodeNumbers>,
+}
+
+/// A device node's type and numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeNumbers {
+    pub block: bool,
+    pub major: u32,
+    pub minor: u32,
 }
 
 impl DeviceNode {

@@ -98,7 +98,9 @@ impl Drop for Devplug {
 
 /// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
 /// `devplug run` against a kubelet dir (socket registration), only the backends in `backends`
-/// (granted what they request), a fixture machine and a free metrics port; add the rest.
+/// (granted what they request), a fixture machine, the machine's own CDI dir (`M/cdi`: never the
+/// host's `/var/run/cdi`, which other tests and the machine's runtime share) and a free metrics
+/// port; add the rest.
 pub fn run_args(
     kubelet_dir: &std::path::Path,
     backends: &std::path::Path,
@@ -120,6 +122,9 @@ pub fn run_args(
         &s(&machine.sys()),
         "--dev-root",
         &s(&machine.dev()),
+        "--dev-fixtures",
+        "--cdi-dir",
+        &s(&machine.root().join("cdi")),
         "--metrics-addr",
         "127.0.0.1:0",
     ]
@@ -132,7 +137,13 @@ pub fn run_args(
 pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
     let s = |p: std::path::PathBuf| p.display().to_string();
     let mut args: Vec<String> = command.iter().map(|a| (*a).to_owned()).collect();
-    args.extend(["--sysfs-root".into(), s(m.join("sys")), "--dev-root".into(), s(m.join("dev"))]);
+    args.extend([
+        "--sysfs-root".into(),
+        s(m.join("sys")),
+        "--dev-root".into(),
+        s(m.join("dev")),
+        "--dev-fixtures".into(),
+    ]);
     args.extend(["--cache-dir".into(), s(cache.to_owned())]);
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -57,13 +57,17 @@ pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_conf
         embedded: false,
         sysfs_root: machine.sys(),
         dev_root: machine.dev(),
+        dev_fixtures: true,
         metrics_addr: "127.0.0.1:0".parse().expect("addr"),
         poll_interval: Duration::from_millis(100),
         default_grant: DefaultGrant::Requested,
         write_cdi: false,
         ..Config::default()
     };
-    c.backends.insert("chaos".into(), BackendSettings { enabled: true, config: chaos_config.into(), grant: None });
+    c.backends.insert(
+        "chaos".into(),
+        BackendSettings { enabled: true, config: chaos_config.into(), grant: None, replace_embedded: false },
+    );
     c
 }
 
@@ -85,6 +89,14 @@ impl Daemon {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
-        tokio::time::timeout(Duration::from_secs(10), self.task).await??
+        tokio::time::timeout(Duration::from_secs(10), &mut self.task).await??
+    }
+}
+
+/// A test that panics drops its daemon without `stop`: abort it, so it writes nothing (a CDI
+/// spec in a shared directory, say) after the test's own cleanup guards have run.
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

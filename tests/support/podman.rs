@@ -117,3 +117,71 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// The one directory podman 4.3 reads CDI specs from that tests may write to.
+pub const SYSTEM_CDI_DIR: &str = "/var/run/cdi";
+
+/// Exclusive use of the machine's `/var/run/cdi` for one test, leaving it as it was found.
+///
+/// Holds a lock across test processes (so two podman tests never share the directory), remembers
+/// every `devplug-*.json` that was there before (a devplug under test sweeps stale specs of its
+/// own naming on start, and a stale file of someone else's must survive the test), and on drop,
+/// which also runs when the test panics, removes what the test wrote and puts back what was there.
+pub struct SystemCdi {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    created_dir: bool,
+    before: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl SystemCdi {
+    pub fn take() -> SystemCdi {
+        let lock_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("system-cdi.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", lock_path.display()));
+        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .unwrap_or_else(|(_, e)| panic!("locking {}: {e}", lock_path.display()));
+        let dir = Path::new(SYSTEM_CDI_DIR);
+        let created_dir = !dir.exists();
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{SYSTEM_CDI_DIR}: {e}"));
+        let before = Self::ours(dir).into_iter().filter_map(|p| std::fs::read(&p).ok().map(|b| (p, b))).collect();
+        SystemCdi { _lock: lock, created_dir, before }
+    }
+
+    /// Files in `dir` named the way devplug names its specs.
+    fn ours(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("devplug-"))
+            .map(|e| e.path())
+            .collect()
+    }
+
+    pub fn dir(&self) -> &Path {
+        Path::new(SYSTEM_CDI_DIR)
+    }
+}
+
+impl Drop for SystemCdi {
+    fn drop(&mut self) {
+        let dir = Path::new(SYSTEM_CDI_DIR);
+        for p in Self::ours(dir) {
+            if !self.before.iter().any(|(b, _)| *b == p) {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+        for (p, bytes) in &self.before {
+            if std::fs::read(p).ok().as_deref() != Some(bytes.as_slice()) {
+                let _ = std::fs::write(p, bytes);
+            }
+        }
+        if self.created_dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}

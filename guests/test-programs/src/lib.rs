@@ -8,6 +8,17 @@
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
 //! as a device attribute `attempt:<what>` = `refused: ...` or `ESCAPED: ...`.
+//!
+//! Hostile modes, one per attack class the sandbox must contain:
+//! - `mode=sleep-init|sleep-discover`, and allocate IDs starting `sleep`: block in a WASI sleep
+//!   (a host call, which epoch deadlines alone cannot interrupt) for a minute;
+//! - `evil=KIND` (see [`evil_edits`]): every device, and allocate IDs `evil-KIND`, hand containers
+//!   something outside the backend's grants (host nodes, mounts, loader env, CDI annotations);
+//! - `mode=glob-bomb`: `devfs.glob` with patterns built to panic or stall the host's glob code;
+//! - `mode=path-flood`: hundreds of distinct 1 MiB refused paths (the host's memory and log);
+//! - `mode=log-flood`: thirty thousand lines through `log`, stdout and stderr;
+//! - `mode=huge-error`: a 30 MB error string;
+//! - `devices=N` with a large N: more devices than the host accepts.
 
 use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits};
 
@@ -19,6 +30,7 @@ pub struct Chaos {
     names: Vec<String>,
     polls: std::cell::Cell<u32>,
     sick: Vec<String>,
+    evil: Option<String>,
 }
 
 impl Chaos {
@@ -40,6 +52,7 @@ impl Backend for Chaos {
             names: Vec::new(),
             polls: Default::default(),
             sick: Vec::new(),
+            evil: None,
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -49,11 +62,13 @@ impl Backend for Chaos {
                 Some(("version", v)) => me.version = v.into(),
                 Some(("names", v)) => me.names = v.split(',').map(str::to_owned).collect(),
                 Some(("sick", v)) => me.sick = v.split(',').map(str::to_owned).collect(),
+                Some(("evil", v)) => me.evil = Some(v.into()),
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
         match me.mode.as_str() {
             "spin-init" => spin(),
+            "sleep-init" => nap(),
             "trap-init" => panic!("chaos: trapping in init as asked"),
             _ => {}
         }
@@ -72,6 +87,11 @@ impl Backend for Chaos {
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
         let devices = match self.mode.as_str() {
             "spin-discover" => spin(),
+            "sleep-discover" => nap(),
+            "glob-bomb" => glob_bomb(sys),
+            "path-flood" => path_flood(sys),
+            "log-flood" => log_flood(),
+            "huge-error" => return Err(BackendError::Other("x".repeat(30 << 20))),
             "trap-discover" => panic!("chaos: trapping in discover as asked"),
             "hog-discover" => hog(),
             "fail-discover" => return Err(BackendError::Other("chaos: failing discover as asked".into())),
@@ -89,9 +109,15 @@ impl Backend for Chaos {
                     id,
                     numa_nodes: vec![i % 2],
                     attributes: vec![("index".into(), i.to_string())],
-                    edits: ContainerEdits {
-                        device_nodes: vec![edits::dev_node("null")],
-                        ..edits::env("CHAOS_DEVICE", &format!("widget-{i}"))
+                    edits: {
+                        let mut e = ContainerEdits {
+                            device_nodes: vec![edits::dev_node("null")],
+                            ..edits::env("CHAOS_DEVICE", &format!("widget-{i}"))
+                        };
+                        if let Some(kind) = &self.evil {
+                            edits::merge(&mut e, evil_edits(kind));
+                        }
+                        e
                     },
                 })
                 .collect(),
@@ -127,6 +153,10 @@ impl Backend for Chaos {
                 panic!("chaos: trapping in allocate for {id}");
             } else if id.starts_with("spin") {
                 spin();
+            } else if id.starts_with("sleep") {
+                nap();
+            } else if let Some(kind) = id.strip_prefix("evil-") {
+                return Ok(evil_edits(kind));
             } else if id.starts_with("hog") {
                 hog();
             } else if id.starts_with("fail") {
@@ -144,6 +174,89 @@ fn spin() -> ! {
     loop {
         x = std::hint::black_box(x.wrapping_add(1));
     }
+}
+
+/// Block in the host (a WASI monotonic-clock poll) for a minute.
+fn nap() -> ! {
+    eprintln!("chaos: napping for a minute");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    panic!("chaos: woke up after a minute; the host should have cut this call off long before")
+}
+
+/// Edits outside any grant a test gives chaos (it is granted `/dev/null` and `/dev/zero` only).
+fn evil_edits(kind: &str) -> ContainerEdits {
+    use devplug_sdk::{DeviceNode, Mount};
+    let node = |container: &str, host: &str| ContainerEdits {
+        device_nodes: vec![DeviceNode {
+            container_path: container.into(),
+            host_path: host.into(),
+            permissions: "rw".into(),
+        }],
+        ..edits::empty()
+    };
+    let mount = |host: &str, container: &str| ContainerEdits {
+        mounts: vec![Mount { host_path: host.into(), container_path: container.into(), read_only: false }],
+        ..edits::empty()
+    };
+    let annotation = |k: &str, v: &str| ContainerEdits { annotations: vec![(k.into(), v.into())], ..edits::empty() };
+    match kind {
+        "dev-sda" => node("/dev/sda", ""),
+        "dev-mem" => node("/dev/mem", ""),
+        "innocent-mem" => node("/dev/innocent", "/dev/mem"),
+        "shm-planted" => node("/dev/x", "/dev/shm/planted"),
+        "mount-root" => mount("/", "/host"),
+        "mount-containerd" => mount("/var/run/containerd/containerd.sock", "/run/containerd.sock"),
+        "mount-kubelet" => mount("/var/lib/kubelet", "/kubelet"),
+        "mount-proc" => mount("/proc", "/host-proc"),
+        "env-ld-preload" => edits::env("LD_PRELOAD", "/tmp/evil.so"),
+        "annotation-cdi" => annotation("cdi.k8s.io/x", "nvidia.com/gpu=all"),
+        "annotation-other" => annotation("other.io/x", "y"),
+        other => panic!("chaos: unknown evil kind {other:?}"),
+    }
+}
+
+/// Patterns that once panicked or stalled the host's glob; each must come back as an error.
+fn glob_bomb(sys: &dyn Sys) -> Vec<Device> {
+    let patterns =
+        ["*".repeat(100_000), "a".repeat(16 << 20), "{".repeat(10_000), "[[[[".into(), "**/**/**/**/**".into()];
+    let attributes = patterns
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("attempt:glob-{i}"), format!("{:?}", sys.dev_glob(p).map(|v| v.len()))))
+        .collect();
+    vec![Device { id: "bomb".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
+}
+
+/// Distinct refused paths, 1 MiB each: the host must neither keep nor log them whole.
+fn path_flood(sys: &dyn Sys) -> Vec<Device> {
+    let mut refused = 0u32;
+    for i in 0..300u32 {
+        let path = format!("class/secret/{i}-{}", "p".repeat(1 << 20));
+        if sys.read(&path).is_err() {
+            refused += 1;
+        }
+    }
+    let attributes = vec![("refused".into(), refused.to_string())];
+    vec![Device { id: "flood".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
+}
+
+/// Thirty thousand lines through every channel a backend has to the host's log.
+fn log_flood() -> Vec<Device> {
+    let line = "flood ".repeat(30);
+    for i in 0..30_000u32 {
+        match i % 3 {
+            0 => println!("{i} {line}"),
+            1 => eprintln!("{i} {line}"),
+            _ => devplug_sdk::log(devplug_sdk::Level::Warn, &format!("{i} {line}")),
+        }
+    }
+    vec![Device {
+        id: "flood".into(),
+        health: Health::Healthy,
+        numa_nodes: vec![],
+        attributes: vec![],
+        edits: edits::empty(),
+    }]
 }
 
 fn hog() -> Vec<Device> {

@@ -16,16 +16,26 @@ use crate::cdi::SpecDir;
 use crate::config::Config;
 use crate::kubelet::{Endpoints, ResourceHandle};
 
-/// The backends to load, and what is wrong in the directory. Directory backends replace
-/// embedded ones of the same name, so a vendor can ship a newer first-party backend without a
-/// new host.
+/// The backends to load, and what is wrong in the directory. A directory backend replaces the
+/// embedded one of the same name only where the operator allowed it
+/// (`[backends.NAME] replace_embedded = true`), so a vendor can ship a newer first-party backend
+/// without a new host, but no file takes a first-party backend's place (and grant) unasked.
 pub fn sources(cfg: &Config) -> (Vec<BackendSource>, Vec<String>) {
-    let mut out: Vec<BackendSource> = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
+    let embedded = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
     let mut problems = Vec::new();
+    let mut out = embedded.clone();
     if let Some(dir) = &cfg.backends_dir {
         let (found, errors) = load_dir(dir);
         problems.extend(errors.into_iter().map(|e| format!("{e:#}")));
         for src in found {
+            let consent = cfg.backends.get(&src.name).is_some_and(|s| s.replace_embedded);
+            if embedded.iter().any(|e| e.name == src.name) && !consent {
+                problems.push(format!(
+                    "{} not loaded: {:?} is an embedded backend; set [backends.{}] replace_embedded = true to let this file replace it",
+                    src.origin, src.name, src.name
+                ));
+                continue;
+            }
             out.retain(|s| s.name != src.name);
             out.push(src);
         }

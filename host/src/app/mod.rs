@@ -20,21 +20,41 @@ use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
 use crate::runtime::Runtime;
 
+/// Why the control loop woke up.
+enum Wake {
+    Swap,
+    Poll,
+    Polled(crate::backends::PollDone),
+    Beat,
+}
+
+/// How often the control loop shows it is alive even with nothing to do.
+const BEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Run until `shutdown` resolves; then stop serving and remove every socket.
+///
+/// Nothing a backend does holds up the loop's answer to `shutdown`: loading at start, each
+/// poll and each swap run as futures raced against it (a backend call cut short keeps running
+/// on its blocking thread only until its own deadline, and nothing waits for it).
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    tokio::pin!(shutdown);
     let runtime = Runtime::new(cfg.runtime_config())?;
-    let registry = Arc::new(Registry::new(
-        runtime,
-        cfg.sysfs_root.clone(),
-        cfg.dev_root.clone(),
-        cfg.backends.clone(),
-        cfg.default_grant,
-    ));
+    let registry = Arc::new(
+        Registry::new(runtime, cfg.sysfs_root.clone(), cfg.dev_root.clone(), cfg.backends.clone(), cfg.default_grant)
+            .with_dev_fixtures(cfg.dev_fixtures),
+    );
     let (srcs, problems) = sources(&cfg);
     for p in &problems {
         tracing::error!("backends dir: {p}");
     }
-    let refused = load_all(&registry, srcs).await;
+    let refused = tokio::select! {
+        biased;
+        _ = &mut shutdown => {
+            tracing::info!("shutting down while backends were loading");
+            return Ok(());
+        }
+        refused = load_all(&registry, srcs) => refused,
+    };
     tracing::info!(loaded = registry.loaded().len(), "backends loaded");
 
     let paths =
@@ -49,8 +69,14 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         stop.clone(),
     );
     let polled = Arc::new(AtomicBool::new(false));
-    let health =
-        observe::Health { endpoints: endpoints.clone(), registry: registry.clone(), pods, polled: polled.clone() };
+    let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
+    let health = observe::Health {
+        endpoints: endpoints.clone(),
+        registry: registry.clone(),
+        pods,
+        polled: polled.clone(),
+        heartbeat: heartbeat.clone(),
+    };
     observe::serve(cfg.metrics_addr, health, stop.clone()).await?;
 
     let specs = specs::open_cdi(&cfg);
@@ -70,29 +96,73 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     };
     let mut hot = Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), refused);
     let mut next_poll = tokio::time::Instant::now();
+    let mut beat = tokio::time::interval(BEAT);
+    // Discovers under way, one per backend at most: each backend keeps its own cadence, and one
+    // that hangs until its deadline holds up nobody else.
+    let mut polls: tokio::task::JoinSet<crate::backends::PollDone> = tokio::task::JoinSet::new();
+    let mut busy: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut first_round: Option<usize> = None;
 
-    tokio::pin!(shutdown);
     loop {
+        heartbeat.beat();
         let tick = async {
             match ticks.as_mut() {
                 Some(t) => t.changed().await,
                 None => std::future::pending().await,
             }
         };
-        // A swap does not wait for the poll, nor delays it.
+        let wake = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            _ = tick => Wake::Swap,
+            _ = tokio::time::sleep_until(next_poll) => Wake::Poll,
+            Some(done) = polls.join_next(), if !polls.is_empty() => match done {
+                Ok(done) => Wake::Polled(done),
+                Err(e) => {
+                    // A discover that panicked in the host: its backend stays marked busy (and
+                    // unpolled) rather than be called into a host bug again.
+                    tracing::error!("a backend's discover panicked in the host: {e}");
+                    Wake::Beat
+                }
+            },
+            _ = beat.tick() => Wake::Beat,
+        };
+        let work = async {
+            match wake {
+                Wake::Swap => hot.reconcile().await,
+                Wake::Poll => {
+                    let jobs = registry.start_polls(&busy);
+                    if *first_round.get_or_insert(jobs.len()) == 0 {
+                        polled.store(true, Ordering::Release);
+                    }
+                    for job in jobs {
+                        busy.insert(job.name.clone());
+                        polls.spawn_blocking(move || job.run());
+                    }
+                    next_poll = tokio::time::Instant::now() + cfg.poll_interval;
+                    return;
+                }
+                Wake::Polled(done) => {
+                    busy.remove(done.backend());
+                    let ready = registry.finish_poll(done);
+                    hot.serve(ready).await;
+                    if let Some(left) = first_round.as_mut() {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 {
+                            polled.store(true, Ordering::Release);
+                        }
+                    }
+                }
+                Wake::Beat => return,
+            }
+            if let Some(specs) = &specs {
+                specs::sync_cdi(specs, &registry, &mut cdi_errors, std::mem::take(&mut first));
+            }
+        };
         tokio::select! {
             biased;
             _ = &mut shutdown => break,
-            _ = tick => hot.reconcile().await,
-            _ = tokio::time::sleep_until(next_poll) => {
-                let report = registry.poll_once().await;
-                hot.serve(report.ready).await;
-                polled.store(true, Ordering::Release);
-                next_poll = tokio::time::Instant::now() + cfg.poll_interval;
-            }
-        }
-        if let Some(specs) = &specs {
-            specs::sync_cdi(specs, &registry, &mut cdi_errors, std::mem::take(&mut first));
+            _ = work => {}
         }
     }
     tracing::info!("shutting down: closing sockets");

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::backends::Registry;
-use crate::cdi::{self, Kind, SpecDir};
+use crate::cdi::{Kind, SpecDir};
 use crate::config::Config;
 use crate::kubelet::{CdiTarget, Delivery};
 
@@ -14,7 +14,7 @@ pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
     if !cfg.write_cdi {
         return None;
     }
-    match SpecDir::open(&cfg.cdi_dir, cdi::dev_view(&cfg.dev_root)) {
+    match SpecDir::open(&cfg.cdi_dir) {
         Ok(d) => Some(Arc::new(d)),
         Err(e) => {
             tracing::warn!(

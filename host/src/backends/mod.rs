@@ -7,5 +7,5 @@ mod registry;
 mod source;
 pub mod watch;
 
-pub use registry::{BackendSummary, PollReport, Registry, Retired, StatsSnapshot, Swapped};
+pub use registry::{BackendSummary, PollDone, PollJob, PollReport, Registry, Retired, StatsSnapshot, Swapped};
 pub use source::{BackendSource, Origin, load_dir};

@@ -15,8 +15,8 @@ use crate::kubelet::names::resource_name_problem;
 use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
 use crate::model::{ContainerEdits, Health, Resource, ResourceOptions, device_id_problem};
 use crate::observe::Metrics;
-use crate::runtime::caps::{Capabilities, Globs, Jail};
-use crate::runtime::state::{RefusalLog, Sandbox};
+use crate::runtime::caps::{Capabilities, Globs};
+use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 
 /// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
@@ -33,6 +33,35 @@ struct ResSlot {
     tx: watch::Sender<Arc<Resource>>,
     published: bool,
     logged: HashSet<String>,
+}
+
+/// One backend's discover, ready to run on a blocking thread.
+pub struct PollJob {
+    pub name: String,
+    slot: Arc<Slot>,
+    inst: Arc<BackendInstance>,
+}
+
+impl PollJob {
+    /// Call the backend (blocking, bounded by its discover deadline).
+    pub fn run(self) -> PollDone {
+        let t0 = std::time::Instant::now();
+        let result = self.inst.discover();
+        PollDone { job: self, result, took: t0.elapsed() }
+    }
+}
+
+/// A finished discover, for [`Registry::finish_poll`].
+pub struct PollDone {
+    job: PollJob,
+    result: Result<Vec<Resource>, CallError>,
+    took: std::time::Duration,
+}
+
+impl PollDone {
+    pub fn backend(&self) -> &str {
+        &self.job.name
+    }
 }
 
 /// What a poll found.
@@ -87,6 +116,7 @@ pub struct StatsSnapshot {
     pub traps: u64,
     pub timeouts: u64,
     pub memory_cap_hits: u64,
+    pub refused: u64,
 }
 
 pub struct Registry {
@@ -95,6 +125,8 @@ pub struct Registry {
     dev_root: PathBuf,
     settings: BTreeMap<String, BackendSettings>,
     default_grant: DefaultGrant,
+    /// Read `c MAJOR:MINOR` files under the dev root as nodes (fixture trees only).
+    dev_fixtures: bool,
     backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     resources: Mutex<BTreeMap<String, ResSlot>>,
     metrics: Arc<Metrics>,
@@ -114,10 +146,18 @@ impl Registry {
             dev_root,
             settings,
             default_grant,
+            dev_fixtures: false,
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
             metrics: Arc::new(Metrics::new()),
         }
+    }
+
+    /// Let fixture files stand for device nodes under the dev root (`--dev-fixtures`): for test
+    /// trees only, never a real `/dev`.
+    pub fn with_dev_fixtures(mut self, on: bool) -> Self {
+        self.dev_fixtures = on;
+        self
     }
 
     /// This host's metrics (backend call latency is recorded here; the rest by their owners).
@@ -138,7 +178,7 @@ impl Registry {
             None => match self.default_grant {
                 DefaultGrant::Requested => requested.clone(),
                 DefaultGrant::None => {
-                    if !requested.sysfs.is_empty() || !requested.dev.is_empty() {
+                    if requested != &Globs::default() {
                         tracing::warn!(
                             backend = %src.name,
                             "no grant in the config: this backend sees nothing; add [backends.{}.grant] or set default_grant = \"requested\"",
@@ -156,13 +196,14 @@ impl Registry {
     /// manifest's default). Blocking.
     fn instantiate(&self, src: &BackendSource) -> Result<BackendInstance, LoadError> {
         let caps = self.capabilities(src)?;
-        let sandbox = Sandbox {
-            backend: src.name.as_str().into(),
-            sysfs: Arc::new(Jail::new(&self.sysfs_root, caps.sysfs)),
-            dev: Arc::new(Jail::new(&self.dev_root, caps.dev)),
-            refusals: Arc::new(RefusalLog::default()),
-            memory_cap: self.runtime.config.memory_cap,
-        };
+        let sandbox = Sandbox::new(
+            &src.name,
+            &caps,
+            &self.sysfs_root,
+            &self.dev_root,
+            self.dev_fixtures,
+            self.runtime.config.memory_cap,
+        );
         let config = self
             .settings
             .get(&src.name)
@@ -301,20 +342,41 @@ impl Registry {
         retired
     }
 
-    /// Run every backend's `discover` and update the device lists.
+    /// One `discover` for each loaded backend not in `busy`. Each runs on its own (blocking)
+    /// and is handed back with [`finish_poll`](Self::finish_poll), so a backend that takes its
+    /// whole deadline delays no other backend's poll.
+    pub fn start_polls(&self, busy: &HashSet<String>) -> Vec<PollJob> {
+        self.backends
+            .lock()
+            .expect("registry lock")
+            .iter()
+            .filter(|(n, _)| !busy.contains(*n))
+            .map(|(n, s)| PollJob { name: n.clone(), slot: s.clone(), inst: s.current.load_full() })
+            .collect()
+    }
+
+    /// Publish a finished poll; returns resources to start serving.
+    pub fn finish_poll(&self, done: PollDone) -> Vec<ResourceHandle> {
+        let PollDone { job, result, took } = done;
+        self.metrics.backend_call(&job.name, "discover", took);
+        let mut ready = Vec::new();
+        self.apply(&job.name, &job.slot, &job.inst, result, &mut ready);
+        ready
+    }
+
+    /// Run every backend's `discover`, all at once, and update the device lists.
     pub async fn poll_once(&self) -> PollReport {
-        let slots: Vec<(String, Arc<Slot>)> =
-            self.backends.lock().expect("registry lock").iter().map(|(n, s)| (n.clone(), s.clone())).collect();
+        let jobs = self.start_polls(&HashSet::new());
+        let runs = jobs.into_iter().map(|job| async move {
+            let name = job.name.clone();
+            tokio::task::spawn_blocking(move || job.run()).await.map_err(|e| (name, e))
+        });
         let mut report = PollReport::default();
-        for (name, slot) in slots {
-            let inst = slot.current.load_full();
-            let probe = inst.clone();
-            let t0 = std::time::Instant::now();
-            let result = tokio::task::spawn_blocking(move || probe.discover())
-                .await
-                .unwrap_or_else(|e| Err(CallError::Trap(format!("discover panicked in the host: {e}"))));
-            self.metrics.backend_call(&name, "discover", t0.elapsed());
-            self.apply(&name, &slot, &inst, result, &mut report.ready);
+        for done in futures::future::join_all(runs).await {
+            match done {
+                Ok(done) => report.ready.extend(self.finish_poll(done)),
+                Err((name, e)) => tracing::error!(backend = %name, "discover panicked in the host: {e}"),
+            }
         }
         report
     }
@@ -438,6 +500,7 @@ impl Registry {
                             traps: l(&inst.stats.traps),
                             timeouts: l(&inst.stats.timeouts),
                             memory_cap_hits: l(&inst.stats.memory_cap_hits),
+                            refused: l(&inst.stats.refused),
                         }
                     },
                     last_error: slot.last_error.lock().ok().and_then(|e| e.clone()),
@@ -478,6 +541,7 @@ struct BackendOps {
 fn op_error(e: CallError) -> OpError {
     match e {
         CallError::Guest(m) => OpError::Backend(m),
+        e @ CallError::Refused(_) => OpError::Backend(e.to_string()),
         other => OpError::Unavailable(other.to_string()),
     }
 }

@@ -67,8 +67,10 @@ impl BackendSource {
     }
 
     /// `path` and its manifest (`NAME.toml` beside `NAME.wasm`; none means no capabilities).
-    /// The backend's name is the manifest's `name`, else the file stem without a trailing
-    /// version (`gpu-1.3.0.wasm` is version 1.3.0 of `gpu`).
+    /// The backend's name is the file stem without a trailing version (`gpu-1.3.0.wasm` is
+    /// version 1.3.0 of `gpu`): the operator's config and grants are keyed by what the operator
+    /// sees in the directory, so a manifest that names another backend is refused rather than
+    /// believed.
     pub fn from_file(path: &Path) -> anyhow::Result<BackendSource> {
         Self::from_file_with(path, None)
     }
@@ -86,8 +88,15 @@ impl BackendSource {
         };
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("backend");
         let (base, file_version) = split_version(stem);
+        if let Some(claimed) = manifest.name.as_deref().filter(|n| *n != base) {
+            anyhow::bail!(
+                "{}: its manifest says name = {:?}, but the file makes it backend {base:?}; a manifest cannot take another backend's name (and grants): rename the file or fix the name",
+                path.display(),
+                crate::untrusted::clip(claimed)
+            );
+        }
         Ok(BackendSource {
-            name: manifest.name.clone().unwrap_or_else(|| base.to_owned()),
+            name: base.to_owned(),
             key: source_key(&bytes, &text),
             bytes,
             manifest,

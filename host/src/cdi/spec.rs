@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 
 use super::names::{Kind, device_name};
 use crate::model::{self, ContainerEdits, Resource};
-use crate::runtime::caps::{Jail, NodeType};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -72,38 +71,37 @@ pub struct Mount {
 
 /// The spec for `resource`: one CDI device per device (all of them, healthy or not: a
 /// container already running with a device that turned unhealthy must still restart), the
-/// resource's common edits at spec level. Device node types and numbers are read through
-/// `dev` (the host's view of `/dev`); a node that cannot be read is left for the runtime to stat.
-pub fn build(resource: &Resource, kind: &Kind, dev: &Jail) -> Spec {
+/// resource's common edits at spec level. Device node types and numbers are the ones the host
+/// read when it checked the node against the backend's grants; a node without them (none
+/// reach here from a backend) is left for the runtime to stat.
+pub fn build(resource: &Resource, kind: &Kind) -> Spec {
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: kind.kind(),
         devices: resource
             .devices
             .iter()
-            .map(|d| SpecDevice { name: device_name(&d.id), container_edits: edits(&d.edits, dev) })
+            .map(|d| SpecDevice { name: device_name(&d.id), container_edits: edits(&d.edits) })
             .collect(),
-        container_edits: edits(&resource.common_edits, dev),
+        container_edits: edits(&resource.common_edits),
     };
     spec.cdi_version = min_version(&spec).to_owned();
     spec
 }
 
-fn edits(e: &ContainerEdits, dev: &Jail) -> Edits {
+fn edits(e: &ContainerEdits) -> Edits {
     Edits {
         env: e.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        device_nodes: e.device_nodes.iter().map(|n| node(n, dev)).collect(),
+        device_nodes: e.device_nodes.iter().map(node).collect(),
         mounts: e.mounts.iter().map(mount).collect(),
     }
 }
 
-fn node(n: &model::DeviceNode, dev: &Jail) -> Node {
+fn node(n: &model::DeviceNode) -> Node {
     let host = n.host_path();
-    let stat = host.strip_prefix("/dev/").and_then(|rel| dev.stat_node(rel).ok());
-    let (kind, major, minor) = match stat.map(|s| (s.kind, s.major, s.minor)) {
-        Some((NodeType::Char, ma, mi)) => (Some("c"), Some(i64::from(ma)), Some(i64::from(mi))),
-        Some((NodeType::Block, ma, mi)) => (Some("b"), Some(i64::from(ma)), Some(i64::from(mi))),
-        _ => (None, None, None),
+    let (kind, major, minor) = match n.numbers {
+        Some(s) => (Some(if s.block { "b" } else { "c" }), Some(i64::from(s.major)), Some(i64::from(s.minor))),
+        None => (None, None, None),
     };
     Node {
         path: n.container_path.clone(),
@@ -150,16 +148,7 @@ pub fn min_version(spec: &Spec) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Device, DeviceNode, Health};
-    use crate::runtime::caps::Rule;
-
-    fn jail() -> (tempfile::TempDir, Jail) {
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("kvm"), "c 10:232\n").unwrap();
-        let all = vec!["**".to_owned()];
-        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
-        (d, j)
-    }
+    use crate::model::{Device, DeviceNode, Health, NodeNumbers};
 
     fn res(name: &str, ids: &[&str]) -> Resource {
         Resource {
@@ -172,7 +161,11 @@ mod tests {
                     numa_nodes: vec![],
                     attributes: vec![],
                     edits: ContainerEdits {
-                        device_nodes: vec![DeviceNode { container_path: "/dev/kvm".into(), ..Default::default() }],
+                        device_nodes: vec![DeviceNode {
+                            container_path: "/dev/kvm".into(),
+                            numbers: Some(NodeNumbers { block: false, major: 10, minor: 232 }),
+                            ..Default::default()
+                        }],
                         ..Default::default()
                     },
                 })
@@ -183,18 +176,17 @@ mod tests {
 
     #[test]
     fn nodes_get_type_and_numbers_and_the_version_is_the_lowest_that_fits() {
-        let (_d, j) = jail();
         let kind = Kind::for_resource("devplug.io/kvm").unwrap();
-        let s = build(&res("devplug.io/kvm", &["kvm-0"]), &kind, &j);
+        let s = build(&res("devplug.io/kvm", &["kvm-0"]), &kind);
         assert_eq!(s.cdi_version, "0.3.0");
         let n = &s.devices[0].container_edits.device_nodes[0];
         assert_eq!((n.kind.as_deref(), n.major, n.minor, n.host_path.as_ref()), (Some("c"), Some(10), Some(232), None));
-        assert_eq!(build(&res("devplug.io/kvm", &["0000:17:00.0"]), &kind, &j).cdi_version, "0.5.0");
+        assert_eq!(build(&res("devplug.io/kvm", &["0000:17:00.0"]), &kind).cdi_version, "0.5.0");
         let dotted = Kind::for_resource("xilinx.com/fpga-u250.1").unwrap();
-        assert_eq!(build(&res("xilinx.com/fpga-u250.1", &["a"]), &dotted, &j).cdi_version, "0.6.0");
+        assert_eq!(build(&res("xilinx.com/fpga-u250.1", &["a"]), &dotted).cdi_version, "0.6.0");
         let mut moved = res("devplug.io/kvm", &["kvm-0"]);
         moved.devices[0].edits.device_nodes[0].host_path = "/dev/kvm".into();
         moved.devices[0].edits.device_nodes[0].container_path = "/dev/kvm2".into();
-        assert_eq!(build(&moved, &kind, &j).cdi_version, "0.5.0");
+        assert_eq!(build(&moved, &kind).cdi_version, "0.5.0");
     }
 }

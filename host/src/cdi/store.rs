@@ -15,7 +15,6 @@ use std::sync::Mutex;
 use super::names::{Kind, OWNED_PREFIX};
 use super::spec::{self, Spec};
 use crate::model::Resource;
-use crate::runtime::caps::Jail;
 
 const TEMP_PREFIX: &str = ".devplug-";
 
@@ -45,14 +44,13 @@ struct Written {
 /// devplug's files in one CDI directory.
 pub struct SpecDir {
     dir: PathBuf,
-    dev: Jail,
     written: Mutex<BTreeMap<String, Written>>,
 }
 
 impl SpecDir {
-    /// Use `dir` (created if missing), reading device nodes through `dev`. Temp files a killed
+    /// Use `dir` (created if missing). Temp files a killed
     /// devplug left behind are removed; they were never visible as specs.
-    pub fn open(dir: &Path, dev: Jail) -> Result<SpecDir, CdiError> {
+    pub fn open(dir: &Path) -> Result<SpecDir, CdiError> {
         fs::create_dir_all(dir).map_err(io(dir))?;
         for entry in fs::read_dir(dir).map_err(io(dir))?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -60,7 +58,7 @@ impl SpecDir {
                 let _ = fs::remove_file(entry.path());
             }
         }
-        Ok(SpecDir { dir: dir.to_owned(), dev, written: Mutex::new(BTreeMap::new()) })
+        Ok(SpecDir { dir: dir.to_owned(), written: Mutex::new(BTreeMap::new()) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -75,7 +73,7 @@ impl SpecDir {
             self.remove(&resource.name);
             return Ok(false);
         }
-        let spec = spec::build(resource, &kind, &self.dev);
+        let spec = spec::build(resource, &kind);
         let file = self.dir.join(kind.file_name());
         let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(w) = written.get(&resource.name)

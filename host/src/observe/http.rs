@@ -1,4 +1,4 @@
-//! The `--metrics-addr` listener: `/healthz` (the process answers), `/readyz` (the first poll is
+//! The `--metrics-addr` listener: `/healthz` (the control loop turns), `/readyz` (the first poll is
 //! done and every resource with devices is registered with kubelet; the DaemonSet's probes use
 //! both), `/metrics` (Prometheus) and `/status` (JSON for `devplug status`).
 
@@ -26,10 +26,44 @@ pub struct Health {
     pub pods: Arc<PodAssignments>,
     /// Set once the first discover round has been published.
     pub polled: Arc<AtomicBool>,
+    /// Beaten by the control loop on every turn.
+    pub heartbeat: Arc<Heartbeat>,
 }
 
-async fn healthz() -> &'static str {
-    "ok\n"
+/// A control loop that has not turned for this long is stalled: `/healthz` fails, so kubelet's
+/// liveness probe restarts the pod. Longer than any one turn may take (a poll is bounded by the
+/// discover deadline, a swap by init + discover).
+pub const STALLED_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// When the control loop last turned.
+pub struct Heartbeat {
+    start: std::time::Instant,
+    last_ms: std::sync::atomic::AtomicU64,
+    stalled_after: std::time::Duration,
+}
+
+impl Heartbeat {
+    pub fn new(stalled_after: std::time::Duration) -> Self {
+        Heartbeat { start: std::time::Instant::now(), last_ms: Default::default(), stalled_after }
+    }
+
+    pub fn beat(&self) {
+        self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long the loop has not turned, if that is longer than allowed.
+    pub fn stalled(&self) -> Option<std::time::Duration> {
+        let since =
+            self.start.elapsed().saturating_sub(std::time::Duration::from_millis(self.last_ms.load(Ordering::Relaxed)));
+        (since > self.stalled_after).then_some(since)
+    }
+}
+
+async fn healthz(State(h): State<Health>) -> (StatusCode, String) {
+    match h.heartbeat.stalled() {
+        None => (StatusCode::OK, "ok\n".into()),
+        Some(d) => (StatusCode::SERVICE_UNAVAILABLE, format!("control loop stalled: no turn for {d:.1?}\n")),
+    }
 }
 
 async fn readyz(State(h): State<Health>) -> (StatusCode, String) {

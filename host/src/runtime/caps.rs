@@ -41,15 +41,27 @@ pub enum FsError {
     Io(String),
 }
 
-/// Globs for `/sys` and `/dev`, relative to those roots. `*` stays within one component, `**`
-/// crosses them, `{a,b}` and `[0-9]` work as in a shell.
+/// What a backend may read and what it may hand to containers, as globs: `*` stays within one
+/// component, `**` crosses them, `{a,b}` and `[0-9]` work as in a shell. The same shape is a
+/// manifest's `[requests]` and an operator's `grant`; a backend gets the intersection.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Globs {
+    /// Paths under `/sys` it may read, relative (`bus/pci/devices/*/vendor`).
     #[serde(default)]
     pub sysfs: Vec<String>,
+    /// Nodes under `/dev` it may stat and hand to containers, relative (`nvidia*`).
     #[serde(default)]
     pub dev: Vec<String>,
+    /// Host paths it may bind-mount into containers, absolute (`/usr/lib/firmware/**`).
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    /// Extended resource names it may serve (`nvidia.com/*`).
+    #[serde(default)]
+    pub resources: Vec<String>,
+    /// Annotation keys it may set on containers (`example.com/*`); `cdi.k8s.io/*` never.
+    #[serde(default)]
+    pub annotations: Vec<String>,
 }
 
 /// `NAME.toml` beside `NAME.wasm`: what the backend needs.
@@ -67,18 +79,43 @@ pub struct Manifest {
 impl Manifest {
     pub fn parse(text: &str) -> Result<Self, String> {
         let m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
-        for p in m.requests.sysfs.iter().chain(&m.requests.dev) {
-            compile_glob(p)?;
-        }
+        Capabilities::new(&m.requests, &m.requests)?;
         Ok(m)
     }
 }
 
+/// Longest glob a manifest or a backend's `devfs.glob` may use, and how many wildcards it may
+/// hold: a pattern is compiled to a regex, and pathological ones (a 100,000-star pattern) make
+/// the regex compiler fail or take seconds.
+const MAX_GLOB_LEN: usize = 512;
+const MAX_GLOB_WILDCARDS: usize = 16;
+
 fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
-    if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
-        return Err(format!("glob {pattern:?} must be relative and contain no '..'"));
+    let shown = crate::untrusted::clip(pattern);
+    if pattern.len() > MAX_GLOB_LEN {
+        return Err(format!("glob {shown} is longer than {MAX_GLOB_LEN} bytes"));
     }
-    GlobBuilder::new(pattern).literal_separator(true).build().map_err(|e| format!("glob {pattern:?}: {e}"))
+    if pattern.chars().filter(|c| matches!(c, '*' | '?' | '[' | '{')).count() > MAX_GLOB_WILDCARDS {
+        return Err(format!("glob {shown} has more than {MAX_GLOB_WILDCARDS} wildcards"));
+    }
+    if pattern.contains('\0') {
+        return Err(format!("glob {shown} contains NUL"));
+    }
+    if pattern.starts_with('/') || pattern.split('/').any(|c| c == "..") {
+        return Err(format!("glob {shown} must be relative and contain no '..'"));
+    }
+    // globset panics on some patterns its own parser accepted; a pattern is outsider input.
+    let built = std::panic::catch_unwind(|| {
+        GlobBuilder::new(pattern).literal_separator(true).build().map(|g| {
+            let _ = g.compile_matcher();
+            g
+        })
+    });
+    match built {
+        Ok(Ok(g)) => Ok(g),
+        Ok(Err(e)) => Err(format!("glob {shown}: {e}")),
+        Err(_) => Err(format!("glob {shown} cannot be compiled")),
+    }
 }
 
 fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
@@ -116,6 +153,10 @@ impl Rule {
 pub struct Capabilities {
     pub sysfs: Rule,
     pub dev: Rule,
+    /// Host paths, matched without their leading `/`.
+    pub mounts: Rule,
+    pub resources: Rule,
+    pub annotations: Rule,
 }
 
 impl Capabilities {
@@ -123,8 +164,24 @@ impl Capabilities {
         Ok(Capabilities {
             sysfs: Rule::new(&requested.sysfs, &granted.sysfs)?,
             dev: Rule::new(&requested.dev, &granted.dev)?,
+            mounts: Rule::new(&absolute_globs(&requested.mounts)?, &absolute_globs(&granted.mounts)?)?,
+            resources: Rule::new(&requested.resources, &granted.resources)?,
+            annotations: Rule::new(&requested.annotations, &granted.annotations)?,
         })
     }
+}
+
+/// Mount globs are host paths: absolute in the manifest, matched relative to `/`.
+fn absolute_globs(patterns: &[String]) -> Result<Vec<String>, String> {
+    patterns
+        .iter()
+        .map(|p| {
+            p.strip_prefix('/')
+                .filter(|rest| !rest.starts_with('/'))
+                .map(str::to_owned)
+                .ok_or_else(|| format!("mount glob {p:?} must be an absolute host path"))
+        })
+        .collect()
 }
 
 /// A root directory (`/sys`, `/dev` or a fixture) plus the rule for it.
@@ -136,6 +193,10 @@ pub struct Jail {
     /// in one call and refuses any that leaves the root. `None` when the root cannot be opened
     /// or the kernel (or a seccomp profile) lacks `openat2`; then the jail walks the path itself.
     beneath: Option<Arc<Beneath>>,
+    /// Read `c MAJOR:MINOR` regular files as device nodes (test fixtures, where git cannot hold
+    /// real nodes). Off unless the operator asks: on a real `/dev` a planted file in a
+    /// world-writable directory such as `/dev/shm` would otherwise pose as any device.
+    fixture_nodes: bool,
 }
 
 #[derive(Debug)]
@@ -196,7 +257,13 @@ impl Jail {
     pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
         let root = root.into();
         let beneath = Beneath::new(&root).map(Arc::new);
-        Jail { root, rule, beneath }
+        Jail { root, rule, beneath, fixture_nodes: false }
+    }
+
+    /// Let `c MAJOR:MINOR` / `b MAJOR:MINOR` files stand for device nodes (fixture trees only).
+    pub fn with_fixture_nodes(mut self, on: bool) -> Self {
+        self.fixture_nodes = on;
+        self
     }
 
     fn check_canonical(&self, rel: &str, canonical: &str) -> Result<(), FsError> {
@@ -305,17 +372,49 @@ impl Jail {
         Ok(text)
     }
 
-    /// Directory entries the backend may see, sorted.
+    /// Directory entries the backend may see, sorted. An entry is shown only when both its path
+    /// under the name asked for and its path under where that name resolves are allowed (a
+    /// granted symlink to a directory must not list what lies beyond the grant). The entries are
+    /// read from the descriptor the check opened, so nothing can be swapped in between.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, FsError> {
-        let r = if rel.is_empty() {
-            Resolved { real: self.root.clone(), canonical: String::new() }
-        } else {
-            self.resolve(rel, true)?
+        let (names, canonical) = match &self.beneath {
+            Some(b) => {
+                let (fd, canonical) = if rel.is_empty() {
+                    (b.open(".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)?.0, String::new())
+                } else {
+                    validate(rel)?;
+                    if !self.rule.allows(rel) {
+                        return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                    }
+                    let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+                    self.check_canonical(rel, &canonical)?;
+                    (fd, canonical)
+                };
+                let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
+                let names: Vec<String> = dir
+                    .iter()
+                    .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
+                    .filter(|n| n != "." && n != "..")
+                    .collect();
+                (names, canonical)
+            }
+            None => {
+                let r = if rel.is_empty() {
+                    Resolved { real: self.root.clone(), canonical: String::new() }
+                } else {
+                    self.resolve(rel, true)?
+                };
+                let names = fs::read_dir(&r.real)
+                    .map_err(io_error)?
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect();
+                (names, r.canonical)
+            }
         };
-        let mut names: Vec<String> = fs::read_dir(&r.real)
-            .map_err(io_error)?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        let mut names: Vec<String> = names
+            .into_iter()
             .filter(|name| self.rule.allows(&join(rel, name)))
+            .filter(|name| canonical == rel || self.rule.allows(&join(&canonical, name)))
             .collect();
         names.sort();
         Ok(names)
@@ -345,34 +444,116 @@ impl Jail {
         target.into_os_string().into_string().map_err(|_| FsError::Io("non-UTF-8 link".into()))
     }
 
-    /// Every allowed path under the root that matches `pattern`, sorted (no symlinked dirs are
-    /// descended, at most `max_entries` entries are looked at).
-    pub fn glob(&self, pattern: &str, max_entries: usize) -> Result<Vec<String>, FsError> {
-        let matcher = compile_glob(pattern).map_err(FsError::InvalidPath)?.compile_matcher();
-        let depth = if pattern.contains("**") { 8 } else { pattern.split('/').count() };
-        let mut out = Vec::new();
-        let mut seen = 0usize;
-        let mut stack = vec![(String::new(), 0usize)];
-        while let Some((dir, d)) = stack.pop() {
-            let Ok(entries) = fs::read_dir(self.root.join(&dir)) else { continue };
-            for entry in entries.flatten() {
-                seen += 1;
-                if seen > max_entries {
-                    return Err(FsError::Io(format!("more than {max_entries} entries under the root")));
-                }
-                let Ok(name) = entry.file_name().into_string() else { continue };
-                let rel = join(&dir, &name);
-                if matcher.is_match(&rel) && self.rule.allows(&rel) {
-                    out.push(rel.clone());
-                }
-                let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
-                if is_dir && d + 1 < depth {
-                    stack.push((rel, d + 1));
+    /// Every allowed path under the root that matches `pattern`, sorted. The walk follows the
+    /// pattern component by component (a literal component is looked up, not listed; a
+    /// directory no component can match is never read), so its cost depends on the pattern,
+    /// not on how big the root is; symlinked directories are not descended. `budget` bounds the
+    /// directory entries looked at, whatever the pattern.
+    pub fn glob(&self, pattern: &str, budget: usize) -> Result<Vec<String>, FsError> {
+        let full = compile_glob(pattern).map_err(FsError::InvalidPath)?.compile_matcher();
+        let comps: Vec<&str> = pattern.split('/').collect();
+        let mut step = Vec::with_capacity(comps.len());
+        for c in &comps {
+            step.push(match *c {
+                "**" => Step::Any,
+                c if !c.contains(['*', '?', '[', '{']) => Step::Literal(c),
+                c => Step::Match(compile_glob(c).map_err(FsError::InvalidPath)?.compile_matcher()),
+            });
+        }
+        let mut walk = GlobWalk { jail: self, full: &full, step: &step, out: Vec::new(), seen: 0, budget };
+        walk.dir("", 0)?;
+        let mut out = walk.out;
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// One component of a glob, as the walk uses it.
+enum Step<'a> {
+    Literal(&'a str),
+    Match(globset::GlobMatcher),
+    /// `**`: any depth (at most [`GLOB_DEPTH`] levels).
+    Any,
+}
+
+/// Levels a `**` descends.
+const GLOB_DEPTH: usize = 8;
+
+struct GlobWalk<'a> {
+    jail: &'a Jail,
+    full: &'a globset::GlobMatcher,
+    step: &'a [Step<'a>],
+    out: Vec<String>,
+    seen: usize,
+    budget: usize,
+}
+
+impl GlobWalk<'_> {
+    fn count(&mut self) -> Result<(), FsError> {
+        self.seen += 1;
+        if self.seen > self.budget {
+            return Err(FsError::Io(format!("the pattern looks at more than {} entries", self.budget)));
+        }
+        Ok(())
+    }
+
+    fn offer(&mut self, rel: String) {
+        if self.full.is_match(&rel) && self.jail.rule.allows(&rel) {
+            self.out.push(rel);
+        }
+    }
+
+    /// Entries of `dir` (relative to the root) with whether each is a real directory.
+    fn entries(&mut self, dir: &str) -> Vec<(String, bool)> {
+        let Ok(rd) = fs::read_dir(self.jail.root.join(dir)) else { return Vec::new() };
+        rd.flatten()
+            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.file_type().is_ok_and(|t| t.is_dir()))))
+            .collect()
+    }
+
+    fn dir(&mut self, dir: &str, i: usize) -> Result<(), FsError> {
+        let last = i + 1 == self.step.len();
+        match &self.step[i] {
+            Step::Literal(name) => {
+                self.count()?;
+                let rel = join(dir, name);
+                match fs::symlink_metadata(self.jail.root.join(&rel)) {
+                    Ok(_) if last => self.offer(rel),
+                    Ok(m) if m.is_dir() => self.dir(&rel, i + 1)?,
+                    _ => {}
                 }
             }
+            Step::Match(m) => {
+                for (name, is_dir) in self.entries(dir) {
+                    self.count()?;
+                    if !m.is_match(&name) {
+                        continue;
+                    }
+                    let rel = join(dir, &name);
+                    if last {
+                        self.offer(rel);
+                    } else if is_dir {
+                        self.dir(&rel, i + 1)?;
+                    }
+                }
+            }
+            Step::Any => self.below(dir, 0)?,
         }
-        out.sort();
-        Ok(out)
+        Ok(())
+    }
+
+    /// Everything under `dir`, each checked against the whole pattern.
+    fn below(&mut self, dir: &str, depth: usize) -> Result<(), FsError> {
+        for (name, is_dir) in self.entries(dir) {
+            self.count()?;
+            let rel = join(dir, &name);
+            if is_dir && depth + 1 < GLOB_DEPTH {
+                self.below(&rel, depth + 1)?;
+            }
+            self.offer(rel);
+        }
+        Ok(())
     }
 }
 
@@ -395,11 +576,23 @@ pub struct NodeStat {
 
 impl Jail {
     /// Type and device numbers of `rel`, following links inside the root. Real nodes are read
-    /// from their metadata; fixture nodes from a `c MAJOR:MINOR` descriptor file.
+    /// from their metadata; with fixture nodes on, a `c MAJOR:MINOR` file counts as a node.
     pub fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};
-        let r = self.resolve(rel, true)?;
-        let meta = fs::metadata(&r.real).map_err(io_error)?;
+        // Stat the descriptor the check opened: no second lookup by name that a rename could
+        // redirect.
+        let meta = match &self.beneath {
+            Some(b) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (fd, canonical) = b.open(rel, OFlag::O_PATH)?;
+                self.check_canonical(rel, &canonical)?;
+                fs::File::from(fd).metadata().map_err(io_error)?
+            }
+            None => fs::metadata(self.resolve(rel, true)?.real).map_err(io_error)?,
+        };
         let ft = meta.file_type();
         let (kind, major, minor) = if ft.is_char_device() || ft.is_block_device() {
             let rdev = meta.rdev();
@@ -407,8 +600,8 @@ impl Jail {
             (kind, nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
         } else if ft.is_dir() {
             (NodeType::Directory, 0, 0)
-        } else if ft.is_file() && meta.len() < 64 {
-            match fs::read_to_string(&r.real).ok().as_deref().and_then(parse_node_descriptor) {
+        } else if self.fixture_nodes && ft.is_file() && meta.len() < 64 {
+            match self.read(rel).ok().as_deref().and_then(parse_node_descriptor) {
                 Some(('c', ma, mi)) => (NodeType::Char, ma, mi),
                 Some((_, ma, mi)) => (NodeType::Block, ma, mi),
                 None => (NodeType::Other, 0, 0),
@@ -582,5 +775,60 @@ mod tests {
         assert_eq!(parse_node_descriptor("c 195:0\n"), Some(('c', 195, 0)));
         assert_eq!(parse_node_descriptor("b 8:1"), Some(('b', 8, 1)));
         assert_eq!(parse_node_descriptor("hello"), None);
+    }
+
+    #[test]
+    fn listing_a_granted_symlink_shows_only_entries_granted_where_it_leads() {
+        let (d, _) = sysfs();
+        // `bus/pci/devices/X` is granted with everything under it; where it leads is granted only
+        // for `vendor`, so `secret` must not be listed through the link.
+        let rule = Rule::new(
+            &strings(&["bus/pci/devices/*", "bus/pci/devices/*/*", "devices/pci0000:00/*", "devices/**/vendor"]),
+            &strings(&["**"]),
+        )
+        .unwrap();
+        let j = Jail::new(d.path(), rule);
+        assert_eq!(j.list("bus/pci/devices/0000:00:01.0").unwrap(), ["vendor"]);
+    }
+
+    #[test]
+    fn fixture_nodes_only_count_when_switched_on() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("mem"), "c 1:1\n").unwrap();
+        let all = strings(&["**"]);
+        let off = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        assert_eq!(off.stat_node("mem").unwrap().kind, NodeType::Other, "a planted file is no device");
+        let on = Jail::new(d.path(), Rule::new(&all, &all).unwrap()).with_fixture_nodes(true);
+        assert_eq!(on.stat_node("mem").unwrap(), NodeStat { kind: NodeType::Char, major: 1, minor: 1 });
+    }
+
+    #[test]
+    fn hostile_globs_are_errors_not_panics() {
+        let d = tempfile::tempdir().unwrap();
+        let all = strings(&["**"]);
+        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        for p in ["*".repeat(100_000), "a".repeat(16 << 20), "{".repeat(300), "[".to_owned(), "x\0y".to_owned()] {
+            assert!(matches!(j.glob(&p, 1000), Err(FsError::InvalidPath(_))), "{}", crate::untrusted::clip(&p));
+        }
+        assert!(Manifest::parse(&format!("[requests]\ndev = [\"{}\"]\n", "*".repeat(100))).is_err());
+    }
+
+    #[test]
+    fn a_glob_costs_what_its_pattern_needs_not_what_the_root_holds() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..25_000 {
+            fs::write(d.path().join(format!("tty{i}")), "").unwrap();
+        }
+        fs::create_dir_all(d.path().join("dri")).unwrap();
+        for n in ["renderD128", "renderD129", "card0"] {
+            fs::write(d.path().join("dri").join(n), "c 226:128").unwrap();
+        }
+        let all = strings(&["**"]);
+        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        // A literal first component is looked up, not listed: a budget of 10 entries is plenty.
+        assert_eq!(j.glob("dri/renderD*", 10).unwrap(), ["dri/renderD128", "dri/renderD129"]);
+        // A wildcard over the big directory reads it once, within an ordinary budget.
+        assert_eq!(j.glob("tty2499[0-9]", 100_000).unwrap().len(), 10);
+        assert!(j.glob("**", 1000).is_err(), "the budget bounds a walk of everything");
     }
 }

@@ -65,8 +65,27 @@ pub struct Runtime {
     pub config: RuntimeConfig,
     engine_hash: u64,
     pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
+    /// Drives the timers that cut off guest calls blocked in the host (see [`Runtime::run_until`]).
+    timers: Timers,
 }
+
+/// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
+/// off), but they run on the caller's thread, never on the daemon's async workers; this runtime
+/// only drives their timers and the WASI clocks.
+struct Timers(Option<tokio::runtime::Runtime>);
+
+impl Drop for Timers {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which async code must not do; nothing here needs waiting for.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Slack on top of a call's deadline before its future is dropped: the epoch deadline (5 ms
+/// ticks) normally stops computing guests first, with the cleaner trap.
+const CUTOFF_SLACK: Duration = Duration::from_millis(20);
 
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
@@ -82,13 +101,26 @@ impl Runtime {
         if let Some(dir) = &config.cache_dir {
             create_private_dir(dir)?;
         }
+        let timers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("devplug-guest-timers")
+            .enable_all()
+            .build()?;
         Ok(Arc::new(Runtime {
             engine,
             config,
             engine_hash,
             cache_hits: AtomicU64::new(0),
-            cache_misses: AtomicU64::new(0),
+            timers: Timers(Some(timers)),
         }))
+    }
+
+    /// Run a guest call on this thread until it finishes or `deadline` (plus a little slack)
+    /// passes; `None` when it was cut off. Blocking: the caller is a blocking thread, the CLI's
+    /// main thread, or async code inside `block_in_place`.
+    pub fn run_until<T>(&self, deadline: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
+        let handle = self.timers.0.as_ref()?.handle();
+        handle.block_on(async { tokio::time::timeout(deadline + CUTOFF_SLACK, call).await.ok() })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -125,7 +157,6 @@ impl Runtime {
             }
         }
         let component = self.compile_fresh(bytes)?;
-        self.cache_misses.fetch_add(1, Ordering::Relaxed);
         match component.serialize() {
             Ok(native) => {
                 if let Err(e) = write_atomically(dir, &path, &native) {

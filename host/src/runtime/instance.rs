@@ -1,9 +1,18 @@
 //! [`BackendInstance`]: a loaded backend and a small pool of live instances of it. Every call runs
-//! on an instance taken from the pool under an epoch deadline and a memory cap; an instance that
-//! faults (trap, timeout, memory cap) is dropped and the next call gets a fresh one, `init`
-//! included. Faults in a row open a breaker, closed again by the next successful call.
+//! on an instance taken from the pool under a deadline and a memory cap; an instance that faults
+//! (trap, timeout, memory cap) is dropped and the next call gets a fresh one, `init` included.
+//!
+//! The deadline holds twice over: an epoch deadline stops guest code that computes, and the call
+//! itself is a future under a timer, so a guest blocked in a host function (a WASI sleep, a
+//! poll) is cut off at the same instant by dropping it. Enough faults within the last
+//! [`FAULT_WINDOW`] calls open a breaker, closed again by the next successful call.
+//!
+//! What a call returns is checked by [`super::vet`] before anyone sees it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +23,14 @@ use super::engine::{Runtime, ticks};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
 use crate::model::{BackendInfo, ContainerEdits, Resource};
+use crate::untrusted::clip;
+
+/// Recent calls the breaker looks at: a backend that faults every other call trips it as
+/// surely as one that faults every time.
+pub const FAULT_WINDOW: usize = 10;
+
+/// A guest call: a future borrowing the instance's bindings and store.
+type GuestCall<'a, T> = Pin<Box<dyn Future<Output = wasmtime::Result<GuestResult<T>>> + Send + 'a>>;
 
 /// Idle instances kept per backend: enough that a slow discover never holds up an allocate.
 const MAX_IDLE: usize = 4;
@@ -48,9 +65,23 @@ pub struct BackendStats {
     pub traps: AtomicU64,
     pub timeouts: AtomicU64,
     pub memory_cap_hits: AtomicU64,
-    pub instantiations: AtomicU64,
-    pub consecutive_faults: AtomicU32,
+    /// Answers the host refused (see [`super::vet`]).
+    pub refused: AtomicU64,
+    /// Outcomes of the last [`FAULT_WINDOW`] calls, `true` for a fault.
+    recent: Mutex<VecDeque<bool>>,
     pub breaker_open: AtomicBool,
+}
+
+impl BackendStats {
+    /// Record one call's outcome; returns the faults now in the window.
+    fn record(&self, fault: bool) -> usize {
+        let Ok(mut recent) = self.recent.lock() else { return 0 };
+        if recent.len() == FAULT_WINDOW {
+            recent.pop_front();
+        }
+        recent.push_back(fault);
+        recent.iter().filter(|f| **f).count()
+    }
 }
 
 struct Live {
@@ -117,17 +148,37 @@ impl BackendInstance {
         self.stats.breaker_open.load(Ordering::Relaxed)
     }
 
-    /// A fresh store and instance, with `init` run under the discover deadline.
+    /// A fresh store and instance, with `init` run under the discover deadline. The resources
+    /// `init` declares outside the backend's `resources` capability are dropped here, each with
+    /// one error line, so nothing else ever sees them.
     fn instantiate(&self) -> Result<(Live, BackendInfo), CallError> {
-        self.stats.instantiations.fetch_add(1, Ordering::Relaxed);
+        let deadline = self.runtime.config.discover_deadline;
         let mut store = Store::new(self.runtime.engine(), HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(ticks(self.runtime.config.discover_deadline));
-        let outcome = self.pre.instantiate(&mut store).and_then(|b| Ok((b.init(&mut store, &self.config)?, b)));
+        store.set_epoch_deadline(ticks(deadline));
+        let (pre, config) = (&self.pre, self.config.as_str());
+        let outcome = self.runtime.run_until(deadline, async {
+            let b = pre.instantiate(&mut store).await?;
+            let info = b.init(&mut store, config).await?;
+            Ok((info, b))
+        });
         match outcome {
-            Ok((Ok(info), bindings)) => Ok((Live { store, bindings }, info)),
-            Ok((Err(msg), _)) => Err(CallError::Guest(msg)),
-            Err(e) => Err(self.classify(&store, e, self.runtime.config.discover_deadline)),
+            Some(Ok((Ok(mut info), bindings))) => {
+                info.resources.retain(|(name, _)| match self.sandbox.returns.resource(name) {
+                    Ok(()) => true,
+                    Err(why) => {
+                        tracing::error!(backend = %self.name, "resource not served: {why}");
+                        false
+                    }
+                });
+                Ok((Live { store, bindings }, info))
+            }
+            Some(Ok((Err(msg), _))) => Err(CallError::Guest(clip(&msg).into_owned())),
+            Some(Err(e)) => Err(self.classify(&store, e, deadline)),
+            None => {
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(CallError::Timeout(deadline))
+            }
         }
     }
 
@@ -148,15 +199,23 @@ impl BackendInstance {
             CallError::Timeout(deadline)
         } else {
             self.stats.traps.fetch_add(1, Ordering::Relaxed);
-            CallError::Trap(format!("{e:#}").lines().next().unwrap_or("trap").to_owned())
+            // The root cause says what kind of trap; the guest's last stderr lines usually say
+            // why (a Rust panic message, a Python traceback's last line).
+            let mut why = e.root_cause().to_string();
+            let said = store.data().last_words();
+            if !said.is_empty() {
+                why = format!("{why}; the backend's last words: {said}");
+            }
+            CallError::Trap(crate::untrusted::clip_to(&why, 1024).into_owned())
         }
     }
 
-    /// Run one export on a pooled instance. Blocking: call from a blocking thread.
+    /// Run one export on a pooled instance under `kind`'s deadline. Blocking: call from a
+    /// blocking thread (or inside `block_in_place`), never from async code directly.
     fn call<T>(
         &self,
         kind: CallKind,
-        f: impl FnOnce(&Bindings, &mut Store<HostState>) -> wasmtime::Result<GuestResult<T>>,
+        f: impl for<'a> FnOnce(&'a Bindings, &'a mut Store<HostState>) -> GuestCall<'a, T>,
     ) -> Result<T, CallError> {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = match kind {
@@ -173,28 +232,37 @@ impl BackendInstance {
         };
         live.store.set_epoch_deadline(ticks(deadline));
         live.store.data_mut().limiter.hit = false;
-        match f(&live.bindings, &mut live.store) {
-            Ok(Ok(v)) => {
+        live.store.data_mut().forget_words();
+        let Live { store, bindings } = &mut live;
+        let outcome = self.runtime.run_until(deadline, f(bindings, store));
+        match outcome {
+            Some(Ok(Ok(v))) => {
                 self.put_back(live);
                 self.succeeded();
                 Ok(v)
             }
-            Ok(Err(msg)) => {
+            Some(Ok(Err(msg))) => {
                 self.put_back(live);
                 self.succeeded();
                 self.stats.guest_errors.fetch_add(1, Ordering::Relaxed);
-                Err(CallError::Guest(msg))
+                Err(CallError::Guest(clip(&msg).into_owned()))
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 let err = self.classify(&live.store, e, deadline);
                 // The instance is dropped here: after a trap its store cannot be entered again.
                 Err(self.fault(kind, err))
+            }
+            None => {
+                // Cut off while blocked in the host: the call's future (and with it the guest's
+                // stack) is gone, and so is the instance.
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                Err(self.fault(kind, CallError::Timeout(deadline)))
             }
         }
     }
 
     fn succeeded(&self) {
-        self.stats.consecutive_faults.store(0, Ordering::Relaxed);
+        self.stats.record(false);
         if self.stats.breaker_open.swap(false, Ordering::Relaxed) {
             tracing::info!(backend = %self.name, "backend answered again; breaker closed");
         }
@@ -204,20 +272,34 @@ impl BackendInstance {
         if !err.is_fault() {
             return err;
         }
-        let n = self.stats.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
-        tracing::warn!(backend = %self.name, call = kind.as_str(), error = %err, "backend call failed; its instance was discarded");
-        if n >= self.runtime.config.breaker_threshold && !self.stats.breaker_open.swap(true, Ordering::Relaxed) {
+        let n = self.stats.record(true);
+        if self.sandbox.log.admit(&self.name) {
+            tracing::warn!(backend = %self.name, call = kind.as_str(), error = %err, "backend call failed; its instance was discarded");
+        }
+        if n >= self.runtime.config.breaker_threshold as usize && !self.stats.breaker_open.swap(true, Ordering::Relaxed)
+        {
             tracing::error!(
                 backend = %self.name,
                 faults = n,
+                window = FAULT_WINDOW,
                 "breaker open: the backend's devices are reported Unhealthy and allocations refused until it answers again"
             );
         }
         err
     }
 
+    /// Drop an answer the host will not pass on, counting it.
+    fn refuse(&self, call: CallKind, why: String) -> CallError {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let why = clip(&why).into_owned();
+        tracing::error!(backend = %self.name, call = call.as_str(), "answer refused: {why}");
+        CallError::Refused(why)
+    }
+
     pub fn discover(&self) -> Result<Vec<Resource>, CallError> {
-        self.call(CallKind::Discover, |b, s| b.discover(s))
+        let mut found = self.call(CallKind::Discover, |b, s| Box::pin(b.discover(s)))?;
+        self.sandbox.returns.discover(&mut found).map_err(|why| self.refuse(CallKind::Discover, why))?;
+        Ok(found)
     }
 
     pub fn preferred_allocation(
@@ -228,19 +310,26 @@ impl BackendInstance {
         size: u32,
     ) -> Result<Vec<String>, CallError> {
         self.refuse_if_open()?;
-        self.call(CallKind::PreferredAllocation, |b, s| {
-            b.preferred_allocation(s, resource, available, must_include, size)
+        // The call's future owns its arguments: it must not borrow beyond the store it runs in.
+        let (r, available, must) = (resource.to_owned(), available.to_vec(), must_include.to_vec());
+        self.call(CallKind::PreferredAllocation, move |b, s| {
+            Box::pin(async move { b.preferred_allocation(s, &r, &available, &must, size).await })
         })
     }
 
     pub fn allocate(&self, resource: &str, ids: &[String]) -> Result<ContainerEdits, CallError> {
         self.refuse_if_open()?;
-        self.call(CallKind::Allocate, |b, s| b.allocate(s, resource, ids))
+        let (r, owned) = (resource.to_owned(), ids.to_vec());
+        let mut edits =
+            self.call(CallKind::Allocate, move |b, s| Box::pin(async move { b.allocate(s, &r, &owned).await }))?;
+        self.sandbox.returns.allocate(resource, &mut edits).map_err(|why| self.refuse(CallKind::Allocate, why))?;
+        Ok(edits)
     }
 
     pub fn pre_start(&self, resource: &str, ids: &[String]) -> Result<(), CallError> {
         self.refuse_if_open()?;
-        self.call(CallKind::PreStart, |b, s| b.pre_start(s, resource, ids))
+        let (r, ids) = (resource.to_owned(), ids.to_vec());
+        self.call(CallKind::PreStart, move |b, s| Box::pin(async move { b.pre_start(s, &r, &ids).await }))
     }
 
     fn refuse_if_open(&self) -> Result<(), CallError> {

@@ -7,6 +7,7 @@ pub mod caps;
 mod engine;
 mod instance;
 pub mod state;
+pub mod vet;
 
 pub use engine::{CacheOutcome, Compiled, Runtime, RuntimeConfig};
 pub use instance::{BackendInstance, BackendStats, CallKind};
@@ -62,9 +63,15 @@ pub enum CallError {
     /// The backend tried to grow memory past its cap; the instance was dropped.
     #[error("backend hit its memory cap of {0} bytes")]
     MemoryCap(usize),
-    /// Too many faults in a row; the backend's devices are Unhealthy until a call succeeds.
+    /// Too many faults in a short while; the backend's devices are Unhealthy until a call
+    /// succeeds.
     #[error("backend is disabled after repeated failures (breaker open)")]
     BreakerOpen,
+    /// The backend answered, but with something it may not hand out (a device node, mount, env
+    /// key, annotation or resource name outside its grants, or more than the caps allow); the
+    /// whole answer was dropped.
+    #[error("the host refused the backend's answer: {0}")]
+    Refused(String),
 }
 
 impl CallError {

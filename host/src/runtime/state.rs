@@ -1,11 +1,13 @@
 //! The per-instance store data: the backend's jails, its memory cap, and a WASI context that has
 //! nothing in it (no preopens, env, args, sockets or name lookup), with stdout/stderr sent to
-//! `tracing` under the backend's name.
+//! `tracing` under the backend's name, at a bounded rate.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use wasmtime::ResourceLimiter;
@@ -14,9 +16,13 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use super::caps::{FsError, Jail};
+use std::path::Path;
 
-/// Refused paths already logged for one backend, so a hostile loop cannot flood the log.
+use super::caps::{Capabilities, FsError, Jail};
+
+/// Refused paths already logged for one backend, so a hostile loop cannot flood the log. Paths
+/// are remembered clipped ([`crate::untrusted::clip`]), so the set stays small whatever the
+/// backend sends.
 #[derive(Default)]
 pub struct RefusalLog {
     seen: Mutex<HashSet<String>>,
@@ -26,18 +32,64 @@ pub struct RefusalLog {
 const MAX_REMEMBERED: usize = 1024;
 
 impl RefusalLog {
-    pub fn refused(&self, backend: &str, call: &str, path: &str, err: &FsError) {
+    pub fn refused(&self, sandbox: &Sandbox, call: &str, path: &str, err: &FsError) {
+        let backend = &*sandbox.backend;
         let Ok(mut seen) = self.seen.lock() else { return };
         if seen.len() >= MAX_REMEMBERED {
             return;
         }
-        let key = format!("{call} {path}");
-        if seen.insert(key) {
+        let path = crate::untrusted::clip(path);
+        if seen.insert(format!("{call} {path}")) && sandbox.log.admit(backend) {
             if seen.len() == MAX_REMEMBERED {
                 tracing::warn!(backend, "further refused paths of this backend are not logged");
             }
-            tracing::warn!(backend, call, path, reason = %err, "refused a backend's access");
+            let reason = err.to_string();
+            tracing::warn!(backend, call, path = %path, reason = %crate::untrusted::clip(&reason), "refused a backend's access");
         }
+    }
+}
+
+/// Lines a backend may log in a burst, and per second after that (its `log` calls, stdout,
+/// stderr and the host's refusal lines about it together).
+const LOG_BURST: f64 = 200.0;
+const LOG_PER_SECOND: f64 = 20.0;
+
+/// A per-backend token bucket for log lines. What it drops is counted, and said once the
+/// backend is below its rate again, so an operator learns that lines are missing.
+pub struct LogBudget {
+    bucket: Mutex<(f64, Instant, u64)>,
+    pub dropped: AtomicU64,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget { bucket: Mutex::new((LOG_BURST, Instant::now(), 0)), dropped: AtomicU64::new(0) }
+    }
+}
+
+impl LogBudget {
+    /// Whether one more line of `backend` may be logged now.
+    pub fn admit(&self, backend: &str) -> bool {
+        let Ok(mut b) = self.bucket.lock() else { return false };
+        let (tokens, last, unreported) = &mut *b;
+        let now = Instant::now();
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * LOG_PER_SECOND).min(LOG_BURST);
+        *last = now;
+        if *tokens < 1.0 {
+            *unreported += 1;
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        *tokens -= 1.0;
+        if *unreported > 0 {
+            tracing::warn!(
+                backend,
+                dropped = *unreported,
+                "log lines of this backend were dropped: it logs faster than its rate limit"
+            );
+            *unreported = 0;
+        }
+        true
     }
 }
 
@@ -48,32 +100,81 @@ pub struct Sandbox {
     pub sysfs: Arc<Jail>,
     pub dev: Arc<Jail>,
     pub refusals: Arc<RefusalLog>,
+    /// Shared by every instance of the backend.
+    pub log: Arc<LogBudget>,
+    /// What the backend may hand to containers and kubelet (see [`super::vet`]).
+    pub returns: Arc<super::vet::ReturnRules>,
     pub memory_cap: usize,
+}
+
+impl Sandbox {
+    /// The sandbox of backend `name`: `caps` over `/sys` and `/dev` (or fixture trees, where
+    /// `dev_fixtures` lets descriptor files stand for nodes), with fresh logs and limits.
+    pub fn new(
+        name: &str,
+        caps: &Capabilities,
+        sysfs_root: &Path,
+        dev_root: &Path,
+        dev_fixtures: bool,
+        memory_cap: usize,
+    ) -> Self {
+        let dev = Arc::new(Jail::new(dev_root, caps.dev.clone()).with_fixture_nodes(dev_fixtures));
+        Sandbox {
+            backend: name.into(),
+            sysfs: Arc::new(Jail::new(sysfs_root, caps.sysfs.clone())),
+            returns: Arc::new(super::vet::ReturnRules::new(caps, dev.clone())),
+            dev,
+            refusals: Arc::new(RefusalLog::default()),
+            log: Arc::new(LogBudget::default()),
+            memory_cap,
+        }
+    }
 }
 
 /// Store data for one instance.
 pub struct HostState {
     pub sandbox: Sandbox,
     pub limiter: MemoryCap,
+    /// The guest's last stderr lines in the current call: a trap's reason is often only there.
+    words: Arc<Mutex<VecDeque<String>>>,
     wasi: WasiCtx,
     table: ResourceTable,
 }
 
+/// Stderr lines kept for a trap's message.
+const LAST_WORDS: usize = 3;
+
 impl HostState {
     pub fn new(sandbox: Sandbox) -> Self {
-        let name = sandbox.backend.clone();
+        let words: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let out =
+            |stream, tail| GuestOutput { backend: sandbox.backend.clone(), log: sandbox.log.clone(), stream, tail };
         let mut b = WasiCtx::builder();
-        b.stdout(GuestOutput { backend: name.clone(), stream: "stdout" })
-            .stderr(GuestOutput { backend: name, stream: "stderr" })
+        b.stdout(out("stdout", None))
+            .stderr(out("stderr", Some(words.clone())))
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
             .socket_addr_check(|_, _| Box::pin(async { false }));
         HostState {
-            limiter: MemoryCap { max: sandbox.memory_cap, hit: false },
+            limiter: MemoryCap { max: sandbox.memory_cap, hit: false, used: 0, table_elements: 0 },
+            words,
             sandbox,
             wasi: b.build(),
             table: ResourceTable::new(),
+        }
+    }
+}
+
+impl HostState {
+    /// The guest's last stderr lines since [`forget_words`](Self::forget_words), joined.
+    pub fn last_words(&self) -> String {
+        self.words.lock().map(|w| w.iter().cloned().collect::<Vec<_>>().join(" | ")).unwrap_or_default()
+    }
+
+    pub fn forget_words(&mut self) {
+        if let Ok(mut w) = self.words.lock() {
+            w.clear();
         }
     }
 }
@@ -84,48 +185,64 @@ impl WasiView for HostState {
     }
 }
 
-/// A memory cap that remembers it was hit: with `trap_on_grow_failure` a failed grow is an
-/// error, not a `wasmtime::Trap`, and an allocator that sees `memory.grow` fail aborts with a
-/// plain `unreachable`; this flag is how both are told apart from other traps.
+/// The memory cap of one store: every linear memory of every core instance in it counts
+/// against one budget, so a component cannot multiply the cap by carrying many memories. It
+/// remembers it was hit: with `trap_on_grow_failure` a failed grow is an error, not a
+/// `wasmtime::Trap`, and an allocator that sees `memory.grow` fail aborts with a plain
+/// `unreachable`; this flag is how both are told apart from other traps.
 pub struct MemoryCap {
     pub max: usize,
     pub hit: bool,
+    /// Bytes of linear memory the store has now, all memories together.
+    pub used: usize,
+    /// Table elements the store has now, all tables together.
+    pub table_elements: usize,
 }
 
-/// Table elements an instance may have (function tables of ordinary guests are small).
+/// Table elements a store may have (function tables of ordinary guests are small).
 const MAX_TABLE_ELEMENTS: usize = 100_000;
 
 impl ResourceLimiter for MemoryCap {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        if desired > self.max {
+    fn memory_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let total = self.used.saturating_sub(current).saturating_add(desired);
+        if total > self.max {
             self.hit = true;
             return Ok(false);
         }
+        self.used = total;
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
-        Ok(desired <= MAX_TABLE_ELEMENTS)
+    fn table_growing(&mut self, current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+        let total = self.table_elements.saturating_sub(current).saturating_add(desired);
+        if total > MAX_TABLE_ELEMENTS {
+            return Ok(false);
+        }
+        self.table_elements = total;
+        Ok(true)
     }
 
     fn instances(&self) -> usize {
-        // A component instantiates a handful of core instances (its module plus adapters).
-        64
+        // A component instantiates a handful of core instances (its modules plus adapters; a
+        // componentize-py component about a dozen).
+        32
     }
 
     fn memories(&self) -> usize {
-        16
+        8
     }
 
     fn tables(&self) -> usize {
-        64
+        32
     }
 }
 
 /// Guest stdout/stderr, logged line by line with the backend's name.
 struct GuestOutput {
     backend: Arc<str>,
+    log: Arc<LogBudget>,
     stream: &'static str,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
 }
 
 impl IsTerminal for GuestOutput {
@@ -136,20 +253,34 @@ impl IsTerminal for GuestOutput {
 
 impl StdoutStream for GuestOutput {
     fn p2_stream(&self) -> Box<dyn OutputStream> {
-        Box::new(LineLogger { backend: self.backend.clone(), stream: self.stream, buf: Vec::new() })
+        Box::new(self.logger())
     }
 
     fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
-        Box::new(LineLogger { backend: self.backend.clone(), stream: self.stream, buf: Vec::new() })
+        Box::new(self.logger())
+    }
+}
+
+impl GuestOutput {
+    fn logger(&self) -> LineLogger {
+        LineLogger {
+            backend: self.backend.clone(),
+            log: self.log.clone(),
+            stream: self.stream,
+            tail: self.tail.clone(),
+            buf: Vec::new(),
+        }
     }
 }
 
 /// Longest line kept before it is logged anyway.
-const MAX_LINE: usize = 4096;
+const MAX_LINE: usize = 1024;
 
 struct LineLogger {
     backend: Arc<str>,
+    log: Arc<LogBudget>,
     stream: &'static str,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
     buf: Vec<u8>,
 }
 
@@ -168,7 +299,19 @@ impl LineLogger {
 
     fn emit(&mut self) {
         let line = String::from_utf8_lossy(&self.buf);
-        tracing::info!(backend = &*self.backend, stream = self.stream, "{line}");
+        if let Some(tail) = &self.tail
+            && !line.trim().is_empty()
+            && !line.starts_with("note: run with")
+            && let Ok(mut t) = tail.lock()
+        {
+            if t.len() == LAST_WORDS {
+                t.pop_front();
+            }
+            t.push_back(crate::untrusted::clip_to(line.trim(), 512).into_owned());
+        }
+        if self.log.admit(&self.backend) {
+            tracing::info!(backend = &*self.backend, stream = self.stream, "{line}");
+        }
         self.buf.clear();
     }
 }
@@ -209,5 +352,32 @@ impl tokio::io::AsyncWrite for LineLogger {
     }
     fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_cap_covers_all_memories_of_a_store_together() {
+        let mut cap = MemoryCap { max: 64 << 20, hit: false, used: 0, table_elements: 0 };
+        // Fourteen memories of 60 MiB each, as a component with many core instances would ask.
+        assert!(cap.memory_growing(0, 60 << 20, None).unwrap());
+        assert!(!cap.memory_growing(0, 60 << 20, None).unwrap(), "the second memory exceeds the store's cap");
+        assert!(cap.hit);
+        // Growing the first memory within the cap still works; the total is what counts.
+        assert!(cap.memory_growing(60 << 20, 64 << 20, None).unwrap());
+        assert!(!cap.memory_growing(0, 1, None).unwrap());
+        assert!(cap.table_growing(0, 60_000, None).unwrap());
+        assert!(!cap.table_growing(0, 60_000, None).unwrap());
+    }
+
+    #[test]
+    fn the_log_budget_admits_a_burst_then_drops_and_counts() {
+        let b = LogBudget::default();
+        let admitted = (0..10_000).filter(|_| b.admit("x")).count();
+        assert!((200..=260).contains(&admitted), "{admitted}");
+        assert!(b.dropped.load(Ordering::Relaxed) >= 9_000);
     }
 }

@@ -2,7 +2,7 @@
 import { execFileSync } from "node:child_process";
 
 const out = execFileSync("devplug", ["discover", "--backend", "{{name}}.wasm", "--manifest", "devplug.toml", "--sysfs-root", "tests/fixture/sys",
-  "--dev-root", "tests/fixture/dev", "--format", "json"], { encoding: "utf8" });
+  "--dev-root", "tests/fixture/dev", "--dev-fixtures", "--format", "json"], { encoding: "utf8" });
 const ids = JSON.parse(out).resources.flatMap((r) => r.devices.map((d) => d.id)).sort();
 if (JSON.stringify(ids) !== JSON.stringify(["{{name}}0", "{{name}}1"])) {
   console.error(`FAIL: discovered ${JSON.stringify(ids)}`);

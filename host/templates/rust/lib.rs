@@ -4,7 +4,7 @@
 //! Build: `cargo build --release --target wasm32-wasip2`
 //! Test:  `cargo test` (natively, against `tests/fixture/`)
 //! Try:   `devplug discover --backend target/wasm32-wasip2/release/{{crate}}.wasm --manifest devplug.toml \
-//!         --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev`
+//!         --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --dev-fixtures`
 
 use devplug_sdk::{Backend, BackendError, Device, Health, Info, NodeKind, Resource, ResourceInfo, Sys, edits, invalid_config};
 

@@ -45,7 +45,7 @@ impl Pre {
             ))
         })?;
         let mut linker: Linker<HostState> = Linker::new(engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(super::LoadError::internal)?;
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(super::LoadError::internal)?;
         match version.as_str() {
             "0.1.0" => {
                 v0_1_0::add_to_linker(&mut linker).map_err(super::LoadError::internal)?;
@@ -57,9 +57,9 @@ impl Pre {
         }
     }
 
-    pub fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Bindings> {
+    pub async fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Bindings> {
         match self {
-            Pre::V0_1_0(pre) => Ok(Bindings::V0_1_0(pre.instantiate(store)?)),
+            Pre::V0_1_0(pre) => Ok(Bindings::V0_1_0(pre.instantiate_async(store).await?)),
         }
     }
 
@@ -71,19 +71,19 @@ impl Pre {
 }
 
 impl Bindings {
-    pub fn init(&self, store: &mut Store<HostState>, config: &str) -> wasmtime::Result<GuestResult<BackendInfo>> {
+    pub async fn init(&self, store: &mut Store<HostState>, config: &str) -> wasmtime::Result<GuestResult<BackendInfo>> {
         match self {
-            Bindings::V0_1_0(b) => v0_1_0::init(b, store, config),
+            Bindings::V0_1_0(b) => v0_1_0::init(b, store, config).await,
         }
     }
 
-    pub fn discover(&self, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<Vec<Resource>>> {
+    pub async fn discover(&self, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<Vec<Resource>>> {
         match self {
-            Bindings::V0_1_0(b) => v0_1_0::discover(b, store),
+            Bindings::V0_1_0(b) => v0_1_0::discover(b, store).await,
         }
     }
 
-    pub fn preferred_allocation(
+    pub async fn preferred_allocation(
         &self,
         store: &mut Store<HostState>,
         resource: &str,
@@ -92,29 +92,31 @@ impl Bindings {
         size: u32,
     ) -> wasmtime::Result<GuestResult<Vec<String>>> {
         match self {
-            Bindings::V0_1_0(b) => v0_1_0::preferred_allocation(b, store, resource, available, must_include, size),
+            Bindings::V0_1_0(b) => {
+                v0_1_0::preferred_allocation(b, store, resource, available, must_include, size).await
+            }
         }
     }
 
-    pub fn allocate(
+    pub async fn allocate(
         &self,
         store: &mut Store<HostState>,
         resource: &str,
         ids: &[String],
     ) -> wasmtime::Result<GuestResult<ContainerEdits>> {
         match self {
-            Bindings::V0_1_0(b) => v0_1_0::allocate(b, store, resource, ids),
+            Bindings::V0_1_0(b) => v0_1_0::allocate(b, store, resource, ids).await,
         }
     }
 
-    pub fn pre_start(
+    pub async fn pre_start(
         &self,
         store: &mut Store<HostState>,
         resource: &str,
         ids: &[String],
     ) -> wasmtime::Result<GuestResult<()>> {
         match self {
-            Bindings::V0_1_0(b) => v0_1_0::pre_start(b, store, resource, ids),
+            Bindings::V0_1_0(b) => v0_1_0::pre_start(b, store, resource, ids).await,
         }
     }
 }

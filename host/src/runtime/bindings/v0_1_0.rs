@@ -7,19 +7,27 @@ use wasmtime::component::{HasSelf, Linker};
 use super::GuestResult;
 use crate::model;
 use crate::runtime::caps;
-use crate::runtime::state::HostState;
+use crate::runtime::state::{HostState, Sandbox};
+use crate::untrusted::clip;
 
 wasmtime::component::bindgen!({
     path: "../wit/since_v0.1.0",
     world: "devplug-backend",
+    // Async, so that a call blocked in a host function (a WASI sleep) can be cut off at its
+    // deadline by dropping the future; trappable, so a host import that fails inside the host
+    // traps this backend instead of taking the host down.
+    imports: { default: async | trappable },
+    exports: { default: async },
 });
 
 use self::devplug::backend::devfs::{Node, NodeKind};
 use self::devplug::backend::types::{BackendError, FsError};
 use exports::devplug::backend::backend as guest;
 
-/// Entries a single `devfs.glob` may walk over.
-const MAX_GLOB_ENTRIES: usize = 20_000;
+/// Directory entries a single `devfs.glob` may look at.
+const GLOB_BUDGET: usize = 100_000;
+/// Nodes a single `devfs.glob` may return.
+const MAX_GLOB_RESULTS: usize = 4096;
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     DevplugBackend::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
@@ -28,19 +36,27 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
 fn fs_error(e: caps::FsError) -> FsError {
     match e {
         caps::FsError::NotFound => FsError::NotFound,
-        caps::FsError::Denied(s) => FsError::Denied(s),
-        caps::FsError::InvalidPath(s) => FsError::InvalidPath(s),
-        caps::FsError::Io(s) => FsError::Io(s),
+        caps::FsError::Denied(s) => FsError::Denied(clip(&s).into_owned()),
+        caps::FsError::InvalidPath(s) => FsError::InvalidPath(clip(&s).into_owned()),
+        caps::FsError::Io(s) => FsError::Io(clip(&s).into_owned()),
     }
 }
 
 impl HostState {
-    /// Run a capability call, logging a refusal once per path.
-    fn checked<T>(&self, call: &str, path: &str, r: Result<T, caps::FsError>) -> Result<T, FsError> {
+    /// Run a capability call: a refusal is logged once per path, and a panic inside the host
+    /// (a devplug bug a backend found) becomes a trap of this backend, counted as its fault,
+    /// instead of unwinding through wasmtime.
+    fn checked<T>(
+        &self,
+        call: &str,
+        path: &str,
+        f: impl FnOnce(&HostState) -> Result<T, caps::FsError>,
+    ) -> wasmtime::Result<Result<T, FsError>> {
+        let r = host_call(&self.sandbox, call, || f(self))?;
         if let Err(e @ (caps::FsError::Denied(_) | caps::FsError::InvalidPath(_))) = &r {
-            self.sandbox.refusals.refused(&self.sandbox.backend, call, path, e);
+            self.sandbox.refusals.refused(&self.sandbox, call, path, e);
         }
-        r.map_err(fs_error)
+        Ok(r.map_err(fs_error))
     }
 
     fn stat_node(&self, path: &str) -> Result<Node, caps::FsError> {
@@ -55,56 +71,74 @@ impl HostState {
     }
 }
 
+/// `f`, with a panic turned into an error that traps the calling backend.
+fn host_call<T>(sandbox: &Sandbox, call: &str, f: impl FnOnce() -> T) -> wasmtime::Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        tracing::error!(backend = &*sandbox.backend, call, "host call panicked: {}", clip(&what));
+        wasmtime::Error::msg(format!("host call {call} failed inside the host: {}", clip(&what)))
+    })
+}
+
 impl self::devplug::backend::types::Host for HostState {}
 
 impl self::devplug::backend::sysfs::Host for HostState {
-    fn read(&mut self, path: String) -> Result<String, FsError> {
-        let r = self.sandbox.sysfs.read(&path);
-        self.checked("sysfs.read", &path, r)
+    async fn read(&mut self, path: String) -> wasmtime::Result<Result<String, FsError>> {
+        self.checked("sysfs.read", &path, |s| s.sandbox.sysfs.read(&path))
     }
 
-    fn list_dir(&mut self, path: String) -> Result<Vec<String>, FsError> {
-        let r = self.sandbox.sysfs.list(&path);
-        self.checked("sysfs.list-dir", &path, r)
+    async fn list_dir(&mut self, path: String) -> wasmtime::Result<Result<Vec<String>, FsError>> {
+        self.checked("sysfs.list-dir", &path, |s| s.sandbox.sysfs.list(&path))
     }
 
-    fn read_link(&mut self, path: String) -> Result<String, FsError> {
-        let r = self.sandbox.sysfs.read_link(&path);
-        self.checked("sysfs.read-link", &path, r)
+    async fn read_link(&mut self, path: String) -> wasmtime::Result<Result<String, FsError>> {
+        self.checked("sysfs.read-link", &path, |s| s.sandbox.sysfs.read_link(&path))
     }
 
-    fn canonical(&mut self, path: String) -> Result<String, FsError> {
-        let r = self.sandbox.sysfs.resolve(&path, true).map(|r| r.canonical);
-        self.checked("sysfs.canonical", &path, r)
+    async fn canonical(&mut self, path: String) -> wasmtime::Result<Result<String, FsError>> {
+        self.checked("sysfs.canonical", &path, |s| s.sandbox.sysfs.resolve(&path, true).map(|r| r.canonical))
     }
 }
 
 impl self::devplug::backend::devfs::Host for HostState {
-    fn stat(&mut self, path: String) -> Result<Node, FsError> {
-        let r = self.stat_node(&path);
-        self.checked("devfs.stat", &path, r)
+    async fn stat(&mut self, path: String) -> wasmtime::Result<Result<Node, FsError>> {
+        self.checked("devfs.stat", &path, |s| s.stat_node(&path))
     }
 
-    fn glob(&mut self, pattern: String) -> Result<Vec<Node>, FsError> {
-        let paths = self.sandbox.dev.glob(&pattern, MAX_GLOB_ENTRIES);
-        let paths = self.checked("devfs.glob", &pattern, paths)?;
+    async fn glob(&mut self, pattern: String) -> wasmtime::Result<Result<Vec<Node>, FsError>> {
+        let paths = match self.checked("devfs.glob", &pattern, |s| s.sandbox.dev.glob(&pattern, GLOB_BUDGET))? {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        if paths.len() > MAX_GLOB_RESULTS {
+            return Ok(Err(FsError::Io(format!("the pattern matches more than {MAX_GLOB_RESULTS} nodes"))));
+        }
         // An entry that matched but resolves somewhere ungranted is left out (and logged once).
-        Ok(paths
-            .iter()
-            .filter_map(|p| {
-                let r = self.stat_node(p);
-                self.checked("devfs.glob", p, r).ok()
-            })
-            .collect())
+        let mut nodes = Vec::with_capacity(paths.len());
+        for p in &paths {
+            if let Ok(n) = self.checked("devfs.glob", p, |s| s.stat_node(p))? {
+                nodes.push(n);
+            }
+        }
+        Ok(Ok(nodes))
     }
 }
 
+/// Characters of one guest log message kept.
+const MAX_LOG_MESSAGE: usize = 1024;
+
 impl self::devplug::backend::log::Host for HostState {
-    fn log(&mut self, level: self::devplug::backend::log::Level, message: String) {
+    async fn log(&mut self, level: self::devplug::backend::log::Level, message: String) -> wasmtime::Result<()> {
         use self::devplug::backend::log::Level;
         let backend = &*self.sandbox.backend;
-        // Guest text is bounded so a backend cannot write megabyte log lines.
-        let message: String = message.chars().take(4096).collect();
+        if !self.sandbox.log.admit(backend) {
+            return Ok(());
+        }
+        let message = crate::untrusted::clip_to(&message, MAX_LOG_MESSAGE);
         match level {
             Level::Trace => tracing::trace!(backend, "{message}"),
             Level::Debug => tracing::debug!(backend, "{message}"),
@@ -112,6 +146,7 @@ impl self::devplug::backend::log::Host for HostState {
             Level::Warn => tracing::warn!(backend, "{message}"),
             Level::Error => tracing::error!(backend, "{message}"),
         }
+        Ok(())
     }
 }
 
@@ -135,6 +170,7 @@ fn edits(e: self::devplug::backend::types::ContainerEdits) -> model::ContainerEd
                 container_path: n.container_path,
                 host_path: n.host_path,
                 permissions: n.permissions,
+                numbers: None,
             })
             .collect(),
         mounts: e
@@ -169,12 +205,12 @@ fn resource(r: self::devplug::backend::types::Resource) -> model::Resource {
     }
 }
 
-pub fn init(
+pub async fn init(
     b: &DevplugBackend,
     store: &mut Store<HostState>,
     config: &str,
 ) -> wasmtime::Result<GuestResult<model::BackendInfo>> {
-    Ok(b.devplug_backend_backend().call_init(store, config)?.map_err(backend_error).map(|i| model::BackendInfo {
+    Ok(b.devplug_backend_backend().call_init(store, config).await?.map_err(backend_error).map(|i| model::BackendInfo {
         name: i.name,
         version: i.version,
         resources: i
@@ -191,17 +227,18 @@ pub fn init(
     }))
 }
 
-pub fn discover(
+pub async fn discover(
     b: &DevplugBackend,
     store: &mut Store<HostState>,
 ) -> wasmtime::Result<GuestResult<Vec<model::Resource>>> {
     Ok(b.devplug_backend_backend()
-        .call_discover(store)?
+        .call_discover(store)
+        .await?
         .map_err(backend_error)
         .map(|rs| rs.into_iter().map(resource).collect()))
 }
 
-pub fn preferred_allocation(
+pub async fn preferred_allocation(
     b: &DevplugBackend,
     store: &mut Store<HostState>,
     res: &str,
@@ -210,23 +247,23 @@ pub fn preferred_allocation(
     size: u32,
 ) -> wasmtime::Result<GuestResult<Vec<String>>> {
     let g: &guest::Guest = b.devplug_backend_backend();
-    Ok(g.call_preferred_allocation(store, res, available, must_include, size)?.map_err(backend_error))
+    Ok(g.call_preferred_allocation(store, res, available, must_include, size).await?.map_err(backend_error))
 }
 
-pub fn allocate(
+pub async fn allocate(
     b: &DevplugBackend,
     store: &mut Store<HostState>,
     res: &str,
     ids: &[String],
 ) -> wasmtime::Result<GuestResult<model::ContainerEdits>> {
-    Ok(b.devplug_backend_backend().call_allocate(store, res, ids)?.map_err(backend_error).map(edits))
+    Ok(b.devplug_backend_backend().call_allocate(store, res, ids).await?.map_err(backend_error).map(edits))
 }
 
-pub fn pre_start(
+pub async fn pre_start(
     b: &DevplugBackend,
     store: &mut Store<HostState>,
     res: &str,
     ids: &[String],
 ) -> wasmtime::Result<GuestResult<()>> {
-    Ok(b.devplug_backend_backend().call_pre_start(store, res, ids)?.map_err(backend_error))
+    Ok(b.devplug_backend_backend().call_pre_start(store, res, ids).await?.map_err(backend_error))
 }

@@ -1,0 +1,89 @@
+//! Sandbox figures for docs/security.md and docs/BENCHMARKS.md (a plain bench binary, not
+//! criterion: these are worst cases, not averages): how far past its deadline a guest call that
+//! spins or sleeps in WASI ends, and the host's peak RSS above idle while a backend floods it
+//! with refused paths, log lines, a huge error and too many devices.
+//!
+//! `cargo bench -p devplug --bench sandbox`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use devplug::runtime::caps::{Capabilities, Globs};
+use devplug::runtime::state::Sandbox;
+use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
+
+fn chaos() -> Vec<u8> {
+    let (wasm, _) = devplug::backends::embedded::test_program("chaos").expect("chaos");
+    std::fs::read(wasm).expect("read chaos")
+}
+
+fn sandbox(root: &std::path::Path) -> Sandbox {
+    let g = Globs {
+        dev: vec!["null".into()],
+        sysfs: vec!["**".into()],
+        resources: vec!["test.devplug.io/*".into()],
+        ..Globs::default()
+    };
+    let caps = Capabilities::new(&g, &g).expect("caps");
+    Sandbox::new("chaos", &caps, &root.join("sys"), &root.join("dev"), true, 64 << 20)
+}
+
+/// Peak resident set of this process so far, in KiB.
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn main() {
+    // Only run under `cargo bench` (cargo test passes no --bench flag to harness=false benches).
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    let bytes = chaos();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(dir.path().join("dev")).expect("dev");
+    std::fs::create_dir_all(dir.path().join("sys")).expect("sys");
+    std::fs::write(dir.path().join("dev/null"), "c 1:3").expect("null");
+    let deadline = Duration::from_millis(250);
+    let rt: Arc<Runtime> = Runtime::new(RuntimeConfig {
+        call_deadline: deadline,
+        discover_deadline: Duration::from_secs(2),
+        ..RuntimeConfig::default()
+    })
+    .expect("runtime");
+    let load = |config: &str| BackendInstance::load(&rt, &bytes, config.into(), sandbox(dir.path())).expect("load");
+
+    let inst = load("devices=2");
+    for id in ["spin-0", "sleep-0"] {
+        let mut overruns: Vec<Duration> = (0..20)
+            .map(|_| {
+                let t0 = Instant::now();
+                let _ = inst.allocate("test.devplug.io/widget", &[id.into()]);
+                t0.elapsed().saturating_sub(deadline)
+            })
+            .collect();
+        overruns.sort();
+        println!(
+            "allocate {id} vs a {deadline:?} deadline: overrun p50 {:?}, max {:?} (20 calls)",
+            overruns[10], overruns[19]
+        );
+    }
+
+    let idle = peak_rss_kib();
+    println!("host peak RSS before the floods: {} MiB", idle / 1024);
+    for mode in ["mode=path-flood", "mode=log-flood", "mode=huge-error", "mode=glob-bomb", "devices=200000"] {
+        let t0 = Instant::now();
+        let outcome =
+            load(mode).discover().map(|r| r.len()).map_err(|e| e.to_string().chars().take(80).collect::<String>());
+        println!(
+            "{mode}: {:?} in {:?}; peak RSS now {} MiB above idle",
+            outcome,
+            t0.elapsed(),
+            peak_rss_kib().saturating_sub(idle) / 1024
+        );
+    }
+}

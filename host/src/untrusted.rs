@@ -1,0 +1,43 @@
+//! Text that came from a backend (a path it asked for, an error it returned, a panic message) is
+//! outsider input: before it reaches a log line, an error, `/status` or kubelet it is clipped, so
+//! a backend cannot make the host store or print megabytes.
+
+use std::borrow::Cow;
+
+/// Characters of outsider text kept in logs, errors and status.
+pub const CLIP: usize = 256;
+
+/// `text` if it is short; else its first [`CLIP`] characters, its length and a short sha256, so
+/// two different long strings still read differently.
+pub fn clip(text: &str) -> Cow<'_, str> {
+    clip_to(text, CLIP)
+}
+
+/// [`clip`] with another length (panic messages get more room).
+pub fn clip_to(text: &str, keep: usize) -> Cow<'_, str> {
+    match text.char_indices().nth(keep) {
+        None => Cow::Borrowed(text),
+        Some((cut, _)) => {
+            use sha2::{Digest, Sha256};
+            let digest = hex::encode(&Sha256::digest(text.as_bytes())[..4]);
+            Cow::Owned(format!("{}… ({} bytes, sha256 {digest}…)", &text[..cut], text.len()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_cut_and_stays_distinguishable() {
+        assert_eq!(clip("short"), "short");
+        let a = clip(&"a".repeat(10_000)).into_owned();
+        let b = clip(&format!("{}b", "a".repeat(9_999))).into_owned();
+        assert!(a.len() < CLIP + 64, "{a}");
+        assert!(a.contains("10000 bytes"), "{a}");
+        assert_ne!(a, b, "the hash tells them apart");
+        // Multi-byte characters are cut on a boundary, not through one.
+        assert!(clip(&"é".repeat(1000)).starts_with("éé"));
+    }
+}

@@ -1,0 +1,278 @@
+//! The escape suite: the hostile `chaos` backend, one mode per attack class of the sandbox
+//! threat model (docs/security.md), run through the real `devplug` binary and the kubelet
+//! stand-in. Each test asserts the attack is refused or contained, and that the host and the
+//! other backends carry on.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use devplug::config::Config;
+use devplug::proto::deviceplugin as pb;
+use support::Kubelet;
+use support::binary::{Devplug, run, run_args};
+use support::daemon::{WIDGET, chaos_paths};
+use support::fixtures::Machine;
+
+const T: Duration = Duration::from_secs(30);
+
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")
+}
+
+/// A machine with the nodes the attacks name: chaos is granted `null` and `zero` only.
+fn machine() -> Machine {
+    let m = Machine::generic_box();
+    m.node("zero", 'c', 1, 5).node("mem", 'c', 1, 1).node("sda", 'b', 8, 0).node("shm/planted", 'c', 1, 1);
+    m
+}
+
+/// `dir/NAME.wasm` (the chaos component) with `NAME.toml` (its manifest with `config`).
+fn backend(dir: &Path, name: &str, config: &str) -> PathBuf {
+    let (wasm, manifest) = chaos_paths();
+    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
+    std::fs::write(dir.join(format!("{name}.toml")), format!("config = \"{config}\"\n{requests}")).unwrap();
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::copy(wasm, &path).unwrap();
+    path
+}
+
+/// `devplug discover` of one chaos backend on `m`: (exit code, JSON, stderr).
+fn discover(m: &Machine, config: &str) -> (i32, serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = backend(dir.path(), "chaos", config);
+    let s = |p: &Path| p.display().to_string();
+    let (code, out, err) = run(&[
+        "discover",
+        "--backend",
+        &s(&wasm),
+        "--sysfs-root",
+        &s(&m.sys()),
+        "--dev-root",
+        &s(&m.dev()),
+        "--dev-fixtures",
+        "--cache-dir",
+        &s(&cache_dir()),
+        "--format",
+        "json",
+    ]);
+    let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{config}: {e}\nstdout: {out}\nstderr: {err}"));
+    (code, v, err)
+}
+
+fn devices(v: &serde_json::Value, resource: &str) -> usize {
+    v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == resource)
+        .map_or(0, |r| r["devices"].as_array().unwrap().len())
+}
+
+/// The attacks on what a backend hands containers, and what each refusal must say.
+const EVIL: &[(&str, &str)] = &[
+    ("dev-sda", "sda is not requested"),
+    ("dev-mem", "mem is not requested"),
+    ("innocent-mem", "mem is not requested"),
+    ("shm-planted", "shm/planted is not requested"),
+    ("mount-root", "root is never mounted"),
+    ("mount-containerd", "not requested in the backend's manifest ([requests] mounts)"),
+    ("mount-kubelet", "not requested in the backend's manifest ([requests] mounts)"),
+    ("mount-proc", "not requested in the backend's manifest ([requests] mounts)"),
+    ("env-ld-preload", "LD_PRELOAD changes how programs load"),
+    ("annotation-cdi", "cdi.k8s.io/ keys are the host's to write"),
+    ("annotation-other", "not requested in the backend's manifest ([requests] annotations)"),
+];
+
+#[test]
+fn discover_answers_with_edits_outside_the_grants_are_refused_whole() {
+    let m = machine();
+    // The control: the same backend with honest edits serves its devices.
+    let (code, v, err) = discover(&m, "devices=3");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(devices(&v, WIDGET), 3);
+    for (kind, needle) in EVIL {
+        let (code, v, err) = discover(&m, &format!("devices=3 evil={kind}"));
+        assert_ne!(code, 0, "{kind}: discover must fail when the host refuses the answer");
+        assert_eq!(devices(&v, WIDGET), 0, "{kind}: no device of a refused answer is served");
+        let errors = v["errors"].to_string();
+        assert!(errors.contains(needle), "{kind}: {errors}\n{err}");
+        assert!(errors.contains("device widget-0"), "{kind}: the error names the device: {errors}");
+    }
+}
+
+#[test]
+fn a_backend_cannot_serve_a_resource_name_outside_its_grant() {
+    let (code, v, err) = discover(&machine(), "resource=nvidia.com/gpu devices=2");
+    assert_ne!(code, 0, "{err}");
+    assert!(v["resources"].as_array().unwrap().is_empty(), "{v}");
+    // Not claimed at init, and an answer that carries it anyway is refused whole.
+    assert!(err.contains("resource not served: resource name nvidia.com/gpu"), "{err}");
+    assert!(v["errors"].to_string().contains("([requests] resources)"), "{}", v["errors"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_answers_outside_the_grants_are_refused_and_the_backend_keeps_serving() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    // Device IDs kubelet will ask for: `evil-KIND` makes chaos's allocate return that attack.
+    let ids: Vec<String> = EVIL.iter().map(|(k, _)| format!("evil-{k}")).collect();
+    backend(&backends, "chaos", &format!("devices={} names=widget-0,{}", ids.len() + 1, ids.join(",")));
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(["--cache-dir".into(), cache_dir().display().to_string()]);
+    let d = Devplug::spawn(&args);
+    let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap();
+    let allocate = |ids: &[&str]| {
+        let mut client = plugin.client.clone();
+        let req = pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+            }],
+        };
+        async move { client.allocate(req).await }
+    };
+    for (kind, needle) in EVIL {
+        let status = allocate(&[&format!("evil-{kind}")]).await.expect_err(kind);
+        assert!(status.message().contains(needle), "{kind}: {}", status.message());
+        assert!(status.message().contains("refused"), "{kind}: {}", status.message());
+    }
+    let ok = allocate(&["widget-0"]).await.unwrap().into_inner();
+    assert_eq!(ok.container_responses[0].envs["CHAOS_IDS"], "widget-0", "honest answers still pass");
+    assert!(ok.container_responses[0].devices.iter().all(|n| n.host_path == "/dev/null"));
+    let log = d.log();
+    assert!(log.contains("answer refused") && log.contains("backend=chaos"), "{log}");
+}
+
+/// One backend hangs in a WASI sleep (a host call no epoch deadline interrupts) with a
+/// 60-second discover deadline: the other backend's devices keep changing in kubelet at its own
+/// poll cadence, and SIGTERM still ends devplug at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_backend_stalls_neither_the_others_nor_shutdown() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    backend(&backends, "chaos", "mode=churn devices=3");
+    backend(&backends, "sleepy", "mode=sleep-discover resource=test.devplug.io/sleepy");
+    let cfg = root.path().join("devplug.toml");
+    std::fs::write(&cfg, "[limits]\ndiscover_timeout = \"60s\"\n").unwrap();
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(
+        ["--cache-dir", &cache_dir().display().to_string(), "--config", &cfg.display().to_string()].map(str::to_owned),
+    );
+    args.extend(["--poll-interval".into(), "100ms".into()]);
+    let mut d = Devplug::spawn(&args);
+    let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap();
+    // churn flips the list on every poll: ten more lists while sleepy's first discover still
+    // sleeps (it would take a minute).
+    let mut lists = plugin.devices.clone();
+    for i in 0..10 {
+        tokio::time::timeout(T, lists.changed())
+            .await
+            .unwrap_or_else(|_| panic!("list {i}: the widget stream stalled\n{}", d.log()))
+            .unwrap();
+    }
+    assert!(kubelet.plugin("test.devplug.io/sleepy").await.is_none(), "sleepy never answered, so never served");
+    let t0 = Instant::now();
+    let st = d.terminate(T).unwrap();
+    let took = t0.elapsed();
+    assert!(st.success(), "{st:?}\n{}", d.log());
+    eprintln!("SIGTERM to exit with a backend asleep in discover: {took:?}");
+    assert!(took < Duration::from_secs(10), "shutdown waited for the sleeping backend: {took:?}");
+}
+
+/// SIGTERM while a backend's `init` sleeps (deadline 60 s) at start: devplug exits promptly.
+#[test]
+fn sigterm_during_a_sleeping_init_exits_promptly() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    backend(&backends, "sleepy", "mode=sleep-init");
+    let cfg = root.path().join("devplug.toml");
+    std::fs::write(&cfg, "[limits]\ndiscover_timeout = \"60s\"\n").unwrap();
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(
+        ["--cache-dir", &cache_dir().display().to_string(), "--config", &cfg.display().to_string()].map(str::to_owned),
+    );
+    let mut d = Devplug::spawn(&args);
+    d.wait_log("chaos: napping", T).unwrap();
+    let t0 = Instant::now();
+    let st = d.terminate(T).unwrap();
+    let took = t0.elapsed();
+    assert!(st.success(), "{st:?}\n{}", d.log());
+    eprintln!("SIGTERM to exit with a backend asleep in init: {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(!d.log().contains("backends loaded"), "the sleeping init was still under way:\n{}", d.log());
+}
+
+#[test]
+fn host_calls_built_to_break_the_host_are_errors() {
+    let (code, v, err) = discover(&machine(), "mode=glob-bomb");
+    assert_eq!(code, 0, "{err}");
+    let bomb = &v["resources"][0]["devices"][0]["attributes"];
+    for i in 0..4 {
+        let got = bomb[format!("attempt:glob-{i}")].as_str().unwrap_or("missing");
+        assert!(got.starts_with("Err("), "glob-{i}: {got}");
+    }
+    // A legal but deep pattern is answered (within the walk's budget), not a hang.
+    assert!(bomb["attempt:glob-4"].as_str().is_some_and(|g| g.starts_with("Ok(")), "{bomb}");
+}
+
+#[test]
+fn floods_are_clipped_and_rate_limited() {
+    let m = machine();
+    // 300 distinct refused 1 MiB paths: each refused, none logged whole, few logged at all.
+    let (code, v, err) = discover(&m, "mode=path-flood");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(v["resources"][0]["devices"][0]["attributes"]["refused"], "300");
+    assert!(err.len() < 256 << 10, "{} bytes of log for a path flood", err.len());
+    assert!(err.lines().all(|l| l.len() < 4096), "a log line carries a whole path");
+    // Thirty thousand lines through log, stdout and stderr.
+    let (code, _, err) = discover(&m, "mode=log-flood");
+    assert_eq!(code, 0, "{err}");
+    let lines = err.lines().filter(|l| l.contains("flood")).count();
+    assert!(lines <= 400, "{lines} flood lines reached the log");
+    assert!(err.contains("dropped"), "the drop is said: {}", &err[err.len().saturating_sub(2000)..]);
+    // A 30 MB error string.
+    let (code, v, err) = discover(&m, "mode=huge-error");
+    assert_ne!(code, 0);
+    let errors = v["errors"].to_string();
+    assert!(errors.len() < 4096 && errors.contains("bytes, sha256"), "{}", &errors[..errors.len().min(500)]);
+    assert!(err.len() < 64 << 10, "{} bytes of log", err.len());
+    // More devices than the host takes.
+    let (code, v, _) = discover(&m, "devices=20000");
+    assert_ne!(code, 0);
+    assert!(v["errors"].to_string().contains("more than 8192"), "{}", v["errors"]);
+}
+
+#[test]
+fn a_file_cannot_take_another_backends_name_or_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    // A manifest that claims the embedded generic backend's name.
+    backend(dir.path(), "impostor", "devices=1");
+    let toml = dir.path().join("impostor.toml");
+    let text = std::fs::read_to_string(&toml).unwrap();
+    std::fs::write(&toml, format!("name = \"generic\"\n{text}")).unwrap();
+    // A file named like an embedded backend, without the operator's consent.
+    backend(dir.path(), "gpu", "devices=1");
+    let cfg = Config { backends_dir: Some(dir.path().to_owned()), ..Config::default() };
+    let (srcs, problems) = devplug::app::sources(&cfg);
+    let all = problems.join("\n");
+    assert!(all.contains("cannot take another backend's name"), "{all}");
+    assert!(all.contains("set [backends.gpu] replace_embedded = true"), "{all}");
+    let from_dir: Vec<&str> =
+        srcs.iter().filter(|s| s.origin != devplug::backends::Origin::Embedded).map(|s| s.name.as_str()).collect();
+    assert!(from_dir.is_empty(), "{from_dir:?}");
+    // With consent, the file replaces the embedded one.
+    let cfg =
+        Config::parse(&format!("backends_dir = {:?}\n[backends.gpu]\nreplace_embedded = true\n", dir.path())).unwrap();
+    let (srcs, _) = devplug::app::sources(&cfg);
+    let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
+    assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
+}
