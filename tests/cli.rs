@@ -116,6 +116,11 @@ fn discover_on_this_machine_lists_what_is_really_there() {
     // when it does not: assert exactly what this machine has.
     use std::os::unix::fs::FileTypeExt;
     let is_char = |p: &str| std::fs::metadata(p).map(|m| m.file_type().is_char_device()).unwrap_or(false);
+    for node in ["/dev/kvm", "/dev/net/tun", "/dev/fuse"] {
+        if !is_char(node) {
+            eprintln!("no {node} on this machine: this test only checks that devplug lists none");
+        }
+    }
     assert_eq!(count("devplug.io/kvm"), Some(if is_char("/dev/kvm") { 16 } else { 0 }));
     assert_eq!(count("devplug.io/tun"), Some(if is_char("/dev/net/tun") { 16 } else { 0 }));
     assert_eq!(count("devplug.io/fuse"), Some(if is_char("/dev/fuse") { 16 } else { 0 }));
@@ -156,6 +161,9 @@ fn discover_on_this_machine_finds_its_real_pci_nics() {
         }
     }
     expected.sort();
+    if expected.is_empty() {
+        eprintln!("no PCI NIC on this machine: this test only checks that devplug lists none");
+    }
     let mut listed = listed;
     listed.sort();
     assert_eq!(listed, expected, "devplug's NICs vs /sys/class/net");

@@ -317,3 +317,67 @@ fn wire_format_matches_upstream_field_numbers() {
     );
     assert_eq!(devplug::proto::podresources::pod_resources_lister_server::SERVICE_NAME, "v1.PodResourcesLister");
 }
+
+/// Issue 18's scenario, the way a node sees it: devplug (the real binary) serves three resources;
+/// kubelet dies (its streams close, its socket file stays, dead), starts again 30 ms later, wipes
+/// the plugin sockets and listens on a new `kubelet.sock`, and dials each plugin back inside
+/// `Register`. A hundred times: every restart must cost exactly one Register per resource, none
+/// failing, and each ListAndWatch must resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_kubelet_restarts_cost_one_clean_registration_per_resource_each() {
+    use support::binary::{Devplug, run_args};
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("device-plugins"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    let (wasm, manifest) = support::daemon::chaos_paths();
+    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
+    let resources: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
+    for (i, r) in resources.iter().enumerate() {
+        std::fs::copy(&wasm, backends.join(format!("w{}.wasm", i + 1))).unwrap();
+        std::fs::write(
+            backends.join(format!("w{}.toml", i + 1)),
+            format!("config = \"resource={r} devices=2\"\n{requests}"),
+        )
+        .unwrap();
+    }
+    let m = Machine::generic_box();
+    let mut kubelet = Kubelet::start(&kdir).await;
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(["--cache-dir".into(), cache.display().to_string()]);
+    let mut d = Devplug::spawn(&args);
+    kubelet.wait_for(T, "three registrations", |k| k.registrations() == 3).await.unwrap();
+    const RESTARTS: u64 = 100;
+    let mut resumed = Vec::new();
+    for i in 1..=RESTARTS {
+        kubelet.restart_after(Duration::from_millis(30)).await;
+        let t0 = Instant::now();
+        kubelet
+            .wait_for(T, &format!("restart {i}: three registrations"), |k| k.registrations() >= 3 * (i + 1))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        for r in &resources {
+            kubelet.wait_devices(r, T, |l| l.len() == 2).await.unwrap_or_else(|e| panic!("restart {i}, {r}: {e}"));
+        }
+        resumed.push(t0.elapsed());
+    }
+    // Any duplicate Register of the last restart would have landed by the time each resource's
+    // server answered a call.
+    for r in &resources {
+        let mut c = kubelet.plugin(r).await.unwrap().client;
+        c.get_device_plugin_options(pb::Empty {}).await.unwrap();
+    }
+    assert_eq!(kubelet.registrations(), 3 * (RESTARTS + 1), "exactly one Register per resource per restart");
+    assert!(kubelet.refusals().is_empty(), "kubelet refused: {:?}", kubelet.refusals());
+    let log = d.log();
+    assert_eq!(log.matches("registration failed").count(), 0, "{log}");
+    assert_eq!(log.matches("registered with kubelet").count() as u64, 3 * (RESTARTS + 1));
+    resumed.sort();
+    eprintln!(
+        "{RESTARTS} restarts, new kubelet.sock → all three ListAndWatch streams resumed: p50 {:?}, p99 {:?}, max {:?}",
+        resumed[resumed.len() / 2],
+        resumed[resumed.len() * 99 / 100],
+        resumed[resumed.len() - 1]
+    );
+    d.terminate(T).unwrap();
+}

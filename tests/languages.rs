@@ -184,7 +184,7 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
                 "cargo test",
                 "cargo build --release --target wasm32-wasip2",
                 "devplug discover --backend \"$CARGO_TARGET_DIR/wasm32-wasip2/release/demo.wasm\" --manifest devplug.toml \
-                 --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --format json > found.json",
+                 --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --dev-fixtures --format json > found.json",
             ],
         ),
         ("python", vec!["./test.sh"]),

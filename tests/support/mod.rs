@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use devplug::kubelet::uds;
 use devplug::proto::deviceplugin as pb;
 use devplug::proto::pluginregistration as pr;
 use tokio::sync::{Mutex, watch};
@@ -36,6 +35,34 @@ use tonic::{Request, Response, Status};
 
 /// Kubelet's dial timeout when it connects back to a plugin.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The stand-in's own Unix-socket plumbing, so a bug in devplug's (`devplug::kubelet::uds`)
+/// cannot hide itself in tests.
+pub mod uds {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    use tonic::transport::{Channel, Endpoint};
+
+    /// Listen on `path` as kubelet does: whatever was there is removed first.
+    pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+        let _ = std::fs::remove_file(path);
+        tokio::net::UnixListener::bind(path)
+    }
+
+    /// Dial `path` blocking, as kubelet's `grpc.DialContext(..., WithBlock())` with authority
+    /// `localhost`.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<Channel, tonic::transport::Error> {
+        let path: PathBuf = path.to_owned();
+        Endpoint::from_static("http://localhost")
+            .connect_timeout(timeout)
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move { tokio::net::UnixStream::connect(path).await.map(hyper_util::rt::TokioIo::new) }
+            }))
+            .await
+    }
+}
 
 /// A plugin kubelet currently knows.
 #[derive(Clone)]
@@ -142,7 +169,18 @@ impl Kubelet {
     /// What a kubelet restart does: drop every plugin connection, wipe the device-plugins dir
     /// (every socket in it), and serve a new `kubelet.sock`.
     pub async fn restart(&mut self) {
-        self.shutdown().await;
+        self.restart_after(Duration::ZERO).await;
+    }
+
+    /// A kubelet restart as a real node sees it: the old kubelet dies (its streams close, its
+    /// `kubelet.sock` stays behind, dead), `gap` later the new one starts, wipes every socket in
+    /// the dir (upstream's `Start`: stale sockets are the plugins' signal) and listens on a new
+    /// `kubelet.sock` — often with the old one's inode on ext4 and tmpfs.
+    pub async fn restart_after(&mut self, gap: Duration) {
+        self.stop_serving().await;
+        if !gap.is_zero() {
+            tokio::time::sleep(gap).await;
+        }
         for entry in std::fs::read_dir(&self.dir).expect("read kubelet dir").flatten() {
             let _ = std::fs::remove_file(entry.path());
         }
@@ -150,8 +188,8 @@ impl Kubelet {
         self.boot();
     }
 
-    /// Kubelet goes away (and its socket with it).
-    pub async fn shutdown(&mut self) {
+    /// Kubelet's process ends: connections drop, the socket file stays.
+    async fn stop_serving(&mut self) {
         self.stop.cancel();
         for t in self.tasks.drain(..) {
             let _ = t.await;
@@ -160,6 +198,11 @@ impl Kubelet {
         for (_, (_, cancel)) in plugins {
             cancel.cancel();
         }
+    }
+
+    /// Kubelet goes away (and its socket with it).
+    pub async fn shutdown(&mut self) {
+        self.stop_serving().await;
         let _ = std::fs::remove_file(self.dir.join(pb::KUBELET_SOCKET));
     }
 

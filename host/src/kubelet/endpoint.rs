@@ -199,6 +199,24 @@ async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: Option<&Path>) -> bool 
     }
 }
 
+/// How long a sign of a kubelet restart (our stream closed, our socket gone) waits for the new
+/// `kubelet.sock` before devplug registers again anyway (kubelet dropped us without restarting).
+const RESTART_GRACE: Duration = Duration::from_secs(10);
+/// How often the wait for a new kubelet looks again without an event.
+const RECHECK: Duration = Duration::from_millis(250);
+
+/// One serving generation: the server on our socket and the socket file it bound.
+struct Generation {
+    stop: CancellationToken,
+    server: JoinHandle<()>,
+    tracker: Arc<StreamTracker>,
+    socket: Option<(u64, i64, i64)>,
+}
+
+/// A kubelet restart fires several signs at once (its streams close, it wipes our socket, it
+/// re-creates `kubelet.sock`). They are taken as one: after the first, devplug waits for the new
+/// `kubelet.sock`, re-serves only if its own socket is really gone (a socket kubelet may be
+/// dialing is never replaced), and registers once, with the server already answering.
 async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
     let resource = handle.name.clone();
     let sock_name = names::socket_file_name(&resource);
@@ -206,32 +224,40 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
     let kubelet_sock = ctx.paths.device_plugin_dir.join(KUBELET_SOCKET);
     let mut reason = "start";
     let mut backoff = FIRST_BACKOFF;
-    'serve: loop {
-        let stop = ctx.cancel.child_token();
-        let tracker = Arc::new(StreamTracker::default());
-        let svc = DevicePluginService::new(handle.clone(), tracker.clone(), stop.clone());
-        let server = match serve(&sock_path, svc, None, stop.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
-                if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
-                    return;
+    let mut current: Option<Generation> = None;
+    loop {
+        // Serve, unless the socket we bound is still there.
+        let gen_ = match current.take() {
+            Some(g) if g.socket.is_some() && file_id(&sock_path) == g.socket => g,
+            stale => {
+                if let Some(g) = stale {
+                    stop_server(&g.stop, g.server).await;
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                continue;
+                let stop = ctx.cancel.child_token();
+                let tracker = Arc::new(StreamTracker::default());
+                let svc = DevicePluginService::new(handle.clone(), tracker.clone(), stop.clone());
+                match serve(&sock_path, svc, None, stop.clone()) {
+                    Ok(server) => Generation { stop, server, tracker, socket: file_id(&sock_path) },
+                    Err(e) => {
+                        tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
+                        if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
+                            return;
+                        }
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                }
             }
         };
 
         // Register, waiting for kubelet and backing off on refusals.
         let mut said_waiting = false;
-        let kubelet_id = loop {
+        let registered = loop {
             if ctx.cancel.is_cancelled() {
-                return finish(&stop, server, &sock_path).await;
+                return finish(&gen_.stop, gen_.server, &sock_path).await;
             }
-            if !sock_path.exists() {
-                stop_server(&stop, server).await;
-                reason = "plugin socket deleted";
-                continue 'serve;
+            if file_id(&sock_path) != gen_.socket {
+                break None;
             }
             if !kubelet_sock.exists() {
                 if !said_waiting {
@@ -240,22 +266,27 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
                 }
                 ctx.state.send_replace(EndpointState::WaitingForKubelet);
                 if !pause(&mut ctx, MAX_BACKOFF, Some(&kubelet_sock)).await {
-                    return finish(&stop, server, &sock_path).await;
+                    return finish(&gen_.stop, gen_.server, &sock_path).await;
                 }
                 continue;
             }
             let id = file_id(&kubelet_sock);
             match register(&kubelet_sock, &sock_name, &handle).await {
-                Ok(()) => break id,
+                Ok(()) => break Some(id),
                 Err(e) => {
                     tracing::warn!(resource = %resource, error = %e, retry_in = ?backoff, "registration failed");
                     ctx.state.send_replace(EndpointState::Refused(e.to_string()));
                     if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
-                        return finish(&stop, server, &sock_path).await;
+                        return finish(&gen_.stop, gen_.server, &sock_path).await;
                     }
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
+        };
+        let Some(kubelet_id) = registered else {
+            // Our socket went away before kubelet took it: serve it again first.
+            current = Some(gen_);
+            continue;
         };
         backoff = FIRST_BACKOFF;
         ctx.registrations.fetch_add(1, Ordering::Relaxed);
@@ -268,26 +299,42 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
         // Serve until something says kubelet restarted.
         reason = loop {
             tokio::select! {
-                _ = ctx.cancel.cancelled() => return finish(&stop, server, &sock_path).await,
-                _ = tracker.all_closed() => break "kubelet closed ListAndWatch",
+                _ = ctx.cancel.cancelled() => return finish(&gen_.stop, gen_.server, &sock_path).await,
+                _ = gen_.tracker.all_closed() => break "kubelet closed ListAndWatch",
                 ev = ctx.events.recv() => match ev {
                     Ok(DirEvent::Created(p)) if p == kubelet_sock && file_id(&kubelet_sock) != kubelet_id => {
                         break "kubelet.sock re-created"
                     }
-                    Ok(DirEvent::Removed(p)) if p == sock_path && !sock_path.exists() => break "plugin socket deleted",
+                    Ok(DirEvent::Removed(p)) if p == sock_path && file_id(&sock_path) != gen_.socket => break "plugin socket deleted",
                     Err(broadcast::error::RecvError::Lagged(_))
-                        if !sock_path.exists() || file_id(&kubelet_sock) != kubelet_id =>
+                        if file_id(&sock_path) != gen_.socket || file_id(&kubelet_sock) != kubelet_id =>
                     {
                         break "kubelet dir changed"
                     }
-                    Err(broadcast::error::RecvError::Closed) => return finish(&stop, server, &sock_path).await,
+                    Err(broadcast::error::RecvError::Closed) => return finish(&gen_.stop, gen_.server, &sock_path).await,
                     _ => {}
                 },
             }
         };
-        tracing::info!(resource = %resource, reason, "kubelet restarted; serving and registering again");
         ctx.state.send_replace(EndpointState::Starting);
-        stop_server(&stop, server).await;
+        tracing::info!(resource = %resource, reason, "kubelet is restarting; waiting for its new socket");
+        // The other signs of the same restart arrive now: wait for the new kubelet.sock (or,
+        // if none comes, re-register with the one there is).
+        let give_up = tokio::time::Instant::now() + RESTART_GRACE;
+        loop {
+            let now = file_id(&kubelet_sock);
+            if (now.is_some() && now != kubelet_id) || tokio::time::Instant::now() >= give_up {
+                break;
+            }
+            tokio::select! {
+                _ = ctx.cancel.cancelled() => return finish(&gen_.stop, gen_.server, &sock_path).await,
+                _ = tokio::time::sleep(RECHECK) => {}
+                ev = ctx.events.recv() => if let Err(broadcast::error::RecvError::Closed) = ev {
+                    return finish(&gen_.stop, gen_.server, &sock_path).await;
+                },
+            }
+        }
+        current = Some(gen_);
     }
 }
 

@@ -292,7 +292,9 @@ impl BackendInstance {
     fn refuse(&self, call: CallKind, why: String) -> CallError {
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
         let why = clip(&why).into_owned();
-        tracing::error!(backend = %self.name, call = call.as_str(), "answer refused: {why}");
+        if self.sandbox.refusals.first_time(&why) && self.sandbox.log.admit(&self.name) {
+            tracing::error!(backend = %self.name, call = call.as_str(), "answer refused: {why}");
+        }
         CallError::Refused(why)
     }
 

@@ -49,6 +49,15 @@ impl RefusalLog {
     }
 }
 
+impl RefusalLog {
+    /// Whether `what` (already clipped) is new for this backend: a refused answer repeated on
+    /// every poll is logged once.
+    pub fn first_time(&self, what: &str) -> bool {
+        let Ok(mut seen) = self.seen.lock() else { return false };
+        seen.len() < MAX_REMEMBERED && seen.insert(format!("answer {what}"))
+    }
+}
+
 /// Lines a backend may log in a burst, and per second after that (its `log` calls, stdout,
 /// stderr and the host's refusal lines about it together).
 const LOG_BURST: f64 = 200.0;
