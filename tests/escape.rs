@@ -171,12 +171,14 @@ async fn a_hanging_backend_stalls_neither_the_others_nor_shutdown() {
     // churn flips the list on every poll: ten more lists while sleepy's first discover still
     // sleeps (it would take a minute).
     let mut lists = plugin.devices.clone();
+    let t_lists = Instant::now();
     for i in 0..10 {
         tokio::time::timeout(T, lists.changed())
             .await
             .unwrap_or_else(|_| panic!("list {i}: the widget stream stalled\n{}", d.log()))
             .unwrap();
     }
+    eprintln!("widget lists while sleepy hangs: one every {:?} (poll interval 100ms)", t_lists.elapsed() / 10);
     assert!(kubelet.plugin("test.devplug.io/sleepy").await.is_none(), "sleepy never answered, so never served");
     let t0 = Instant::now();
     let st = d.terminate(T).unwrap();

@@ -76,6 +76,45 @@ fn main() -> anyhow::Result<()> {
         }
         report("kubelet restart -> re-registered", rereg);
         daemon.stop().await?;
+
+        // Issue 18's scenario: three resources; kubelet dies leaving its socket, comes back 30 ms
+        // later, wipes the dir, listens anew and dials each plugin back inside Register. Timed
+        // from the new kubelet.sock to every ListAndWatch delivering its list again.
+        let root = tempfile::tempdir()?;
+        let (kdir, bdir) = (root.path().join("device-plugins"), root.path().join("backends"));
+        std::fs::create_dir_all(&bdir)?;
+        let (wasm, manifest) = support::daemon::chaos_paths();
+        let requests = std::fs::read_to_string(manifest)?.replace("name = \"chaos\"\n", "");
+        let names: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
+        for (i, r) in names.iter().enumerate() {
+            std::fs::copy(&wasm, bdir.join(format!("w{}.wasm", i + 1)))?;
+            std::fs::write(
+                bdir.join(format!("w{}.toml", i + 1)),
+                format!("config = \"resource={r} devices=2\"\n{requests}"),
+            )?;
+        }
+        let mut kubelet = Kubelet::start(&kdir).await;
+        let mut cfg = config(&kdir, &m, &bdir, "");
+        cfg.backends.clear();
+        let daemon = Daemon::start(cfg);
+        kubelet.wait_for(Duration::from_secs(30), "three registrations", |k| k.registrations() == 3).await?;
+        let restarts = if quick { 10 } else { 100 };
+        let mut resumed = Vec::new();
+        for i in 1..=restarts {
+            kubelet.restart_after(Duration::from_millis(30)).await;
+            let t = Instant::now();
+            kubelet.wait_for(Duration::from_secs(15), "re-registration", |k| k.registrations() >= 3 * (i + 1)).await?;
+            for r in &names {
+                kubelet.wait_devices(r, Duration::from_secs(15), |l| l.len() == 2).await?;
+            }
+            resumed.push(t.elapsed());
+        }
+        anyhow::ensure!(
+            kubelet.registrations() == 3 * (restarts + 1),
+            "more than one Register per resource per restart"
+        );
+        report("3 resources: new kubelet.sock -> all ListAndWatch resumed", resumed);
+        daemon.stop().await?;
         Ok(())
     })
 }

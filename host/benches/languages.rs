@@ -6,7 +6,6 @@
 //! Numbers go in docs/BENCHMARKS.md.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};

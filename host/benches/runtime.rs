@@ -2,7 +2,6 @@
 //! `InstancePre` (+ init), a `discover` returning 256 devices, and an `allocate` call.
 //! Numbers are recorded in docs/BENCHMARKS.md.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};

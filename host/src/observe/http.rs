@@ -59,21 +59,6 @@ impl Heartbeat {
     }
 }
 
-#[cfg(test)]
-mod heartbeat_tests {
-    use super::*;
-
-    #[test]
-    fn a_loop_that_stops_turning_is_stalled() {
-        let fresh = Heartbeat::new(STALLED_AFTER);
-        fresh.beat();
-        assert_eq!(fresh.stalled(), None);
-        // Never beaten, and any time at all is too long.
-        let stuck = Heartbeat::new(std::time::Duration::ZERO);
-        assert!(stuck.stalled().is_some(), "no beat within the allowed time");
-    }
-}
-
 async fn healthz(State(h): State<Health>) -> (StatusCode, String) {
     match h.heartbeat.stalled() {
         None => (StatusCode::OK, "ok\n".into()),
@@ -143,4 +128,19 @@ pub async fn serve(addr: SocketAddr, health: Health, stop: CancellationToken) ->
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod heartbeat_tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_that_stops_turning_is_stalled() {
+        let fresh = Heartbeat::new(STALLED_AFTER);
+        fresh.beat();
+        assert_eq!(fresh.stalled(), None);
+        // Never beaten, and any time at all is too long.
+        let stuck = Heartbeat::new(std::time::Duration::ZERO);
+        assert!(stuck.stalled().is_some(), "no beat within the allowed time");
+    }
 }

@@ -106,9 +106,8 @@ fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
     }
     // globset panics on some patterns its own parser accepted; a pattern is outsider input.
     let built = std::panic::catch_unwind(|| {
-        GlobBuilder::new(pattern).literal_separator(true).build().map(|g| {
+        GlobBuilder::new(pattern).literal_separator(true).build().inspect(|g| {
             let _ = g.compile_matcher();
-            g
         })
     });
     match built {

@@ -86,21 +86,6 @@ fn host_call<T>(sandbox: &Sandbox, call: &str, f: impl FnOnce() -> T) -> wasmtim
 
 impl self::devplug::backend::types::Host for HostState {}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_in_a_host_call_becomes_an_error_not_an_unwind() {
-        let caps = caps::Capabilities::new(&caps::Globs::default(), &caps::Globs::default()).unwrap();
-        let d = tempfile::tempdir().unwrap();
-        let sb = Sandbox::new("x", &caps, d.path(), d.path(), false, 1 << 20);
-        let e = host_call(&sb, "devfs.glob", || -> u32 { panic!("regex compilation shouldn't fail") }).unwrap_err();
-        assert!(e.to_string().contains("devfs.glob failed inside the host"), "{e}");
-        assert_eq!(host_call(&sb, "sysfs.read", || 7).unwrap(), 7);
-    }
-}
-
 impl self::devplug::backend::sysfs::Host for HostState {
     async fn read(&mut self, path: String) -> wasmtime::Result<Result<String, FsError>> {
         self.checked("sysfs.read", &path, |s| s.sandbox.sysfs.read(&path))
@@ -281,4 +266,19 @@ pub async fn pre_start(
     ids: &[String],
 ) -> wasmtime::Result<GuestResult<()>> {
     Ok(b.devplug_backend_backend().call_pre_start(store, res, ids).await?.map_err(backend_error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_a_host_call_becomes_an_error_not_an_unwind() {
+        let caps = caps::Capabilities::new(&caps::Globs::default(), &caps::Globs::default()).unwrap();
+        let d = tempfile::tempdir().unwrap();
+        let sb = Sandbox::new("x", &caps, d.path(), d.path(), false, 1 << 20);
+        let e = host_call(&sb, "devfs.glob", || -> u32 { panic!("regex compilation shouldn't fail") }).unwrap_err();
+        assert!(e.to_string().contains("devfs.glob failed inside the host"), "{e}");
+        assert_eq!(host_call(&sb, "sysfs.read", || 7).unwrap(), 7);
+    }
 }
