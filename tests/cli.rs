@@ -168,3 +168,48 @@ fn discover_on_this_machine_finds_its_real_pci_nics() {
     listed.sort();
     assert_eq!(listed, expected, "devplug's NICs vs /sys/class/net");
 }
+
+/// Every `devplug …` line in the README's and the docs' shell blocks is a command this binary
+/// accepts (subcommand and flags), so the documentation cannot drift from the CLI.
+#[test]
+fn every_documented_command_line_parses() {
+    use clap::Parser;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut docs = vec![root.join("README.md")];
+    docs.extend(std::fs::read_dir(root.join("docs")).unwrap().flatten().map(|e| e.path()));
+    let mut checked = 0;
+    for doc in docs.iter().filter(|p| p.extension().is_some_and(|e| e == "md")) {
+        let text = std::fs::read_to_string(doc).unwrap();
+        let mut in_sh = false;
+        let mut joined = String::new();
+        for line in text.lines() {
+            if line.starts_with("```") {
+                in_sh = line.trim() == "```sh" && !in_sh;
+                continue;
+            }
+            if !in_sh {
+                continue;
+            }
+            joined.push_str(line.trim_end_matches('\\'));
+            if line.ends_with('\\') {
+                continue;
+            }
+            let cmd = std::mem::take(&mut joined);
+            let cmd = cmd.split(" # ").next().unwrap().trim();
+            if !cmd.starts_with("devplug ") {
+                continue;
+            }
+            let words: Vec<String> = cmd
+                .replace('…', "x")
+                .replace("rust|python|js", "rust")
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            if let Err(e) = devplug::cli::Cli::try_parse_from(&words) {
+                panic!("{}: `{cmd}` is not a valid devplug command:\n{e}", doc.display());
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} documented commands found");
+}

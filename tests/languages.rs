@@ -174,21 +174,71 @@ fn project_cmd(dir: &Path, line: &str) {
     );
 }
 
+/// The documented path from a built project to kubelet, as a vendor ships it: `devplug pack`
+/// the component with the project's `devplug.toml`, check the image with skopeo, unpack its
+/// layer into a directory (what an image volume shows) and serve that with `devplug run`
+/// (`default_grant = "requested"`) to the kubelet stand-in, which registers the resource and
+/// gets the fixture's node for `demo0` from Allocate.
+fn ship_and_serve(project: &Path, wasm: &Path, lang: &str) {
+    let s = |p: &Path| p.display().to_string();
+    let image = project.join("image");
+    let (code, out, err) = run(&["pack", "--out", &s(&image), "--tag", "1.0.0", &s(wasm), &s(&project.join("devplug.toml"))]);
+    assert_eq!(code, 0, "{lang}: pack: {err}");
+    let stem = wasm.file_stem().unwrap().to_string_lossy().into_owned();
+    assert!(out.contains(&format!("{stem}.toml")), "{lang}: the manifest is packed as {stem}.toml: {out}");
+    let inspected = Command::new("skopeo").args(["inspect", &format!("oci:{}:1.0.0", s(&image))]).output().unwrap();
+    assert!(inspected.status.success(), "{lang}: skopeo: {}", String::from_utf8_lossy(&inspected.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
+    let layer = info["Layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_owned();
+    let blob = std::fs::read(image.join("blobs/sha256").join(layer)).unwrap();
+    let volume = project.join("volume");
+    tar::Archive::new(flate2::read::GzDecoder::new(blob.as_slice())).unpack(&volume).unwrap();
+    assert!(volume.join(format!("{stem}.wasm")).exists() && volume.join(format!("{stem}.toml")).exists());
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let kdir = project.join("kubelet");
+        let kubelet = Kubelet::start(&kdir).await;
+        let fixture = project.join("tests/fixture");
+        let args: Vec<String> = [
+            "run", "--kubelet-dir", &s(&kdir), "--registration", "kubelet-socket", "--no-embedded",
+            "--backends", &s(&volume), "--default-grant", "requested", "--sysfs-root", &s(&fixture.join("sys")),
+            "--dev-root", &s(&fixture.join("dev")), "--dev-fixtures", "--cdi-dir", &s(&project.join("cdi")),
+            "--metrics-addr", "127.0.0.1:0", "--cache-dir", &s(&cache_dir()),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let d = Devplug::spawn(&args);
+        let plugin = kubelet
+            .wait_plugin("example.com/demo", T)
+            .await
+            .unwrap_or_else(|e| panic!("{lang}: {e}\n{}", d.log()));
+        let req = pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["demo0".into()] }],
+        };
+        let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+        let nodes: Vec<&str> = resp.container_responses[0].devices.iter().map(|n| n.host_path.as_str()).collect();
+        assert_eq!(nodes, ["/dev/demo0"], "{lang}: {resp:?}");
+    });
+}
+
 #[test]
 fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
     let tmp = tempfile::tempdir().unwrap();
-    for (lang, steps) in [
+    for (lang, steps, wasm) in [
         (
             "rust",
             vec![
                 "cargo test",
                 "cargo build --release --target wasm32-wasip2",
-                "devplug discover --backend \"$CARGO_TARGET_DIR/wasm32-wasip2/release/demo.wasm\" --manifest devplug.toml \
-                 --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --dev-fixtures --format json > found.json",
+                "cp \"$CARGO_TARGET_DIR/wasm32-wasip2/release/demo.wasm\" demo.wasm",
+                "devplug discover --backend demo.wasm --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev \
+                 --dev-fixtures --format json > found.json",
             ],
+            "demo.wasm",
         ),
-        ("python", vec!["./test.sh"]),
-        ("js", vec!["npm install --no-save --no-audit --no-fund --silent", "npm test"]),
+        ("python", vec!["./test.sh"], "demo.wasm"),
+        ("js", vec!["npm install --no-save --no-audit --no-fund --silent", "npm test"], "demo.wasm"),
     ] {
         let dir = tmp.path().join(lang);
         let (code, out, err) = run(&["new", "backend", "demo", "--lang", lang, "--dir", dir.to_str().unwrap()]);
@@ -197,6 +247,7 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
         for step in steps {
             project_cmd(&dir, step);
         }
+        ship_and_serve(&dir, &dir.join(wasm), lang);
     }
     let found: serde_json::Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("rust/found.json")).unwrap()).unwrap();

@@ -33,6 +33,8 @@ pub enum Command {
     Discover(DiscoverArgs),
     /// Show a backend component's WIT version, imports, exports, capabilities and size.
     Inspect(InspectArgs),
+    /// What Allocate would answer for these device IDs (the container's view), without kubelet.
+    Allocate(AllocateArgs),
     /// CDI spec files.
     #[command(subcommand)]
     Cdi(CdiCommand),
@@ -300,8 +302,23 @@ pub struct CdiGenerateArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct AllocateArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The resource (needed when the backends serve more than one).
+    #[arg(long)]
+    pub resource: Option<String>,
+    /// Device IDs one container gets.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct InspectArgs {
     pub file: PathBuf,
+    /// The backend's manifest, when it is neither NAME.toml nor devplug.toml beside the file.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -309,6 +326,14 @@ pub struct InspectArgs {
 /// Load the chosen backends and run one discover. Load errors are returned, not raised: one
 /// broken backend does not hide what the others see.
 async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<String>)> {
+    let (registry, errors, _) = load_and_poll(args).await?;
+    Ok((registry, errors))
+}
+
+/// [`load_once`], also handing back the resources that have devices, ready to answer calls.
+async fn load_and_poll(
+    args: SourceArgs,
+) -> anyhow::Result<(Arc<Registry>, Vec<String>, Vec<crate::kubelet::ResourceHandle>)> {
     let cfg = match &args.config {
         Some(p) => Config::from_file(p)?,
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
@@ -329,7 +354,11 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
     let mut errors = Vec::new();
     anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
     for path in &args.backends {
-        match BackendSource::from_file_with(path, args.manifest.as_deref()) {
+        let manifest = crate::backends::manifest_for(path, args.manifest.as_deref());
+        if manifest.is_none() {
+            tracing::warn!(backend = %path.display(), "no manifest found (NAME.toml or devplug.toml beside it, or --manifest): it gets no capabilities");
+        }
+        match BackendSource::from_file_with(path, manifest.as_deref()) {
             Ok(s) => sources.push(s),
             Err(e) => errors.push(format!("{e:#}")),
         }
@@ -342,8 +371,41 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
             Err(e) => errors.push(format!("{origin}: {e}")),
         }
     }
-    registry.poll_once().await;
-    Ok((registry, errors))
+    let report = registry.poll_once().await;
+    Ok((registry, errors, report.ready))
+}
+
+/// `devplug allocate`: load, discover once, and answer an Allocate for `ids` the way `run`
+/// answers kubelet with the default strategy (device specs, mounts, env, annotations: the
+/// resource's common edits, each device's, and what the backend's `allocate` adds).
+pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
+    let (registry, errors, ready) = load_and_poll(args.source).await?;
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
+    let names: Vec<&str> = ready.iter().map(|h| h.name.as_str()).collect();
+    let handle = match &args.resource {
+        Some(r) => ready.iter().find(|h| h.name == *r),
+        None if ready.len() == 1 => ready.first(),
+        None => anyhow::bail!("the backends serve {}: say which with --resource", names.join(", ")),
+    }
+    .ok_or_else(|| anyhow::anyhow!("no resource {:?} with devices (serving: {})", args.resource, names.join(", ")))?;
+    let snapshot = handle.devices.borrow().clone();
+    let unknown: Vec<&String> = args.ids.iter().filter(|id| snapshot.device(id).is_none()).collect();
+    anyhow::ensure!(unknown.is_empty(), "{}: unknown device IDs {unknown:?}", handle.name);
+    let extra = handle.ops.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
+    let answer = handle.delivery.answer(&snapshot, &args.ids, &extra);
+    drop(registry);
+    Ok(serde_json::json!({
+        "resource": handle.name,
+        "ids": args.ids,
+        "devices": answer.devices.iter().map(|d| serde_json::json!({
+            "container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions,
+        })).collect::<Vec<_>>(),
+        "mounts": answer.mounts.iter().map(|m| serde_json::json!({
+            "container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only,
+        })).collect::<Vec<_>>(),
+        "envs": answer.envs,
+        "annotations": answer.annotations,
+    }))
 }
 
 /// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
@@ -443,7 +505,7 @@ pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
     Ok(version)
 }
 
-pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
+pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_json::Value> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let runtime = Runtime::new(RuntimeConfig::default())?;
     let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -452,10 +514,13 @@ pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
     let engine = runtime.engine();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
-    let manifest_path = path.with_extension("toml");
-    let manifest = match std::fs::read_to_string(&manifest_path) {
-        Ok(t) => Some(Manifest::parse(&t).map_err(|e| anyhow::anyhow!("{}: {e}", manifest_path.display()))?),
-        Err(_) => None,
+    let manifest_path = crate::backends::manifest_for(path, manifest);
+    let manifest = match &manifest_path {
+        Some(p) => {
+            let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            Some(Manifest::parse(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+        }
+        None => None,
     };
     Ok(serde_json::json!({
         "file": path.display().to_string(),
@@ -466,5 +531,6 @@ pub fn inspect(path: &Path) -> anyhow::Result<serde_json::Value> {
         "exports": exports,
         "imports": imports,
         "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
+        "manifest_file": manifest_path.map(|p| p.display().to_string()),
     }))
 }

@@ -95,8 +95,13 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Allocate(args) => {
+            let v = cli::allocate(args).await?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(())
+        }
         Command::Inspect(args) => {
-            let v = cli::inspect(&args.file)?;
+            let v = cli::inspect(&args.file, args.manifest.as_deref())?;
             match args.format {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
                 Format::Table => {

@@ -26,8 +26,10 @@ pub struct Contents {
 }
 
 impl Contents {
-    /// `.wasm` files, each with its manifest: an explicit `.toml` argument, else `NAME.toml`
-    /// beside it when there is one. Every component must be a devplug backend this host loads.
+    /// `.wasm` files, each with its manifest: the `.toml` argument right after it (stored as
+    /// `NAME.toml`, whatever its file is called: `devplug run` looks for `NAME.toml` beside
+    /// `NAME.wasm`), else `NAME.toml` beside it when there is one. Every component must be a
+    /// devplug backend this host loads, and a manifest that names a backend must name this one.
     pub fn collect(paths: &[PathBuf]) -> anyhow::Result<Contents> {
         let mut files: Vec<(String, Vec<u8>)> = Vec::new();
         let mut add = |name: String, bytes: Vec<u8>| -> anyhow::Result<()> {
@@ -35,33 +37,58 @@ impl Contents {
             files.push((name, bytes));
             Ok(())
         };
-        let explicit: Vec<&PathBuf> = paths.iter().filter(|p| p.extension().is_some_and(|e| e == "toml")).collect();
-        for p in paths {
+        let is_toml = |p: &PathBuf| p.extension().is_some_and(|e| e == "toml");
+        let mut i = 0;
+        while i < paths.len() {
+            let p = &paths[i];
             match p.extension().and_then(|e| e.to_str()) {
                 Some("wasm") => {
                     let bytes = std::fs::read(p).with_context(|| format!("{}", p.display()))?;
                     crate::cli::inspect_bytes(&bytes)
                         .with_context(|| format!("{} is not a loadable backend", p.display()))?;
-                    add(file_name(p)?, bytes)?;
-                    let beside = p.with_extension("toml");
-                    let named = explicit.iter().any(|e| e.file_stem() == p.file_stem());
-                    if !named && beside.exists() {
-                        add(file_name(&beside)?, std::fs::read(&beside)?)?;
+                    let name = file_name(p)?;
+                    let stem = name.trim_end_matches(".wasm").to_owned();
+                    add(name, bytes)?;
+                    let manifest = match paths.get(i + 1).filter(|m| is_toml(m)) {
+                        Some(m) => {
+                            i += 1;
+                            Some(m.clone())
+                        }
+                        None => Some(p.with_extension("toml")).filter(|b| b.exists()),
+                    };
+                    match manifest {
+                        Some(m) => add(format!("{stem}.toml"), checked_manifest(&m, &stem)?.into_bytes())?,
+                        None => eprintln!(
+                            "devplug: warning: {} has no manifest (NAME.toml beside it, or a .toml right after it): it will get no capabilities",
+                            p.display()
+                        ),
                     }
                 }
-                Some("toml") => {
-                    let text = std::fs::read_to_string(p).with_context(|| format!("{}", p.display()))?;
-                    crate::runtime::caps::Manifest::parse(&text)
-                        .map_err(|e| anyhow::anyhow!("{}: not a backend manifest: {e}", p.display()))?;
-                    add(file_name(p)?, text.into_bytes())?;
-                }
-                _ => anyhow::bail!("{}: give .wasm backends and their .toml manifests", p.display()),
+                Some("toml") => anyhow::bail!(
+                    "{}: a manifest goes right after the .wasm it belongs to (devplug pack NAME.wasm MANIFEST.toml)",
+                    p.display()
+                ),
+                _ => anyhow::bail!("{}: give .wasm backends, each followed by its .toml manifest", p.display()),
             }
+            i += 1;
         }
         anyhow::ensure!(files.iter().any(|(n, _)| n.ends_with(".wasm")), "no .wasm backend given");
         files.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Contents { files })
     }
+}
+
+/// A manifest's text, checked: it parses, and any `name` in it is the backend's (its file stem
+/// without a version), as `devplug run` will insist.
+fn checked_manifest(path: &Path, stem: &str) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    let m = crate::runtime::caps::Manifest::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not a backend manifest: {e}", path.display()))?;
+    let (base, _) = crate::backends::split_version(stem);
+    if let Some(n) = m.name.as_deref().filter(|n| *n != base) {
+        anyhow::bail!("{}: says name = {n:?}, but it is packed as the manifest of {stem}.wasm", path.display());
+    }
+    Ok(text)
 }
 
 fn file_name(p: &Path) -> anyhow::Result<String> {

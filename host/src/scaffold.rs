@@ -50,7 +50,7 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
     let mut files: Vec<(String, String)> = WIT.iter().map(|(f, t)| (format!("wit/{f}"), (*t).to_owned())).collect();
     files.push((
         "devplug.toml".into(),
-        format!("# What this backend may see; the operator grants it (or less) in devplug's config.\nname = \"{name}\"\n[requests]\nsysfs = []\ndev = [\"{name}*\"]\nresources = [\"{resource}\"]\n"),
+        format!("# What this backend may see and hand out; the operator grants it (or less) in devplug's config.\n# Its name is its .wasm file's name; `devplug pack X.wasm devplug.toml` stores this as X.toml.\n[requests]\nsysfs = []\ndev = [\"{name}*\"]\nresources = [\"{resource}\"]\n"),
     ));
     files.push((format!("tests/fixture/dev/{name}0"), "c 240:0\n".into()));
     files.push((format!("tests/fixture/dev/{name}1"), "c 240:1\n".into()));
@@ -72,11 +72,13 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
             )
         }
         Lang::Python => {
-            files.push(("app.py".into(), fill(include_str!("../templates/python/app.py"))));
+            // Under src/, so componentize-py reads only the app, never the fixture tree (which has
+            // sysfs's symlink loops).
+            files.push(("src/app.py".into(), fill(include_str!("../templates/python/app.py"))));
             files.push(("test.sh".into(), fill(include_str!("../templates/python/test.sh"))));
             files.push((".gitignore".into(), "*.wasm\n__pycache__/\n".into()));
             (
-                format!("componentize-py -d wit -w devplug-backend componentize app -o {name}.wasm"),
+                format!("componentize-py -d wit -w devplug-backend componentize app -p src -o {name}.wasm"),
                 "./test.sh".to_owned(),
                 format!("{name}.wasm"),
             )

@@ -165,8 +165,14 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
         }
         for i in 0..r.count {
             let id = if r.count == 1 { base.clone() } else { format!("{base}-{i}") };
+            let mut id = device_id(&id);
+            // Two paths can sanitize to one ID (`a/b`, `a_b`): tell them apart by the path.
+            if devices.iter().any(|d: &Device| d.id == id) {
+                let path = group.iter().map(|n| n.path.as_str()).collect::<Vec<_>>().join(",");
+                id = with_hash(&id, &format!("{path}#{i}"));
+            }
             devices.push(Device {
-                id: truncate_id(id),
+                id,
                 health: Health::Healthy,
                 numa_nodes: Vec::new(),
                 attributes: vec![(
@@ -203,9 +209,18 @@ fn sanitize(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
-fn truncate_id(mut id: String) -> String {
-    id.truncate(MAX_ID);
-    id
+/// `id` as kubelet takes it: at most 63 characters. A longer one keeps its start and ends in a
+/// hash of the whole, so two long paths with a common prefix stay two devices.
+fn device_id(id: &str) -> String {
+    if id.len() <= MAX_ID { id.to_owned() } else { with_hash(id, id) }
+}
+
+/// `id` cut to leave room for `-` and eight hex digits of a hash of `key`.
+fn with_hash(id: &str, key: &str) -> String {
+    // FNV-1a: stable across builds and platforms, unlike std's hasher.
+    let hash = key.bytes().fold(0x811c_9dc5_u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+    let keep = id.len().min(MAX_ID - 9);
+    format!("{}-{hash:08x}", &id[..keep])
 }
 
 devplug_sdk::backend!(Generic);
@@ -311,5 +326,16 @@ mounts = [{ host_path = "/etc/hostname", container_path = "/etc/kvm-host" }]
         ] {
             assert!(matches!(Generic::init(bad, &sys), Err(BackendError::InvalidConfig(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn long_and_clashing_paths_still_give_distinct_ids() {
+        let long = "x".repeat(70);
+        let a = device_id(&format!("{long}a"));
+        let b = device_id(&format!("{long}b"));
+        assert!(a.len() <= MAX_ID && b.len() <= MAX_ID, "{a} {b}");
+        assert_ne!(a, b, "a common 63-character prefix must not merge two devices");
+        assert_eq!(device_id("kvm"), "kvm");
+        assert_ne!(with_hash("net_tun", "net/tun#0"), with_hash("net_tun", "net_tun#0"));
     }
 }

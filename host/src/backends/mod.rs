@@ -8,4 +8,4 @@ mod source;
 pub mod watch;
 
 pub use registry::{BackendSummary, PollDone, PollJob, PollReport, Registry, Retired, StatsSnapshot, Swapped};
-pub use source::{BackendSource, Origin, load_dir};
+pub use source::{BackendSource, Origin, load_dir, manifest_for, split_version};

@@ -13,7 +13,7 @@ use super::source::{BackendSource, Origin};
 use crate::config::{BackendSettings, DefaultGrant};
 use crate::kubelet::names::resource_name_problem;
 use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
-use crate::model::{ContainerEdits, Health, Resource, ResourceOptions, device_id_problem};
+use crate::model::{ContainerEdits, Health, Resource, ResourceOptions};
 use crate::observe::Metrics;
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::state::Sandbox;
@@ -26,6 +26,9 @@ struct Slot {
     current: ArcSwap<BackendInstance>,
     last_error: Mutex<Option<String>>,
 }
+
+/// Distinct problems remembered per resource for log-once; past this they are not logged again.
+const MAX_LOGGED: usize = 64;
 
 struct ResSlot {
     backend: String,
@@ -406,7 +409,8 @@ impl Registry {
         for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
             let prev = rs.tx.borrow().clone();
             let mut next = match found.get(rname) {
-                Some(r) => clean(r, name, &mut rs.logged),
+                // Already vetted (IDs, sizes, grants) by the runtime.
+                Some(r) => r.clone(),
                 // A failed discover keeps the last list (a passing fault must not empty
                 // kubelet's view); an answer without this resource means no devices.
                 None if ok => Resource { name: rname.clone(), ..Default::default() },
@@ -449,6 +453,7 @@ impl Registry {
         for extra in extras {
             let key = format!("undeclared {extra}");
             if let Some(r) = resources.values_mut().find(|r| r.backend == name)
+                && r.logged.len() < MAX_LOGGED
                 && r.logged.insert(key)
             {
                 tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
@@ -508,26 +513,6 @@ impl Registry {
             })
             .collect()
     }
-}
-
-/// Drop devices kubelet would choke on (bad or duplicate IDs), logging each problem once.
-fn clean(r: &Resource, backend: &str, logged: &mut HashSet<String>) -> Resource {
-    let mut seen = HashSet::new();
-    let mut out = r.clone();
-    out.devices.retain(|d| {
-        let problem = device_id_problem(&d.id)
-            .or_else(|| (!seen.insert(d.id.clone())).then(|| format!("duplicate device ID {:?}", d.id)));
-        match problem {
-            None => true,
-            Some(p) => {
-                if logged.insert(p.clone()) {
-                    tracing::warn!(backend, resource = %r.name, "device left out: {p}");
-                }
-                false
-            }
-        }
-    });
-    out
 }
 
 /// Routes one resource's kubelet calls to its backend's current instance, off the async runtime.

@@ -106,6 +106,18 @@ impl BackendSource {
     }
 }
 
+/// The manifest a command-line tool uses for `wasm`: `explicit` when given, else `NAME.toml`
+/// beside it, else `devplug.toml` beside it (the layout `devplug new` makes). `None` means the
+/// backend gets no capabilities, which the caller should say.
+pub fn manifest_for(wasm: &Path, explicit: Option<&Path>) -> Option<PathBuf> {
+    if let Some(m) = explicit {
+        return Some(m.to_owned());
+    }
+    let beside = wasm.with_extension("toml");
+    let project = wasm.parent().map(|d| d.join("devplug.toml"));
+    [Some(beside), project].into_iter().flatten().find(|p| p.is_file())
+}
+
 /// Every `*.wasm` in `dir` (hidden entries skipped: Kubernetes keeps a ConfigMap's real files
 /// under `..data/`), one per backend name: of several versions of one backend
 /// (`gpu-1.2.0.wasm`, `gpu-1.3.0.wasm`) the highest file version wins, and a versioned file wins
@@ -134,6 +146,7 @@ pub fn load_dir(dir: &Path) -> (Vec<BackendSource>, Vec<anyhow::Error>) {
                 continue;
             }
         };
+
         match by_name.get(&src.name) {
             Some(kept) if kept.file_version >= src.file_version => {
                 errors.push(passed_over(&src, kept));
@@ -145,6 +158,17 @@ pub fn load_dir(dir: &Path) -> (Vec<BackendSource>, Vec<anyhow::Error>) {
             None => {
                 by_name.insert(src.name.clone(), src);
             }
+        }
+    }
+    for src in by_name.values() {
+        if let Origin::File(p) = &src.origin
+            && !p.with_extension("toml").exists()
+        {
+            errors.push(anyhow::anyhow!(
+                "{}: no {} beside it, so it gets no capabilities (a manifest is NAME.toml beside NAME.wasm)",
+                p.display(),
+                p.with_extension("toml").file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+            ));
         }
     }
     (by_name.into_values().collect(), errors)
@@ -184,8 +208,10 @@ mod tests {
         let picked: Vec<String> = srcs.iter().map(|s| s.origin.to_string()).collect();
         assert!(picked[0].ends_with("gpu-1.10.0.wasm") && picked[1].ends_with("nic.wasm"), "{picked:?}");
         assert_eq!(picked.len(), 2);
-        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).filter(|m| !m.contains("no capabilities")).collect();
         assert_eq!(msgs.len(), 2, "{msgs:?}");
+        let bare = errors.iter().filter(|e| e.to_string().contains("so it gets no capabilities")).count();
+        assert_eq!(bare, 2, "each picked file without a manifest is named");
         assert!(msgs.iter().all(|m| m.contains("gpu-1.10.0.wasm (1.10.0) is a newer version")), "{msgs:?}");
     }
 }

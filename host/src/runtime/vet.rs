@@ -112,7 +112,14 @@ impl ReturnRules {
                 return Err(format!("{}: {} devices, more than {MAX_DEVICES}", at(""), r.devices.len()));
             }
             self.edits(&mut r.common_edits, &mut size).map_err(|e| format!("{}, common edits: {e}", at("")))?;
+            let mut ids = std::collections::HashSet::new();
             for d in &mut r.devices {
+                if let Some(p) = crate::model::device_id_problem(&d.id) {
+                    return Err(format!("{}: {}", at(""), clip(&p)));
+                }
+                if !ids.insert(d.id.clone()) {
+                    return Err(format!("{}: duplicate device ID {:?}", at(""), clip(&d.id)));
+                }
                 let place = || at(&format!(", device {}", clip(&d.id)));
                 size.add(&d.id).map_err(|e| format!("{}: {e}", place()))?;
                 if d.attributes.len() > MAX_ATTRIBUTES {

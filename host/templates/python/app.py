@@ -1,7 +1,7 @@
 """{{name}}: a devplug backend in Python. It serves `{{resource}}`: one device per node under
 /dev matching the globs in its config (`paths = ["..."]`, TOML).
 
-Build: componentize-py -d wit -w devplug-backend componentize app -o {{name}}.wasm
+Build: componentize-py -d wit -w devplug-backend componentize app -p src -o {{name}}.wasm
 Test:  ./test.sh
 """
 import tomllib
