@@ -199,12 +199,8 @@ fn every_documented_command_line_parses() {
             if !cmd.starts_with("devplug ") {
                 continue;
             }
-            let words: Vec<String> = cmd
-                .replace('…', "x")
-                .replace("rust|python|js", "rust")
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect();
+            let words: Vec<String> =
+                cmd.replace('…', "x").replace("rust|python|js", "rust").split_whitespace().map(str::to_owned).collect();
             if let Err(e) = devplug::cli::Cli::try_parse_from(&words) {
                 panic!("{}: `{cmd}` is not a valid devplug command:\n{e}", doc.display());
             }

@@ -182,7 +182,8 @@ fn project_cmd(dir: &Path, line: &str) {
 fn ship_and_serve(project: &Path, wasm: &Path, lang: &str) {
     let s = |p: &Path| p.display().to_string();
     let image = project.join("image");
-    let (code, out, err) = run(&["pack", "--out", &s(&image), "--tag", "1.0.0", &s(wasm), &s(&project.join("devplug.toml"))]);
+    let (code, out, err) =
+        run(&["pack", "--out", &s(&image), "--tag", "1.0.0", &s(wasm), &s(&project.join("devplug.toml"))]);
     assert_eq!(code, 0, "{lang}: pack: {err}");
     let stem = wasm.file_stem().unwrap().to_string_lossy().into_owned();
     assert!(out.contains(&format!("{stem}.toml")), "{lang}: the manifest is packed as {stem}.toml: {out}");
@@ -201,18 +202,33 @@ fn ship_and_serve(project: &Path, wasm: &Path, lang: &str) {
         let kubelet = Kubelet::start(&kdir).await;
         let fixture = project.join("tests/fixture");
         let args: Vec<String> = [
-            "run", "--kubelet-dir", &s(&kdir), "--registration", "kubelet-socket", "--no-embedded",
-            "--backends", &s(&volume), "--default-grant", "requested", "--sysfs-root", &s(&fixture.join("sys")),
-            "--dev-root", &s(&fixture.join("dev")), "--dev-fixtures", "--cdi-dir", &s(&project.join("cdi")),
-            "--metrics-addr", "127.0.0.1:0", "--cache-dir", &s(&cache_dir()),
+            "run",
+            "--kubelet-dir",
+            &s(&kdir),
+            "--registration",
+            "kubelet-socket",
+            "--no-embedded",
+            "--backends",
+            &s(&volume),
+            "--default-grant",
+            "requested",
+            "--sysfs-root",
+            &s(&fixture.join("sys")),
+            "--dev-root",
+            &s(&fixture.join("dev")),
+            "--dev-fixtures",
+            "--cdi-dir",
+            &s(&project.join("cdi")),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--cache-dir",
+            &s(&cache_dir()),
         ]
         .map(str::to_owned)
         .to_vec();
         let d = Devplug::spawn(&args);
-        let plugin = kubelet
-            .wait_plugin("example.com/demo", T)
-            .await
-            .unwrap_or_else(|e| panic!("{lang}: {e}\n{}", d.log()));
+        let plugin =
+            kubelet.wait_plugin("example.com/demo", T).await.unwrap_or_else(|e| panic!("{lang}: {e}\n{}", d.log()));
         let req = pb::AllocateRequest {
             container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["demo0".into()] }],
         };

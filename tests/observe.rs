@@ -161,6 +161,10 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
     assert!(out.contains("test.devplug.io/widget") && out.contains("Registered"), "{out}");
     assert!(out.lines().any(|l| l.starts_with("chaos") && l.contains("1.0.1") && l.contains("closed")), "{out}");
     assert!(out.contains("ml/train-1/main"), "{out}");
+    // The columns line up: the kubelet state starts where its header does.
+    let header = out.lines().find(|l| l.starts_with("RESOURCE")).unwrap();
+    let row = out.lines().find(|l| l.starts_with("test.devplug.io/widget")).unwrap();
+    assert_eq!(header.find("KUBELET"), row.find("Registered"), "misaligned:\n{out}");
     drop(d);
 }
 

@@ -96,38 +96,30 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
 pub fn status_table(v: &serde_json::Value) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let str_of = |x: &serde_json::Value| x.as_str().unwrap_or("-").to_owned();
-    let _ = writeln!(out, "{:<40} {:>8} {:>10}  KUBELET", "RESOURCE", "HEALTHY", "UNHEALTHY");
+    let str_of = |x: &serde_json::Value| x.as_str().map(str::to_owned).unwrap_or_else(|| x.to_string());
+    let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "KUBELET"].map(str::to_owned).to_vec()];
     for r in v["resources"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            out,
-            "{:<40} {:>8} {:>10}  {}",
-            str_of(&r["name"]),
-            r["healthy"],
-            r["unhealthy"],
-            str_of(&r["endpoint"])
-        );
+        rows.push(vec![str_of(&r["name"]), str_of(&r["healthy"]), str_of(&r["unhealthy"]), str_of(&r["endpoint"])]);
     }
-    let _ = writeln!(
-        out,
-        "\n{:<12} {:<10} {:<14} {:<8} {:>6} {:>8}  LAST ERROR",
-        "BACKEND", "VERSION", "DIGEST", "BREAKER", "TRAPS", "TIMEOUTS"
-    );
+    out.push_str(&table(&rows, &[false, true, true, false]));
+    let mut rows = vec![
+        ["BACKEND", "VERSION", "DIGEST", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"].map(str::to_owned).to_vec(),
+    ];
     for b in v["backends"].as_array().into_iter().flatten() {
         let digest: String = str_of(&b["digest"]).chars().take(12).collect();
         let breaker = if b["breaker_open"].as_bool() == Some(true) { "OPEN" } else { "closed" };
-        let _ = writeln!(
-            out,
-            "{:<12} {:<10} {:<14} {:<8} {:>6} {:>8}  {}",
+        rows.push(vec![
             str_of(&b["name"]),
             str_of(&b["version"]),
             digest,
-            breaker,
-            b["stats"]["traps"],
-            b["stats"]["timeouts"],
-            b["last_error"].as_str().unwrap_or("")
-        );
+            breaker.to_owned(),
+            str_of(&b["stats"]["traps"]),
+            str_of(&b["stats"]["timeouts"]),
+            b["last_error"].as_str().unwrap_or("").to_owned(),
+        ]);
     }
+    let _ = writeln!(out);
+    out.push_str(&table(&rows, &[false, false, false, false, true, true, false]));
     let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
     if allocs.is_empty() {
         let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
@@ -452,6 +444,31 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         })
         .collect();
     Ok(serde_json::json!({ "backends": registry.summaries(), "resources": resources, "errors": errors }))
+}
+
+/// Rows as columns as wide as their widest cell (`right` aligns numbers), two spaces apart.
+fn table(rows: &[Vec<String>], right: &[bool]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> =
+        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|x| x.chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, x)| {
+                let last = c + 1 == r.len();
+                match (right.get(c).copied().unwrap_or(false), last) {
+                    (true, _) => format!("{x:>w$}", w = width[c]),
+                    (false, true) => x.clone(),
+                    (false, false) => format!("{x:<w$}", w = width[c]),
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 /// Render `discover`'s JSON as a table for people.

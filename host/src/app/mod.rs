@@ -4,7 +4,6 @@
 mod hotswap;
 mod specs;
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,10 +38,14 @@ const BEAT: std::time::Duration = std::time::Duration::from_secs(1);
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     tokio::pin!(shutdown);
     let runtime = Runtime::new(cfg.runtime_config())?;
-    let registry = Arc::new(
+    let specs = specs::open_cdi(&cfg);
+    let mut registry =
         Registry::new(runtime, cfg.sysfs_root.clone(), cfg.dev_root.clone(), cfg.backends.clone(), cfg.default_grant)
-            .with_dev_fixtures(cfg.dev_fixtures),
-    );
+            .with_dev_fixtures(cfg.dev_fixtures);
+    if let Some(s) = &specs {
+        registry = registry.with_publish_hook(specs::writer(s.clone()));
+    }
+    let registry = Arc::new(registry);
     let (srcs, problems) = sources(&cfg);
     for p in &problems {
         tracing::error!("backends dir: {p}");
@@ -79,8 +82,6 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     };
     observe::serve(cfg.metrics_addr, health, stop.clone()).await?;
 
-    let specs = specs::open_cdi(&cfg);
-    let mut cdi_errors = HashMap::new();
     let mut first = true;
     // Hot swap: watch the backends directory (a missing or unwatchable one is logged; the
     // backends loaded at start keep serving).
@@ -155,8 +156,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                 }
                 Wake::Beat => return,
             }
-            if let Some(specs) = &specs {
-                specs::sync_cdi(specs, &registry, &mut cdi_errors, std::mem::take(&mut first));
+            // Once every backend has answered once, specs for resources no backend serves any
+            // more (left by a killed devplug) go.
+            if let Some(specs) = &specs
+                && polled.load(Ordering::Acquire)
+            {
+                specs::sweep_once(specs, &registry, &mut first);
             }
         };
         tokio::select! {

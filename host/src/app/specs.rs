@@ -1,13 +1,15 @@
-//! The run loop's side of CDI: opening the spec directory, keeping every resource's spec in
-//! step with its device list, and each resource's Allocate strategies.
+//! The run loop's side of CDI: opening the spec directory, writing each resource's spec before
+//! its device list is published, sweeping stale specs once, and each resource's Allocate
+//! strategies.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::backends::Registry;
 use crate::cdi::{Kind, SpecDir};
 use crate::config::Config;
 use crate::kubelet::{CdiTarget, Delivery};
+use crate::model::Resource;
 
 /// The CDI directory, or `None` (logged) when specs are off or the directory is unusable.
 pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
@@ -25,31 +27,38 @@ pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
     }
 }
 
-/// Rewrite the specs whose devices changed; on the first round, also remove specs an earlier,
-/// killed devplug left for resources that no longer exist. Errors are logged once per change.
-pub fn sync_cdi(specs: &SpecDir, registry: &Registry, errors: &mut HashMap<String, String>, first: bool) {
-    let resources = registry.snapshot();
-    if first {
-        let live: Vec<String> = resources.iter().map(|r| r.name.clone()).collect();
-        for gone in specs.sweep(&live) {
-            tracing::info!(file = %gone.display(), "removed a stale CDI spec");
-        }
-    }
-    for r in resources {
-        match specs.sync(&r) {
-            Ok(changed) => {
-                if errors.remove(&r.name).is_some() || changed {
-                    tracing::debug!(resource = %r.name, dir = %specs.dir().display(), "CDI spec written");
+/// The registry's publish hook: write a resource's spec from the list about to be published.
+/// Errors are logged once per resource and message (and said again once fixed).
+pub fn writer(specs: Arc<SpecDir>) -> crate::backends::PublishHook {
+    let errors: Mutex<HashMap<String, String>> = Mutex::default();
+    Arc::new(move |r: &Resource| {
+        let outcome = specs.sync(r).map_err(|e| e.to_string());
+        let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+        match outcome {
+            Ok(_) => {
+                if errors.remove(&r.name).is_some() {
+                    tracing::info!(resource = %r.name, dir = %specs.dir().display(), "CDI spec written again");
                 }
             }
-            Err(e) => {
-                let msg = e.to_string();
+            Err(msg) => {
                 if errors.get(&r.name) != Some(&msg) {
                     tracing::warn!(resource = %r.name, "CDI spec not written: {msg}");
                     errors.insert(r.name.clone(), msg);
                 }
             }
         }
+    })
+}
+
+/// After the first round of discovers: remove specs an earlier, killed devplug left for
+/// resources that no longer exist.
+pub fn sweep_once(specs: &SpecDir, registry: &Registry, first: &mut bool) {
+    if !std::mem::take(first) {
+        return;
+    }
+    let live: Vec<String> = registry.snapshot().iter().map(|r| r.name.clone()).collect();
+    for gone in specs.sweep(&live) {
+        tracing::info!(file = %gone.display(), "removed a stale CDI spec");
     }
 }
 

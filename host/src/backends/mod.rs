@@ -7,5 +7,7 @@ mod registry;
 mod source;
 pub mod watch;
 
-pub use registry::{BackendSummary, PollDone, PollJob, PollReport, Registry, Retired, StatsSnapshot, Swapped};
+pub use registry::{
+    BackendSummary, PollDone, PollJob, PollReport, PublishHook, Registry, Retired, StatsSnapshot, Swapped,
+};
 pub use source::{BackendSource, Origin, load_dir, manifest_for, split_version};

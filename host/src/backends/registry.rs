@@ -19,6 +19,9 @@ use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 
+/// See [`Registry::with_publish_hook`].
+pub type PublishHook = Arc<dyn Fn(&Resource) + Send + Sync>;
+
 /// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
 struct Slot {
     /// Where the current instance came from and its source key (content identity).
@@ -130,6 +133,9 @@ pub struct Registry {
     default_grant: DefaultGrant,
     /// Read `c MAJOR:MINOR` files under the dev root as nodes (fixture trees only).
     dev_fixtures: bool,
+    /// Called with a resource's new device list before it is published (the daemon writes its
+    /// CDI spec there, so kubelet never sees a device its spec does not name yet).
+    publish_hook: Option<PublishHook>,
     backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     resources: Mutex<BTreeMap<String, ResSlot>>,
     metrics: Arc<Metrics>,
@@ -150,6 +156,7 @@ impl Registry {
             settings,
             default_grant,
             dev_fixtures: false,
+            publish_hook: None,
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
             metrics: Arc::new(Metrics::new()),
@@ -160,6 +167,12 @@ impl Registry {
     /// trees only, never a real `/dev`.
     pub fn with_dev_fixtures(mut self, on: bool) -> Self {
         self.dev_fixtures = on;
+        self
+    }
+
+    /// Run `hook` on every resource's new device list before it reaches kubelet.
+    pub fn with_publish_hook(mut self, hook: PublishHook) -> Self {
+        self.publish_hook = Some(hook);
         self
     }
 
@@ -427,6 +440,11 @@ impl Registry {
                         tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
                     }
                 }
+            }
+            if let Some(hook) = &self.publish_hook
+                && (kubelet_changed || next != *prev)
+            {
+                hook(&next);
             }
             rs.tx.send_if_modified(|v| {
                 *v = Arc::new(next);

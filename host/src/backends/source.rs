@@ -208,7 +208,8 @@ mod tests {
         let picked: Vec<String> = srcs.iter().map(|s| s.origin.to_string()).collect();
         assert!(picked[0].ends_with("gpu-1.10.0.wasm") && picked[1].ends_with("nic.wasm"), "{picked:?}");
         assert_eq!(picked.len(), 2);
-        let msgs: Vec<String> = errors.iter().map(|e| e.to_string()).filter(|m| !m.contains("no capabilities")).collect();
+        let msgs: Vec<String> =
+            errors.iter().map(|e| e.to_string()).filter(|m| !m.contains("no capabilities")).collect();
         assert_eq!(msgs.len(), 2, "{msgs:?}");
         let bare = errors.iter().filter(|e| e.to_string().contains("so it gets no capabilities")).count();
         assert_eq!(bare, 2, "each picked file without a manifest is named");

@@ -87,16 +87,13 @@ impl SpecDir {
         Ok(true)
     }
 
-    /// Make sure the spec on disk names every device in `ids` (Allocate can race the poll loop's
-    /// sync by a few microseconds after a new device appears), writing it now if not.
-    pub fn ensure(&self, resource: &Resource, ids: &[String]) -> Result<(), CdiError> {
-        let covered = self.written.lock().unwrap_or_else(|p| p.into_inner()).get(&resource.name).is_some_and(|w| {
+    /// Whether the spec on disk names every device in `ids`. Only checks: specs are written
+    /// before a device list is published (see `Registry::with_publish_hook`), never on the
+    /// Allocate path.
+    pub fn covers(&self, resource: &str, ids: &[String]) -> bool {
+        self.written.lock().unwrap_or_else(|p| p.into_inner()).get(resource).is_some_and(|w| {
             w.file.exists() && ids.iter().all(|id| w.spec.devices.iter().any(|d| d.name == super::device_name(id)))
-        });
-        if !covered {
-            self.sync(resource)?;
-        }
-        Ok(())
+        })
     }
 
     /// Remove the resource's spec file, if devplug wrote one.

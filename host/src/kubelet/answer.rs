@@ -11,7 +11,8 @@
 //! Per-device and common edits live in the CDI spec, so a CDI-only answer carries just what the
 //! backend's `allocate` computed for this particular set of IDs (it depends on the set, so it
 //! cannot be in a spec). When a CDI strategy is chosen but no spec could be written, the answer
-//! falls back to device-specs for that call and says so in the log: the pod starts.
+//! falls back to device-specs for that call and says so in the log: the pod starts. The answer
+//! never writes a spec: every device list is in its spec before kubelet sees it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -97,10 +98,10 @@ impl Delivery {
     fn usable_cdi(&self, resource: &Resource, ids: &[String]) -> Option<Kind> {
         let failure = match &self.cdi {
             None => "no CDI spec can be written for it (see the log line at startup)".to_owned(),
-            Some(t) => match t.specs.ensure(resource, ids) {
-                Ok(()) => return Some(t.kind.clone()),
-                Err(e) => format!("its CDI spec could not be written: {e}"),
-            },
+            Some(t) if t.specs.covers(&resource.name, ids) => return Some(t.kind.clone()),
+            Some(_) => {
+                "its CDI spec on disk does not name these devices (it could not be written: see the log)".to_owned()
+            }
         };
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(resource = %resource.name, "answering Allocate with device specs: {failure}");
@@ -150,6 +151,41 @@ pub fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateRes
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Allocate only reads: a spec that is not on disk yet means device specs for this call,
+    /// never a write from the Allocate path (which runs on an async worker, and might hold an
+    /// older list than the poll loop's).
+    #[test]
+    fn an_allocate_never_writes_a_spec() {
+        use crate::model::{Device, DeviceNode, Health, NodeNumbers};
+        let d = tempfile::tempdir().unwrap();
+        let specs = Arc::new(SpecDir::open(d.path()).unwrap());
+        let kind = Kind::for_resource("example.com/kvm").unwrap();
+        let node = DeviceNode {
+            container_path: "/dev/kvm".into(),
+            numbers: Some(NodeNumbers { block: false, major: 10, minor: 232 }),
+            ..Default::default()
+        };
+        let r = Resource {
+            name: "example.com/kvm".into(),
+            devices: vec![Device {
+                id: "kvm".into(),
+                health: Health::Healthy,
+                numa_nodes: vec![],
+                attributes: vec![],
+                edits: ContainerEdits { device_nodes: vec![node], ..Default::default() },
+            }],
+            common_edits: ContainerEdits::default(),
+        };
+        let delivery = Delivery::new(vec![Strategy::CdiCri], Some(CdiTarget { kind, specs: specs.clone() }));
+        let ids = vec!["kvm".to_owned()];
+        let before = delivery.answer(&r, &ids, &ContainerEdits::default());
+        assert!(std::fs::read_dir(d.path()).unwrap().next().is_none(), "Allocate wrote into the CDI dir");
+        assert!(before.cdi_devices.is_empty() && before.devices.len() == 1, "device specs instead: {before:?}");
+        specs.sync(&r).unwrap();
+        let after = delivery.answer(&r, &ids, &ContainerEdits::default());
+        assert_eq!(after.cdi_devices[0].name, "example.com/kvm=kvm");
+    }
 
     #[test]
     fn annotation_keys_fit_the_cdi_rules() {

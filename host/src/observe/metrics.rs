@@ -185,6 +185,9 @@ impl Metrics {
 
     /// The OpenMetrics text, with state read from `backends` and `pods` now.
     pub fn render(&self, backends: &Backends, pods: &[Assignment]) -> String {
+        // One scrape at a time from clearing the state families to encoding them: a second
+        // scrape clearing them in between would hand out a half-filled set.
+        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         self.devices.clear();
         for r in backends.snapshot() {
             for health in [Health::Healthy, Health::Unhealthy] {
@@ -233,9 +236,48 @@ impl Metrics {
                 .set(1);
         }
         let mut out = String::new();
-        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &r);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::backends::{BackendSource, Registry};
+    use crate::config::DefaultGrant;
+    use crate::runtime::{Runtime, RuntimeConfig};
+
+    /// Scrapes from several threads at once each see every series (before, one scrape could
+    /// clear the families while another was encoding them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_scrapes_each_see_the_whole_set() {
+        let (wasm, manifest) = crate::backends::embedded::test_program("chaos").expect("chaos");
+        let d = tempfile::tempdir().unwrap();
+        std::fs::copy(wasm, d.path().join("chaos.wasm")).unwrap();
+        std::fs::copy(manifest, d.path().join("chaos.toml")).unwrap();
+        let src = BackendSource::from_file(&d.path().join("chaos.wasm")).unwrap();
+        std::fs::create_dir_all(d.path().join("dev")).unwrap();
+        std::fs::write(d.path().join("dev/null"), "c 1:3").unwrap();
+        let rt = Runtime::new(RuntimeConfig::default()).unwrap();
+        let registry = Arc::new(
+            Registry::new(rt, d.path().join("sys"), d.path().join("dev"), Default::default(), DefaultGrant::Requested)
+                .with_dev_fixtures(true),
+        );
+        let r = registry.clone();
+        tokio::task::spawn_blocking(move || r.load(src)).await.unwrap().unwrap();
+        registry.poll_once().await;
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let r = registry.clone();
+                std::thread::spawn(move || {
+                    (0..300).filter(|_| !r.metrics().render(&r, &[]).contains("devplug_devices{")).count()
+                })
+            })
+            .collect();
+        let missing: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(missing, 0, "scrapes without the device series");
     }
 }

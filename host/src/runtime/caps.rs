@@ -130,11 +130,19 @@ fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
 pub struct Rule {
     requested: GlobSet,
     granted: GlobSet,
+    /// The manifest key this rule comes from (`sysfs`, `dev`), for refusal messages.
+    key: &'static str,
 }
 
 impl Rule {
     pub fn new(requested: &[String], granted: &[String]) -> Result<Self, String> {
-        Ok(Rule { requested: glob_set(requested)?, granted: glob_set(granted)? })
+        Ok(Rule { requested: glob_set(requested)?, granted: glob_set(granted)?, key: "sysfs/dev" })
+    }
+
+    /// The same rule, named after its manifest key.
+    fn keyed(mut self, key: &'static str) -> Self {
+        self.key = key;
+        self
     }
 
     pub fn allows(&self, rel: &str) -> bool {
@@ -161,8 +169,8 @@ pub struct Capabilities {
 impl Capabilities {
     pub fn new(requested: &Globs, granted: &Globs) -> Result<Self, String> {
         Ok(Capabilities {
-            sysfs: Rule::new(&requested.sysfs, &granted.sysfs)?,
-            dev: Rule::new(&requested.dev, &granted.dev)?,
+            sysfs: Rule::new(&requested.sysfs, &granted.sysfs)?.keyed("sysfs"),
+            dev: Rule::new(&requested.dev, &granted.dev)?.keyed("dev"),
             mounts: Rule::new(&absolute_globs(&requested.mounts)?, &absolute_globs(&granted.mounts)?)?,
             resources: Rule::new(&requested.resources, &granted.resources)?,
             annotations: Rule::new(&requested.annotations, &granted.annotations)?,
@@ -269,7 +277,14 @@ impl Jail {
         if canonical != rel && !self.rule.allows(canonical) {
             return Err(FsError::Denied(format!(
                 "{rel} resolves to {canonical}, which is {}",
-                if self.rule.requested(canonical) { "not granted" } else { "not requested in the manifest" }
+                if self.rule.requested(canonical) {
+                    "not granted".to_owned()
+                } else {
+                    format!(
+                        "not requested in the manifest (add {canonical:?}, or a glob covering it, to [requests] {})",
+                        self.rule.key
+                    )
+                }
             )));
         }
         Ok(())
@@ -620,7 +635,10 @@ fn not_granted(rule: &Rule, rel: &str) -> String {
     if rule.requested(rel) {
         format!("{rel} is not granted to this backend")
     } else {
-        format!("{rel} is not requested in the backend's manifest")
+        format!(
+            "{rel} is not requested in the backend's manifest (add {rel:?}, or a glob covering it, to [requests] {})",
+            rule.key
+        )
     }
 }
 
