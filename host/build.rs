@@ -31,10 +31,12 @@ fn protos(root: &Path) -> anyhow::Result<()> {
 
 fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
     let guests = root.join("guests");
+    // Every file, not the directories: a directory's own mtime does not change when a file in a
+    // subdirectory is edited, and a guest edit must always reach the embedded component.
     for entry in ["Cargo.toml", "Cargo.lock", "sdk", "generic", "gpu", "nic", "fpga", "test-programs"] {
-        println!("cargo:rerun-if-changed={}", guests.join(entry).display());
+        watch(&guests.join(entry));
     }
-    println!("cargo:rerun-if-changed={}", root.join("wit").display());
+    watch(&root.join("wit"));
     let target_dir = out.join("guests-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -78,4 +80,14 @@ fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
     code.push_str("];\n");
     std::fs::write(out.join("guests.rs"), code)?;
     Ok(())
+}
+
+/// `cargo:rerun-if-changed` for `path` and, if it is a directory, every file below it.
+fn watch(path: &Path) {
+    println!("cargo:rerun-if-changed={}", path.display());
+    if let Ok(entries) = std::fs::read_dir(path) {
+        for e in entries.flatten() {
+            watch(&e.path());
+        }
+    }
 }

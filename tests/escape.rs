@@ -229,10 +229,10 @@ fn host_calls_built_to_break_the_host_are_errors() {
 #[test]
 fn floods_are_clipped_and_rate_limited() {
     let m = machine();
-    // 300 distinct refused 1 MiB paths: each refused, none logged whole, few logged at all.
+    // 40 distinct refused 1 MiB paths: each refused, none logged whole, few logged at all.
     let (code, v, err) = discover(&m, "mode=path-flood");
     assert_eq!(code, 0, "{err}");
-    assert_eq!(v["resources"][0]["devices"][0]["attributes"]["refused"], "300");
+    assert_eq!(v["resources"][0]["devices"][0]["attributes"]["refused"], "40");
     assert!(err.len() < 256 << 10, "{} bytes of log for a path flood", err.len());
     assert!(err.lines().all(|l| l.len() < 4096), "a log line carries a whole path");
     // Thirty thousand lines through log, stdout and stderr.
@@ -264,7 +264,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // A file named like an embedded backend, without the operator's consent.
     backend(dir.path(), "gpu", "devices=1");
     let cfg = Config { backends_dir: Some(dir.path().to_owned()), ..Config::default() };
-    let (srcs, problems) = devplug::app::sources(&cfg);
+    let (srcs, problems) = devplug::backends::sources(&cfg);
     let all = problems.join("\n");
     assert!(all.contains("cannot take another backend's name"), "{all}");
     assert!(all.contains("set [backends.gpu] replace_embedded = true"), "{all}");
@@ -274,7 +274,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // With consent, the file replaces the embedded one.
     let cfg =
         Config::parse(&format!("backends_dir = {:?}\n[backends.gpu]\nreplace_embedded = true\n", dir.path())).unwrap();
-    let (srcs, _) = devplug::app::sources(&cfg);
+    let (srcs, _) = devplug::backends::sources(&cfg);
     let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
 }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use devplug::backends::{BackendSource, Origin};
-use devplug::runtime::caps::{Capabilities, Globs, Jail};
+use devplug::runtime::caps::{Capabilities, Globs};
+use devplug::runtime::jail::Jail;
 use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig};
 use support::daemon::chaos_paths;
@@ -33,7 +34,7 @@ fn runtime() -> Arc<Runtime> {
 }
 
 fn load(rt: &Arc<Runtime>, m: &Machine, config: &str) -> Result<BackendInstance, LoadError> {
-    let manifest = devplug::runtime::caps::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
+    let manifest = devplug::backends::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
     let granted = Globs {
         sysfs: vec!["**".into()],
         dev: vec!["null".into()],

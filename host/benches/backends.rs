@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
-use devplug::runtime::caps::{Capabilities, Jail};
+use devplug::runtime::caps::Capabilities;
+use devplug::runtime::jail::Jail;
 use devplug::runtime::state::Sandbox;
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 

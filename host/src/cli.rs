@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+use crate::backends::Manifest;
 use crate::backends::{BackendSource, Registry};
 use crate::config::{Config, DefaultGrant};
 use crate::kubelet::RegistrationMode;
 use crate::observe::LogFormat;
 use crate::runtime::bindings::exported_version;
-use crate::runtime::caps::Manifest;
 use crate::runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser, Debug)]

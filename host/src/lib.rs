@@ -5,11 +5,12 @@
 //! the Device Plugin API, and [`cdi`] writes the same devices as CDI spec files. The kubelet layer never sees wasmtime types and the runtime never sees
 //! gRPC types: [`model`] is the only type they share.
 
-pub mod app;
 pub mod backends;
 pub mod cdi;
 pub mod cli;
 pub mod config;
+pub mod daemon;
+pub mod durable;
 pub mod kubelet;
 pub mod model;
 pub mod observe;

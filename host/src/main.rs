@@ -31,7 +31,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Run(args) => {
             let cfg = args.config()?;
-            devplug::app::run(cfg, shutdown_signal()).await
+            devplug::daemon::run(cfg, shutdown_signal()).await
         }
         Command::Discover(args) => {
             let format = args.format;
@@ -40,8 +40,18 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
                 Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
                 Format::Table => print!("{}", cli::discover_table(&v)),
             }
-            let failed = v["errors"].as_array().is_some_and(|e| !e.is_empty());
-            anyhow::ensure!(!failed, "some backends could not be loaded (see above)");
+            // Say every failure on stderr, whatever the format, and exit non-zero: a vendor's CI
+            // runs this to catch a broken backend.
+            let errors: Vec<String> =
+                v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(str::to_owned)).collect();
+            for e in &errors {
+                eprintln!("devplug: {e}");
+            }
+            anyhow::ensure!(
+                errors.is_empty(),
+                "{} backend error(s): a backend failed to load, to discover, or was refused",
+                errors.len()
+            );
             Ok(())
         }
         Command::Cdi(CdiCommand::Generate(args)) => {

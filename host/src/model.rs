@@ -64,10 +64,6 @@ pub struct ContainerEdits {
 }
 
 impl ContainerEdits {
-    pub fn is_empty(&self) -> bool {
-        self.device_nodes.is_empty() && self.mounts.is_empty() && self.env.is_empty() && self.annotations.is_empty()
-    }
-
     /// Append `other`, skipping device nodes and mounts already present (two devices of a
     /// resource often share a control node) and letting later env/annotation values win.
     pub fn merge(&mut self, other: &ContainerEdits) {

@@ -82,7 +82,7 @@ impl Contents {
 /// without a version), as `devplug run` will insist.
 fn checked_manifest(path: &Path, stem: &str) -> anyhow::Result<String> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    let m = crate::runtime::caps::Manifest::parse(&text)
+    let m = crate::backends::Manifest::parse(&text)
         .map_err(|e| anyhow::anyhow!("{}: not a backend manifest: {e}", path.display()))?;
     let (base, _) = crate::backends::split_version(stem);
     if let Some(n) = m.name.as_deref().filter(|n| *n != base) {

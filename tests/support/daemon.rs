@@ -1,4 +1,4 @@
-//! Running devplug's daemon in-process (`devplug::app::run`) against a kubelet stand-in, with the
+//! Running devplug's daemon in-process (`devplug::daemon::run`) against a kubelet stand-in, with the
 //! chaos test backend in a backends dir.
 
 use std::path::{Path, PathBuf};
@@ -79,7 +79,7 @@ pub struct Daemon {
 impl Daemon {
     pub fn start(cfg: Config) -> Self {
         let (tx, rx) = oneshot::channel();
-        let task = tokio::spawn(devplug::app::run(cfg, async move {
+        let task = tokio::spawn(devplug::daemon::run(cfg, async move {
             let _ = rx.await;
         }));
         Daemon { stop: Some(tx), task }

@@ -15,7 +15,7 @@
 //! - `evil=KIND` (see [`evil_edits`]): every device, and allocate IDs `evil-KIND`, hand containers
 //!   something outside the backend's grants (host nodes, mounts, loader env, CDI annotations);
 //! - `mode=glob-bomb`: `devfs.glob` with patterns built to panic or stall the host's glob code;
-//! - `mode=path-flood`: hundreds of distinct 1 MiB refused paths (the host's memory and log);
+//! - `mode=path-flood`: forty distinct 1 MiB refused paths (the host's memory and log);
 //! - `mode=log-flood`: thirty thousand lines through `log`, stdout and stderr;
 //! - `mode=huge-error`: a 30 MB error string;
 //! - `devices=N` with a large N: more devices than the host accepts.
@@ -230,7 +230,7 @@ fn glob_bomb(sys: &dyn Sys) -> Vec<Device> {
 /// Distinct refused paths, 1 MiB each: the host must neither keep nor log them whole.
 fn path_flood(sys: &dyn Sys) -> Vec<Device> {
     let mut refused = 0u32;
-    for i in 0..300u32 {
+    for i in 0..40u32 {
         let path = format!("class/secret/{i}-{}", "p".repeat(1 << 20));
         if sys.read(&path).is_err() {
             refused += 1;

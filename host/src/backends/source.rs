@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::runtime::caps::Manifest;
+use super::manifest::Manifest;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Origin {

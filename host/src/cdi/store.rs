@@ -7,8 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -101,7 +99,7 @@ impl SpecDir {
         let gone = self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(resource);
         if let Some(w) = gone {
             let _ = fs::remove_file(&w.file);
-            sync_dir(&self.dir);
+            crate::durable::sync_dir(&self.dir);
         }
     }
 
@@ -133,7 +131,7 @@ impl SpecDir {
                 removed.push(entry.path());
             }
         }
-        sync_dir(&self.dir);
+        crate::durable::sync_dir(&self.dir);
         removed
     }
 }
@@ -143,18 +141,5 @@ fn write_atomically(dir: &Path, file: &Path, spec: &Spec) -> Result<(), CdiError
     let mut bytes =
         serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.to_owned(), source: e.into() })?;
     bytes.push(b'\n');
-    let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).suffix(".tmp").tempfile_in(dir).map_err(io(dir))?;
-    tmp.write_all(&bytes).map_err(io(tmp.path()))?;
-    tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).map_err(io(file))?;
-    tmp.as_file().sync_all().map_err(io(file))?;
-    tmp.persist(file).map_err(|e| CdiError::Io { path: file.to_owned(), source: e.error })?;
-    sync_dir(dir);
-    Ok(())
-}
-
-/// Make a rename or unlink durable. Best effort: some file systems refuse fsync on a directory.
-fn sync_dir(dir: &Path) {
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
+    crate::durable::write_file(dir, file, &bytes, TEMP_PREFIX, 0o644).map_err(io(file))
 }

@@ -23,7 +23,7 @@ use crate::cdi::{Kind, SpecDir};
 use crate::model::{ContainerEdits, Resource};
 use crate::proto::deviceplugin as pb;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Strategy {
     DeviceSpecs,

@@ -65,8 +65,10 @@ pub struct Runtime {
     pub config: RuntimeConfig,
     engine_hash: u64,
     pub cache_hits: AtomicU64,
-    /// Drives the timers that cut off guest calls blocked in the host (see [`Runtime::run_until`]).
+    /// Drives the WASI clocks of guest calls (see [`Runtime::run_until`]).
     timers: Timers,
+    /// Deadlines of guest calls that are waiting in the host, woken by the epoch thread.
+    cutoffs: Arc<Cutoffs>,
 }
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
@@ -85,7 +87,47 @@ impl Drop for Timers {
 
 /// Slack on top of a call's deadline before its future is dropped: the epoch deadline (5 ms
 /// ticks) normally stops computing guests first, with the cleaner trap.
-const CUTOFF_SLACK: Duration = Duration::from_millis(20);
+const CUTOFF_SLACK: Duration = Duration::from_millis(10);
+
+/// Cut-off deadlines of guest calls that went pending (blocked in a host function), checked by
+/// the epoch thread on every tick. A call that finishes without waiting never registers one, so
+/// the common call costs no timer and wakes no other thread.
+#[derive(Default)]
+struct Cutoffs(std::sync::Mutex<Vec<(std::time::Instant, std::task::Waker)>>);
+
+impl Cutoffs {
+    fn wake_expired(&self) {
+        let now = std::time::Instant::now();
+        let Ok(mut pending) = self.0.lock() else { return };
+        pending.retain(|(at, waker)| {
+            if *at <= now {
+                waker.wake_by_ref();
+                false
+            } else {
+                true
+            }
+        });
+    }
+}
+
+/// Resolves once its instant has passed; polled only when the call it races is pending.
+struct Cutoff {
+    at: std::time::Instant,
+    cutoffs: Arc<Cutoffs>,
+}
+
+impl std::future::Future for Cutoff {
+    type Output = ();
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if std::time::Instant::now() >= self.at {
+            return std::task::Poll::Ready(());
+        }
+        if let Ok(mut pending) = self.cutoffs.0.lock() {
+            pending.push((self.at, cx.waker().clone()));
+        }
+        std::task::Poll::Pending
+    }
+}
 
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
@@ -97,7 +139,8 @@ impl Runtime {
         let mut h = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
         let engine_hash = h.finish();
-        spawn_ticker(&engine);
+        let cutoffs = Arc::new(Cutoffs::default());
+        spawn_ticker(&engine, cutoffs.clone());
         if let Some(dir) = &config.cache_dir {
             create_private_dir(dir)?;
         }
@@ -112,6 +155,7 @@ impl Runtime {
             engine_hash,
             cache_hits: AtomicU64::new(0),
             timers: Timers(Some(timers)),
+            cutoffs,
         }))
     }
 
@@ -120,7 +164,14 @@ impl Runtime {
     /// main thread, or async code inside `block_in_place`.
     pub fn run_until<T>(&self, deadline: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
         let handle = self.timers.0.as_ref()?.handle();
-        handle.block_on(async { tokio::time::timeout(deadline + CUTOFF_SLACK, call).await.ok() })
+        let cutoff = Cutoff { at: std::time::Instant::now() + deadline + CUTOFF_SLACK, cutoffs: self.cutoffs.clone() };
+        let call = std::pin::pin!(call);
+        // `select` polls the call first: one that finishes without waiting never polls (and so
+        // never registers) its cut-off.
+        match handle.block_on(futures::future::select(call, std::pin::pin!(cutoff))) {
+            futures::future::Either::Left((out, _)) => Some(out),
+            futures::future::Either::Right(((), _)) => None,
+        }
     }
 
     pub fn engine(&self) -> &Engine {
@@ -159,7 +210,7 @@ impl Runtime {
         let component = self.compile_fresh(bytes)?;
         match component.serialize() {
             Ok(native) => {
-                if let Err(e) = write_atomically(dir, &path, &native) {
+                if let Err(e) = crate::durable::write_file(dir, &path, &native, ".devplug-cache-", 0o600) {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
                 }
             }
@@ -203,17 +254,8 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
-fn write_atomically(dir: &Path, path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(data)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
-}
-
-/// Advance the epoch every tick for as long as the engine lives.
-fn spawn_ticker(engine: &Engine) {
+/// Advance the epoch, and wake expired cut-offs, every tick for as long as the engine lives.
+fn spawn_ticker(engine: &Engine, cutoffs: Arc<Cutoffs>) {
     let weak = engine.weak();
     std::thread::Builder::new()
         .name("devplug-epoch".into())
@@ -221,6 +263,7 @@ fn spawn_ticker(engine: &Engine) {
             while let Some(engine) = weak.upgrade() {
                 engine.increment_epoch();
                 drop(engine);
+                cutoffs.wake_expired();
                 std::thread::sleep(EPOCH_TICK);
             }
         })

@@ -127,10 +127,6 @@ impl BackendInstance {
         Ok(me)
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// sha256 of the component bytes.
     pub fn digest(&self) -> &str {
         &self.digest

@@ -6,6 +6,7 @@ pub mod bindings;
 pub mod caps;
 mod engine;
 mod instance;
+pub mod jail;
 pub mod state;
 pub mod vet;
 

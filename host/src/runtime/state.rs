@@ -18,7 +18,8 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use std::path::Path;
 
-use super::caps::{Capabilities, FsError, Jail};
+use super::caps::Capabilities;
+use super::jail::{FsError, Jail};
 
 /// Refused paths already logged for one backend, so a hostile loop cannot flood the log. Paths
 /// are remembered clipped ([`crate::untrusted::clip`]), so the set stays small whatever the

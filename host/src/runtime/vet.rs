@@ -16,7 +16,8 @@
 //! A refusal refuses the whole answer (never half of one) and says which backend, resource,
 //! device, field and rule.
 
-use super::caps::{Capabilities, Jail, NodeType, Rule};
+use super::caps::{Capabilities, Rule};
+use super::jail::{Jail, NodeType};
 use crate::model::{ContainerEdits, DeviceNode, NodeNumbers, Resource};
 use crate::untrusted::clip;
 

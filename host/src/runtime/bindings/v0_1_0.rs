@@ -6,7 +6,7 @@ use wasmtime::component::{HasSelf, Linker};
 
 use super::GuestResult;
 use crate::model;
-use crate::runtime::caps;
+use crate::runtime::jail;
 use crate::runtime::state::{HostState, Sandbox};
 use crate::untrusted::clip;
 
@@ -33,12 +33,12 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     DevplugBackend::add_to_linker::<HostState, HasSelf<HostState>>(linker, |s| s)
 }
 
-fn fs_error(e: caps::FsError) -> FsError {
+fn fs_error(e: jail::FsError) -> FsError {
     match e {
-        caps::FsError::NotFound => FsError::NotFound,
-        caps::FsError::Denied(s) => FsError::Denied(clip(&s).into_owned()),
-        caps::FsError::InvalidPath(s) => FsError::InvalidPath(clip(&s).into_owned()),
-        caps::FsError::Io(s) => FsError::Io(clip(&s).into_owned()),
+        jail::FsError::NotFound => FsError::NotFound,
+        jail::FsError::Denied(s) => FsError::Denied(clip(&s).into_owned()),
+        jail::FsError::InvalidPath(s) => FsError::InvalidPath(clip(&s).into_owned()),
+        jail::FsError::Io(s) => FsError::Io(clip(&s).into_owned()),
     }
 }
 
@@ -50,22 +50,22 @@ impl HostState {
         &self,
         call: &str,
         path: &str,
-        f: impl FnOnce(&HostState) -> Result<T, caps::FsError>,
+        f: impl FnOnce(&HostState) -> Result<T, jail::FsError>,
     ) -> wasmtime::Result<Result<T, FsError>> {
         let r = host_call(&self.sandbox, call, || f(self))?;
-        if let Err(e @ (caps::FsError::Denied(_) | caps::FsError::InvalidPath(_))) = &r {
+        if let Err(e @ (jail::FsError::Denied(_) | jail::FsError::InvalidPath(_))) = &r {
             self.sandbox.refusals.refused(&self.sandbox, call, path, e);
         }
         Ok(r.map_err(fs_error))
     }
 
-    fn stat_node(&self, path: &str) -> Result<Node, caps::FsError> {
+    fn stat_node(&self, path: &str) -> Result<Node, jail::FsError> {
         let st = self.sandbox.dev.stat_node(path)?;
         let kind = match st.kind {
-            caps::NodeType::Char => NodeKind::Character,
-            caps::NodeType::Block => NodeKind::Block,
-            caps::NodeType::Directory => NodeKind::Directory,
-            caps::NodeType::Other => NodeKind::Other,
+            jail::NodeType::Char => NodeKind::Character,
+            jail::NodeType::Block => NodeKind::Block,
+            jail::NodeType::Directory => NodeKind::Directory,
+            jail::NodeType::Other => NodeKind::Other,
         };
         Ok(Node { path: path.to_owned(), kind, major: st.major, minor: st.minor })
     }
@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn a_panic_in_a_host_call_becomes_an_error_not_an_unwind() {
-        let caps = caps::Capabilities::new(&caps::Globs::default(), &caps::Globs::default()).unwrap();
+        let caps = crate::runtime::caps::Capabilities::new(&Default::default(), &Default::default()).unwrap();
         let d = tempfile::tempdir().unwrap();
         let sb = Sandbox::new("x", &caps, d.path(), d.path(), false, 1 << 20);
         let e = host_call(&sb, "devfs.glob", || -> u32 { panic!("regex compilation shouldn't fail") }).unwrap_err();

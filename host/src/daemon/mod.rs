@@ -1,7 +1,8 @@
-//! `devplug run`: load the backends, poll them, serve each resource to kubelet, keep its CDI
-//! spec current, hot-swap backends when their directory changes, stop cleanly.
+//! The daemon (`devplug run`): its control loop loads the backends, polls them, serves each
+//! resource to kubelet, keeps its CDI spec current, hot-swaps backends when their directory
+//! changes, and stops cleanly on SIGTERM whatever a backend is doing.
 
-mod hotswap;
+mod reconcile;
 mod specs;
 
 use std::future::Future;
@@ -10,10 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-pub use hotswap::{Reconciler, load_all, sources};
+pub use reconcile::Reconciler;
 
-use crate::backends::Registry;
 use crate::backends::watch::DirTicks;
+use crate::backends::{Registry, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;

@@ -1,69 +1,17 @@
-//! Which backends should be loaded (embedded set + backends directory) and bringing the running
-//! host in line with that when the directory changes: new or changed files are swapped in,
-//! removed files unloaded, and every refusal logged once, naming the file and the reason.
-//!
-//! Rules: a directory backend replaces the embedded one of the same name (and removing it brings
-//! the embedded one back); of several versions of one backend in the directory the highest file
-//! version wins; two backends declaring one resource name: the one loaded first keeps it.
+//! Bringing the running host in line with its backend sources when the backends directory
+//! changes: new or changed files are swapped in (and their resources served), removed files
+//! unloaded (and their resources stopped), every refusal logged once, naming the file and the
+//! reason. Which sources there are is [`crate::backends::sources`]'s business.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::specs::delivery;
-use crate::backends::{BackendSource, Registry, Retired, load_dir};
+use crate::backends::{BackendSource, Registry, Retired, sources};
 use crate::cdi::SpecDir;
 use crate::config::Config;
 use crate::kubelet::{Endpoints, ResourceHandle};
-
-/// The backends to load, and what is wrong in the directory. A directory backend replaces the
-/// embedded one of the same name only where the operator allowed it
-/// (`[backends.NAME] replace_embedded = true`), so a vendor can ship a newer first-party backend
-/// without a new host, but no file takes a first-party backend's place (and grant) unasked.
-pub fn sources(cfg: &Config) -> (Vec<BackendSource>, Vec<String>) {
-    let embedded = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
-    let mut problems = Vec::new();
-    let mut out = embedded.clone();
-    if let Some(dir) = &cfg.backends_dir {
-        let (found, errors) = load_dir(dir);
-        problems.extend(errors.into_iter().map(|e| format!("{e:#}")));
-        for src in found {
-            let consent = cfg.backends.get(&src.name).is_some_and(|s| s.replace_embedded);
-            if embedded.iter().any(|e| e.name == src.name) && !consent {
-                problems.push(format!(
-                    "{} not loaded: {:?} is an embedded backend; set [backends.{}] replace_embedded = true to let this file replace it",
-                    src.origin, src.name, src.name
-                ));
-                continue;
-            }
-            out.retain(|s| s.name != src.name);
-            out.push(src);
-        }
-    }
-    (out, problems)
-}
-
-/// Load every enabled source at startup (a backend whose first discover fails is still loaded:
-/// its device list fills in once discover works). Returns the sources that failed, by name and
-/// key, so the same file is not retried until it changes.
-pub async fn load_all(registry: &Arc<Registry>, sources: Vec<BackendSource>) -> HashMap<String, String> {
-    let mut failed = HashMap::new();
-    for src in sources {
-        if !registry.enabled(&src.name) {
-            tracing::info!(backend = %src.name, "disabled in the config");
-            continue;
-        }
-        let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
-        let r = registry.clone();
-        match tokio::task::spawn_blocking(move || r.load(src)).await {
-            Ok(Ok(())) => continue,
-            Ok(Err(e)) => tracing::error!(backend = %name, file = %origin, "backend not loaded: {e}"),
-            Err(e) => tracing::error!(backend = %name, file = %origin, "backend load panicked: {e}"),
-        }
-        failed.insert(name, key);
-    }
-    failed
-}
 
 /// Keeps the running set of backends in line with the sources.
 pub struct Reconciler {

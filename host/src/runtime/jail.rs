@@ -1,0 +1,691 @@
+//! The [`Jail`]: one root (`/sys`, `/dev` or a fixture tree) and the [`Rule`] for it, resolving
+//! every path itself so nothing outside `requested ∩ granted` is reachable.
+//!
+//! A path is allowed when both the path the backend named *and* the path it resolves to match a
+//! requested glob and a granted glob. Resolution never escapes the root: the kernel resolves with
+//! `openat2(RESOLVE_BENEATH)` from the root's descriptor (one syscall, absolute or climbing links
+//! refused), and where `openat2` is missing the jail follows each symlink itself. Paths with
+//! `..`, `.`, empty components, NUL or a leading `/` are refused before touching the file system.
+
+use std::collections::VecDeque;
+use std::fs;
+use std::io::{ErrorKind, Read};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+
+use super::caps::{Rule, compile_glob};
+
+/// Longest path a backend may name.
+const MAX_PATH: usize = 4096;
+/// Symlinks followed while resolving one path, as the kernel's own limit.
+const MAX_LINKS: usize = 40;
+/// Largest attribute a backend may read.
+pub const MAX_READ: u64 = 64 * 1024;
+
+/// Failure of a capability call, mirrored into the WIT `fs-error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FsError {
+    #[error("not found")]
+    NotFound,
+    #[error("denied: {0}")]
+    Denied(String),
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    #[error("i/o: {0}")]
+    Io(String),
+}
+
+/// A root directory (`/sys`, `/dev` or a fixture) plus the rule for it.
+#[derive(Clone, Debug)]
+pub struct Jail {
+    root: PathBuf,
+    rule: Rule,
+    /// The root opened once, for `openat2(RESOLVE_BENEATH)`: the kernel resolves every symlink
+    /// in one call and refuses any that leaves the root. `None` when the root cannot be opened
+    /// or the kernel (or a seccomp profile) lacks `openat2`; then the jail walks the path itself.
+    beneath: Option<Arc<Beneath>>,
+    /// Read `c MAJOR:MINOR` regular files as device nodes (test fixtures, where git cannot hold
+    /// real nodes). Off unless the operator asks: on a real `/dev` a planted file in a
+    /// world-writable directory such as `/dev/shm` would otherwise pose as any device.
+    fixture_nodes: bool,
+}
+
+#[derive(Debug)]
+struct Beneath {
+    fd: OwnedFd,
+    /// The root's canonical path, to turn `/proc/self/fd/N` back into a root-relative path.
+    canon: PathBuf,
+}
+
+impl Beneath {
+    fn new(root: &Path) -> Option<Beneath> {
+        let canon = fs::canonicalize(root).ok()?;
+        let fd = fs::File::open(&canon).ok()?.into();
+        let b = Beneath { fd, canon };
+        // Probe once: ENOSYS/EPERM here means openat2 is unavailable (old kernel, seccomp).
+        match b.open_at(".", OFlag::O_PATH) {
+            Err(Errno::ENOSYS) | Err(Errno::EPERM) => None,
+            _ => Some(b),
+        }
+    }
+
+    fn open_at(&self, rel: &str, flags: OFlag) -> Result<OwnedFd, Errno> {
+        let how = OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+        openat2(&self.fd, rel, how)
+    }
+
+    /// Open `rel` beneath the root and say where it really is, relative to the root.
+    fn open(&self, rel: &str, flags: OFlag) -> Result<(OwnedFd, String), FsError> {
+        let fd = self.open_at(rel, flags).map_err(|e| match e {
+            Errno::ENOENT => FsError::NotFound,
+            Errno::EXDEV => {
+                FsError::Denied(format!("{rel} resolves outside the root (a symlink climbs out or is absolute)"))
+            }
+            Errno::ELOOP => FsError::Io("too many levels of symbolic links".into()),
+            other => FsError::Io(format!("{rel}: {}", other.desc())),
+        })?;
+        let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io_error)?;
+        let canonical = real
+            .strip_prefix(&self.canon)
+            .ok()
+            .and_then(|p| p.to_str())
+            .map(str::to_owned)
+            .ok_or_else(|| FsError::Denied(format!("{rel} resolves outside the root")))?;
+        Ok((fd, canonical))
+    }
+}
+
+/// A path the jail accepted: where it is on disk and what it is called, relative to the root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub real: PathBuf,
+    pub canonical: String,
+}
+
+impl Jail {
+    pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
+        let root = root.into();
+        let beneath = Beneath::new(&root).map(Arc::new);
+        Jail { root, rule, beneath, fixture_nodes: false }
+    }
+
+    /// Let `c MAJOR:MINOR` / `b MAJOR:MINOR` files stand for device nodes (fixture trees only).
+    pub fn with_fixture_nodes(mut self, on: bool) -> Self {
+        self.fixture_nodes = on;
+        self
+    }
+
+    fn check_canonical(&self, rel: &str, canonical: &str) -> Result<(), FsError> {
+        if canonical != rel && !self.rule.allows(canonical) {
+            return Err(FsError::Denied(format!(
+                "{rel} resolves to {canonical}, which is {}",
+                if self.rule.requested(canonical) {
+                    "not granted".to_owned()
+                } else {
+                    format!(
+                        "not requested in the manifest (add {canonical:?}, or a glob covering it, to [requests] {})",
+                        self.rule.key()
+                    )
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
+    /// (for `read-link`).
+    pub fn resolve(&self, rel: &str, follow_last: bool) -> Result<Resolved, FsError> {
+        let comps = validate(rel)?;
+        if !self.rule.allows(rel) {
+            return Err(FsError::Denied(not_granted(&self.rule, rel)));
+        }
+        let canonical = match &self.beneath {
+            Some(b) if follow_last => b.open(rel, OFlag::O_PATH)?.1,
+            Some(b) => match rel.rsplit_once('/') {
+                Some((parent, last)) => {
+                    format!("{}/{last}", b.open(parent, OFlag::O_PATH)?.1).trim_start_matches('/').to_owned()
+                }
+                None => rel.to_owned(),
+            },
+            None => self.walk(comps, follow_last)?,
+        };
+        self.check_canonical(rel, &canonical)?;
+        Ok(Resolved { real: self.root.join(&canonical), canonical })
+    }
+
+    /// Follow symlinks component by component, never letting the OS follow one for us.
+    fn walk(&self, comps: Vec<&str>, follow_last: bool) -> Result<String, FsError> {
+        let mut done: Vec<String> = Vec::new();
+        let mut todo: VecDeque<String> = comps.into_iter().map(str::to_owned).collect();
+        let mut links = 0;
+        while let Some(c) = todo.pop_front() {
+            match c.as_str() {
+                "" | "." => continue,
+                ".." => {
+                    if done.pop().is_none() {
+                        return Err(FsError::Denied("a symlink climbs above the root".into()));
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            let here = self.root.join(done.join("/")).join(&c);
+            let meta = fs::symlink_metadata(&here).map_err(io_error)?;
+            if meta.file_type().is_symlink() && (follow_last || !todo.is_empty()) {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(FsError::Io("too many levels of symbolic links".into()));
+                }
+                let target = fs::read_link(&here).map_err(io_error)?;
+                let target = target.to_str().ok_or_else(|| FsError::Io("non-UTF-8 link".into()))?;
+                if target.starts_with('/') {
+                    return Err(FsError::Denied(format!("absolute symlink to {target}")));
+                }
+                for t in target.split('/').rev() {
+                    todo.push_front(t.to_owned());
+                }
+            } else {
+                done.push(c);
+            }
+        }
+        Ok(done.join("/"))
+    }
+
+    /// An attribute's text (regular files only, so a planted FIFO cannot block the host).
+    pub fn read(&self, rel: &str) -> Result<String, FsError> {
+        let file = match &self.beneath {
+            // One open resolves and checks; O_NONBLOCK so a FIFO cannot hang the host.
+            Some(b) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
+                self.check_canonical(rel, &canonical)?;
+                fs::File::from(fd)
+            }
+            None => {
+                let r = self.resolve(rel, true)?;
+                fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                    .open(&r.real)
+                    .map_err(io_error)?
+            }
+        };
+        if !file.metadata().map_err(io_error)?.is_file() {
+            return Err(FsError::Io(format!("{rel} is not a regular file")));
+        }
+        let mut buf = Vec::new();
+        file.take(MAX_READ + 1).read_to_end(&mut buf).map_err(io_error)?;
+        if buf.len() as u64 > MAX_READ {
+            return Err(FsError::Io(format!("{rel} is larger than {MAX_READ} bytes")));
+        }
+        let mut text = String::from_utf8_lossy(&buf).into_owned();
+        if text.ends_with('\n') {
+            text.pop();
+        }
+        Ok(text)
+    }
+
+    /// Directory entries the backend may see, sorted. An entry is shown only when both its path
+    /// under the name asked for and its path under where that name resolves are allowed (a
+    /// granted symlink to a directory must not list what lies beyond the grant). The entries are
+    /// read from the descriptor the check opened, so nothing can be swapped in between.
+    pub fn list(&self, rel: &str) -> Result<Vec<String>, FsError> {
+        let (names, canonical) = match &self.beneath {
+            Some(b) => {
+                let (fd, canonical) = if rel.is_empty() {
+                    (b.open(".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)?.0, String::new())
+                } else {
+                    validate(rel)?;
+                    if !self.rule.allows(rel) {
+                        return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                    }
+                    let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+                    self.check_canonical(rel, &canonical)?;
+                    (fd, canonical)
+                };
+                let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
+                let names: Vec<String> = dir
+                    .iter()
+                    .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
+                    .filter(|n| n != "." && n != "..")
+                    .collect();
+                (names, canonical)
+            }
+            None => {
+                let r = if rel.is_empty() {
+                    Resolved { real: self.root.clone(), canonical: String::new() }
+                } else {
+                    self.resolve(rel, true)?
+                };
+                let names = fs::read_dir(&r.real)
+                    .map_err(io_error)?
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect();
+                (names, r.canonical)
+            }
+        };
+        let mut names: Vec<String> = names
+            .into_iter()
+            .filter(|name| self.rule.allows(&join(rel, name)))
+            .filter(|name| canonical == rel || self.rule.allows(&join(&canonical, name)))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// A symlink's stored target.
+    pub fn read_link(&self, rel: &str) -> Result<String, FsError> {
+        let target = match (&self.beneath, rel.rsplit_once('/')) {
+            // Read the link relative to its already-open parent: no second walk from `/`.
+            (Some(b), Some((parent, last))) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (dir, canonical_parent) = b.open(parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+                self.check_canonical(rel, format!("{canonical_parent}/{last}").trim_start_matches('/'))?;
+                nix::fcntl::readlinkat(&dir, last)
+                    .map_err(|e| match e {
+                        Errno::ENOENT => FsError::NotFound,
+                        Errno::EINVAL => FsError::Io(format!("{rel} is not a symbolic link")),
+                        other => FsError::Io(format!("{rel}: {}", other.desc())),
+                    })?
+                    .into()
+            }
+            _ => fs::read_link(self.resolve(rel, false)?.real).map_err(io_error)?,
+        };
+        target.into_os_string().into_string().map_err(|_| FsError::Io("non-UTF-8 link".into()))
+    }
+
+    /// Every allowed path under the root that matches `pattern`, sorted. The walk follows the
+    /// pattern component by component (a literal component is looked up, not listed; a
+    /// directory no component can match is never read), so its cost depends on the pattern,
+    /// not on how big the root is; symlinked directories are not descended. `budget` bounds the
+    /// directory entries looked at, whatever the pattern.
+    pub fn glob(&self, pattern: &str, budget: usize) -> Result<Vec<String>, FsError> {
+        let full = compile_glob(pattern).map_err(FsError::InvalidPath)?.compile_matcher();
+        let comps: Vec<&str> = pattern.split('/').collect();
+        let mut step = Vec::with_capacity(comps.len());
+        for c in &comps {
+            step.push(match *c {
+                "**" => Step::Any,
+                c if !c.contains(['*', '?', '[', '{']) => Step::Literal(c),
+                c => Step::Match(compile_glob(c).map_err(FsError::InvalidPath)?.compile_matcher()),
+            });
+        }
+        let mut walk = GlobWalk { jail: self, full: &full, step: &step, out: Vec::new(), seen: 0, budget };
+        walk.dir("", 0)?;
+        let mut out = walk.out;
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// One component of a glob, as the walk uses it.
+enum Step<'a> {
+    Literal(&'a str),
+    Match(globset::GlobMatcher),
+    /// `**`: any depth (at most [`GLOB_DEPTH`] levels).
+    Any,
+}
+
+/// Levels a `**` descends.
+const GLOB_DEPTH: usize = 8;
+
+struct GlobWalk<'a> {
+    jail: &'a Jail,
+    full: &'a globset::GlobMatcher,
+    step: &'a [Step<'a>],
+    out: Vec<String>,
+    seen: usize,
+    budget: usize,
+}
+
+impl GlobWalk<'_> {
+    fn count(&mut self) -> Result<(), FsError> {
+        self.seen += 1;
+        if self.seen > self.budget {
+            return Err(FsError::Io(format!("the pattern looks at more than {} entries", self.budget)));
+        }
+        Ok(())
+    }
+
+    fn offer(&mut self, rel: String) {
+        if self.full.is_match(&rel) && self.jail.rule.allows(&rel) {
+            self.out.push(rel);
+        }
+    }
+
+    /// Entries of `dir` (relative to the root) with whether each is a real directory.
+    fn entries(&mut self, dir: &str) -> Vec<(String, bool)> {
+        let Ok(rd) = fs::read_dir(self.jail.root.join(dir)) else { return Vec::new() };
+        rd.flatten()
+            .filter_map(|e| Some((e.file_name().into_string().ok()?, e.file_type().is_ok_and(|t| t.is_dir()))))
+            .collect()
+    }
+
+    fn dir(&mut self, dir: &str, i: usize) -> Result<(), FsError> {
+        let last = i + 1 == self.step.len();
+        match &self.step[i] {
+            Step::Literal(name) => {
+                self.count()?;
+                let rel = join(dir, name);
+                match fs::symlink_metadata(self.jail.root.join(&rel)) {
+                    Ok(_) if last => self.offer(rel),
+                    Ok(m) if m.is_dir() => self.dir(&rel, i + 1)?,
+                    _ => {}
+                }
+            }
+            Step::Match(m) => {
+                for (name, is_dir) in self.entries(dir) {
+                    self.count()?;
+                    if !m.is_match(&name) {
+                        continue;
+                    }
+                    let rel = join(dir, &name);
+                    if last {
+                        self.offer(rel);
+                    } else if is_dir {
+                        self.dir(&rel, i + 1)?;
+                    }
+                }
+            }
+            Step::Any => self.below(dir, 0)?,
+        }
+        Ok(())
+    }
+
+    /// Everything under `dir`, each checked against the whole pattern.
+    fn below(&mut self, dir: &str, depth: usize) -> Result<(), FsError> {
+        for (name, is_dir) in self.entries(dir) {
+            self.count()?;
+            let rel = join(dir, &name);
+            if is_dir && depth + 1 < GLOB_DEPTH {
+                self.below(&rel, depth + 1)?;
+            }
+            self.offer(rel);
+        }
+        Ok(())
+    }
+}
+
+/// What a path under the dev root is, as a container runtime needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeType {
+    Char,
+    Block,
+    Directory,
+    Other,
+}
+
+/// A device node's type and numbers (0/0 for anything but a char or block node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStat {
+    pub kind: NodeType,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Jail {
+    /// Type and device numbers of `rel`, following links inside the root. Real nodes are read
+    /// from their metadata; with fixture nodes on, a `c MAJOR:MINOR` file counts as a node.
+    pub fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        // Stat the descriptor the check opened: no second lookup by name that a rename could
+        // redirect.
+        let meta = match &self.beneath {
+            Some(b) => {
+                validate(rel)?;
+                if !self.rule.allows(rel) {
+                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
+                }
+                let (fd, canonical) = b.open(rel, OFlag::O_PATH)?;
+                self.check_canonical(rel, &canonical)?;
+                fs::File::from(fd).metadata().map_err(io_error)?
+            }
+            None => fs::metadata(self.resolve(rel, true)?.real).map_err(io_error)?,
+        };
+        let ft = meta.file_type();
+        let (kind, major, minor) = if ft.is_char_device() || ft.is_block_device() {
+            let rdev = meta.rdev();
+            let kind = if ft.is_char_device() { NodeType::Char } else { NodeType::Block };
+            (kind, nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
+        } else if ft.is_dir() {
+            (NodeType::Directory, 0, 0)
+        } else if self.fixture_nodes && ft.is_file() && meta.len() < 64 {
+            match self.read(rel).ok().as_deref().and_then(parse_node_descriptor) {
+                Some(('c', ma, mi)) => (NodeType::Char, ma, mi),
+                Some((_, ma, mi)) => (NodeType::Block, ma, mi),
+                None => (NodeType::Other, 0, 0),
+            }
+        } else {
+            (NodeType::Other, 0, 0)
+        };
+        Ok(NodeStat { kind, major, minor })
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") }
+}
+
+fn not_granted(rule: &Rule, rel: &str) -> String {
+    if rule.requested(rel) {
+        format!("{rel} is not granted to this backend")
+    } else {
+        format!(
+            "{rel} is not requested in the backend's manifest (add {rel:?}, or a glob covering it, to [requests] {})",
+            rule.key()
+        )
+    }
+}
+
+/// Syntax checks that need no file system.
+fn validate(rel: &str) -> Result<Vec<&str>, FsError> {
+    let bad = |why: &str| Err(FsError::InvalidPath(format!("{rel:?}: {why}")));
+    if rel.is_empty() {
+        return bad("empty path");
+    }
+    if rel.len() > MAX_PATH {
+        return bad("too long");
+    }
+    if rel.contains('\0') {
+        return bad("contains NUL");
+    }
+    if rel.starts_with('/') {
+        return bad("absolute paths are not allowed; paths are relative to the root");
+    }
+    let comps: Vec<&str> = rel.split('/').collect();
+    if comps.iter().any(|c| *c == ".." || *c == "." || c.is_empty()) {
+        return bad("'.', '..' and empty components are not allowed");
+    }
+    Ok(comps)
+}
+
+fn io_error(e: std::io::Error) -> FsError {
+    match e.kind() {
+        ErrorKind::NotFound => FsError::NotFound,
+        _ => FsError::Io(e.to_string()),
+    }
+}
+
+/// Reading a fixture "device node": a regular file holding `c MAJOR:MINOR` or `b MAJOR:MINOR`,
+/// because git cannot store real nodes. Real nodes are read from their metadata instead.
+pub fn parse_node_descriptor(text: &str) -> Option<(char, u32, u32)> {
+    let (kind, rest) = text.trim().split_once(' ')?;
+    let kind = match kind {
+        "c" => 'c',
+        "b" => 'b',
+        _ => return None,
+    };
+    let (major, minor) = rest.split_once(':')?;
+    Some((kind, major.parse().ok()?, minor.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backends::Manifest;
+    use std::os::unix::fs::symlink;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// A small sysfs with the kernel's layout: bus/pci/devices/X -> ../../../devices/pci0000:00/X.
+    fn sysfs() -> (tempfile::TempDir, Jail) {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        let dev = r.join("devices/pci0000:00/0000:00:01.0");
+        fs::create_dir_all(&dev).unwrap();
+        fs::write(dev.join("vendor"), "0x10de\n").unwrap();
+        fs::write(dev.join("secret"), "s3cret\n").unwrap();
+        fs::create_dir_all(r.join("bus/pci/devices")).unwrap();
+        fs::create_dir_all(r.join("bus/pci/drivers/nvidia")).unwrap();
+        symlink("../../../devices/pci0000:00/0000:00:01.0", r.join("bus/pci/devices/0000:00:01.0")).unwrap();
+        symlink("../../../bus/pci/drivers/nvidia", dev.join("driver")).unwrap();
+        symlink("/etc", dev.join("abs")).unwrap();
+        symlink("../../../../..", dev.join("up")).unwrap();
+        let rule = Rule::new(
+            &strings(&[
+                "bus/pci/devices",
+                "bus/pci/devices/*",
+                "bus/pci/devices/*/{vendor,driver,abs,up}",
+                "devices/**/vendor",
+                "devices/**/driver",
+            ]),
+            &strings(&["**"]),
+        )
+        .unwrap();
+        let jail = Jail::new(r, rule);
+        (d, jail)
+    }
+
+    #[test]
+    fn reads_through_the_kernels_symlinks_and_checks_the_resolved_path() {
+        let (_d, j) = sysfs();
+        assert_eq!(j.read("bus/pci/devices/0000:00:01.0/vendor").unwrap(), "0x10de");
+        let r = j.resolve("bus/pci/devices/0000:00:01.0/vendor", true).unwrap();
+        assert_eq!(r.canonical, "devices/pci0000:00/0000:00:01.0/vendor");
+        assert_eq!(j.read_link("bus/pci/devices/0000:00:01.0/driver").unwrap(), "../../../bus/pci/drivers/nvidia");
+        assert_eq!(j.list("bus/pci/devices").unwrap(), ["0000:00:01.0"]);
+    }
+
+    #[test]
+    fn refuses_every_way_out() {
+        let (_d, j) = sysfs();
+        let cases = [
+            "../etc/passwd",
+            "/etc/passwd",
+            "bus/pci/devices/../../../etc/passwd",
+            "bus/pci/devices/0000:00:01.0/abs/passwd",
+            "bus/pci/devices/0000:00:01.0/abs",
+            "bus/pci/devices/0000:00:01.0/up",
+            "bus/pci/devices/0000:00:01.0/secret",
+            "bus/pci/devices/./0000:00:01.0/vendor",
+            "bus//pci",
+            "bus/pci/devices/0000:00:01.0/vendor\0x",
+        ];
+        for p in cases {
+            let err = j.read(p).unwrap_err();
+            assert!(matches!(err, FsError::Denied(_) | FsError::InvalidPath(_)), "{p}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn a_grant_narrows_a_request() {
+        let (d, _) = sysfs();
+        let rule =
+            Rule::new(&strings(&["bus/pci/devices/*/vendor", "devices/**/vendor"]), &strings(&["bus/**"])).unwrap();
+        let j = Jail::new(d.path(), rule);
+        // The named path is granted, but it resolves under devices/, which is not.
+        match j.read("bus/pci/devices/0000:00:01.0/vendor").unwrap_err() {
+            FsError::Denied(why) => assert!(why.contains("not granted"), "{why}"),
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn listing_hides_ungranted_entries_and_glob_respects_grants() {
+        let (d, _) = sysfs();
+        fs::write(d.path().join("kvm"), "c 10:232").unwrap();
+        fs::write(d.path().join("sda"), "b 8:0").unwrap();
+        let j = Jail::new(d.path(), Rule::new(&strings(&["*"]), &strings(&["kvm", "bus"])).unwrap());
+        assert_eq!(j.list("").unwrap(), ["bus", "kvm"]);
+        assert_eq!(j.glob("*", 1000).unwrap(), ["bus", "kvm"]);
+        assert!(matches!(j.glob("../*", 1000), Err(FsError::InvalidPath(_))));
+    }
+
+    #[test]
+    fn node_descriptors() {
+        assert_eq!(parse_node_descriptor("c 195:0\n"), Some(('c', 195, 0)));
+        assert_eq!(parse_node_descriptor("b 8:1"), Some(('b', 8, 1)));
+        assert_eq!(parse_node_descriptor("hello"), None);
+    }
+
+    #[test]
+    fn listing_a_granted_symlink_shows_only_entries_granted_where_it_leads() {
+        let (d, _) = sysfs();
+        // `bus/pci/devices/X` is granted with everything under it; where it leads is granted only
+        // for `vendor`, so `secret` must not be listed through the link.
+        let rule = Rule::new(
+            &strings(&["bus/pci/devices/*", "bus/pci/devices/*/*", "devices/pci0000:00/*", "devices/**/vendor"]),
+            &strings(&["**"]),
+        )
+        .unwrap();
+        let j = Jail::new(d.path(), rule);
+        assert_eq!(j.list("bus/pci/devices/0000:00:01.0").unwrap(), ["vendor"]);
+    }
+
+    #[test]
+    fn fixture_nodes_only_count_when_switched_on() {
+        let d = tempfile::tempdir().unwrap();
+        fs::write(d.path().join("mem"), "c 1:1\n").unwrap();
+        let all = strings(&["**"]);
+        let off = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        assert_eq!(off.stat_node("mem").unwrap().kind, NodeType::Other, "a planted file is no device");
+        let on = Jail::new(d.path(), Rule::new(&all, &all).unwrap()).with_fixture_nodes(true);
+        assert_eq!(on.stat_node("mem").unwrap(), NodeStat { kind: NodeType::Char, major: 1, minor: 1 });
+    }
+
+    #[test]
+    fn hostile_globs_are_errors_not_panics() {
+        let d = tempfile::tempdir().unwrap();
+        let all = strings(&["**"]);
+        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        for p in ["*".repeat(100_000), "a".repeat(16 << 20), "{".repeat(300), "[".to_owned(), "x\0y".to_owned()] {
+            assert!(matches!(j.glob(&p, 1000), Err(FsError::InvalidPath(_))), "{}", crate::untrusted::clip(&p));
+        }
+        assert!(Manifest::parse(&format!("[requests]\ndev = [\"{}\"]\n", "*".repeat(100))).is_err());
+    }
+
+    #[test]
+    fn a_glob_costs_what_its_pattern_needs_not_what_the_root_holds() {
+        let d = tempfile::tempdir().unwrap();
+        for i in 0..25_000 {
+            fs::write(d.path().join(format!("tty{i}")), "").unwrap();
+        }
+        fs::create_dir_all(d.path().join("dri")).unwrap();
+        for n in ["renderD128", "renderD129", "card0"] {
+            fs::write(d.path().join("dri").join(n), "c 226:128").unwrap();
+        }
+        let all = strings(&["**"]);
+        let j = Jail::new(d.path(), Rule::new(&all, &all).unwrap());
+        // A literal first component is looked up, not listed: a budget of 10 entries is plenty.
+        assert_eq!(j.glob("dri/renderD*", 10).unwrap(), ["dri/renderD128", "dri/renderD129"]);
+        // A wildcard over the big directory reads it once, within an ordinary budget.
+        assert_eq!(j.glob("tty2499[0-9]", 100_000).unwrap().len(), 10);
+        assert!(j.glob("**", 1000).is_err(), "the budget bounds a walk of everything");
+    }
+}
