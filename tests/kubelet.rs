@@ -381,3 +381,57 @@ async fn a_hundred_kubelet_restarts_cost_one_clean_registration_per_resource_eac
     );
     d.terminate(T).unwrap();
 }
+
+/// The same hundred restarts with three resources through kubelet's plugin watcher: devplug's
+/// sockets in `plugins_registry` survive the restart, kubelet finds them again by itself, and
+/// each resource is registered exactly once per restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_kubelet_restarts_through_the_plugin_watcher_with_three_resources() {
+    use support::binary::{Devplug, run_args};
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, reg, backends) =
+        (root.path().join("device-plugins"), root.path().join("plugins_registry"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    let (wasm, manifest) = support::daemon::chaos_paths();
+    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
+    let resources: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
+    for (i, r) in resources.iter().enumerate() {
+        std::fs::copy(&wasm, backends.join(format!("w{}.wasm", i + 1))).unwrap();
+        std::fs::write(
+            backends.join(format!("w{}.toml", i + 1)),
+            format!("config = \"resource={r} devices=2\"\n{requests}"),
+        )
+        .unwrap();
+    }
+    let m = Machine::generic_box();
+    let mut kubelet = Kubelet::start_with_watcher(&kdir, &reg).await;
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let mut args = run_args(&kdir, &backends, &m);
+    let mode = args.iter().position(|a| a == "--registration").unwrap() + 1;
+    args[mode] = "auto".into(); // the registry dir exists: auto picks the watcher
+    args.extend(["--cache-dir".into(), cache.display().to_string()]);
+    let mut d = Devplug::spawn(&args);
+    kubelet.wait_for(T, "three registrations", |k| k.registrations() == 3).await.unwrap();
+    const RESTARTS: u64 = 100;
+    for i in 1..=RESTARTS {
+        kubelet.restart_after(Duration::from_millis(30)).await;
+        kubelet
+            .wait_for(T, &format!("restart {i}: three registrations"), |k| k.registrations() >= 3 * (i + 1))
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+        for r in &resources {
+            kubelet.wait_devices(r, T, |l| l.len() == 2).await.unwrap_or_else(|e| panic!("restart {i}, {r}: {e}"));
+        }
+    }
+    for r in &resources {
+        let mut c = kubelet.plugin(r).await.unwrap().client;
+        c.get_device_plugin_options(pb::Empty {}).await.unwrap();
+    }
+    assert_eq!(kubelet.registrations(), 3 * (RESTARTS + 1), "exactly one registration per resource per restart");
+    assert!(kubelet.refusals().is_empty(), "kubelet refused: {:?}", kubelet.refusals());
+    let mut socks: Vec<String> =
+        std::fs::read_dir(&reg).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    socks.sort();
+    assert_eq!(socks.len(), 3, "one socket per resource in plugins_registry: {socks:?}");
+    d.terminate(T).unwrap();
+}

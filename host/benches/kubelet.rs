@@ -115,6 +115,34 @@ fn main() -> anyhow::Result<()> {
         );
         report("3 resources: new kubelet.sock -> all ListAndWatch resumed", resumed);
         daemon.stop().await?;
+        drop(kubelet);
+
+        // The same through kubelet's plugin watcher (devplug's sockets in plugins_registry).
+        let reg = root.path().join("plugins_registry");
+        let kdir2 = root.path().join("device-plugins-2");
+        let mut kubelet = Kubelet::start_with_watcher(&kdir2, &reg).await;
+        let mut cfg = config(&kdir2, &m, &bdir, "");
+        cfg.backends.clear();
+        cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
+        cfg.plugins_registry_dir = Some(reg.clone());
+        let daemon = Daemon::start(cfg);
+        kubelet.wait_for(Duration::from_secs(30), "three registrations", |k| k.registrations() == 3).await?;
+        let mut resumed = Vec::new();
+        for i in 1..=restarts {
+            kubelet.restart_after(Duration::from_millis(30)).await;
+            let t = Instant::now();
+            kubelet.wait_for(Duration::from_secs(15), "re-registration", |k| k.registrations() >= 3 * (i + 1)).await?;
+            for r in &names {
+                kubelet.wait_devices(r, Duration::from_secs(15), |l| l.len() == 2).await?;
+            }
+            resumed.push(t.elapsed());
+        }
+        anyhow::ensure!(
+            kubelet.registrations() == 3 * (restarts + 1),
+            "more than one registration per resource per restart (plugin watcher)"
+        );
+        report("3 resources, plugin watcher: kubelet back -> all ListAndWatch resumed", resumed);
+        daemon.stop().await?;
         Ok(())
     })
 }
