@@ -180,6 +180,9 @@ pub struct RunArgs {
     /// Do not load the first-party backends built into the binary.
     #[arg(long)]
     pub no_embedded: bool,
+    /// Do not listen to kernel uevents (backends then see changes at polls only).
+    #[arg(long)]
+    pub no_uevents: bool,
     /// Where /sys is (a fixture tree in tests).
     #[arg(long)]
     pub sysfs_root: Option<PathBuf>,
@@ -231,6 +234,9 @@ impl RunArgs {
         }
         if self.dev_fixtures {
             c.dev_fixtures = true;
+        }
+        if self.no_uevents {
+            c.uevents = false;
         }
         Ok(c)
     }

@@ -7,6 +7,7 @@
 //! poll_interval = "5s"
 //! default_grant = "none"           # what a backend from the dir gets with no [backends.X.grant]
 //! cdi_dir = "/var/run/cdi"          # CDI spec files; write_cdi = false turns them off
+//! uevents = true                    # kernel uevents trigger subscribed backends' discover
 //! allocate = ["device-specs"]       # device-specs | cdi-cri | cdi-annotations, several at once
 //!
 //! [resources."nvidia.com/gpu"]
@@ -121,6 +122,9 @@ pub struct Config {
     pub cdi_dir: PathBuf,
     /// Write CDI spec files at all (needed by the `cdi-*` strategies).
     pub write_cdi: bool,
+    /// Listen to kernel uevents, so subscribed backends discover at once (see
+    /// [`crate::backends::uevents`]); the poll stays as a safety net.
+    pub uevents: bool,
     /// Default Allocate strategies (see [`crate::kubelet::answer`]).
     pub allocate: Vec<Strategy>,
     pub resources: BTreeMap<String, ResourceSettings>,
@@ -151,6 +155,7 @@ impl Default for Config {
             dev_fixtures: false,
             cdi_dir: PathBuf::from("/var/run/cdi"),
             write_cdi: true,
+            uevents: true,
             allocate: vec![Strategy::DeviceSpecs],
             resources: BTreeMap::new(),
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9400)),

@@ -7,6 +7,7 @@ mod manifest;
 mod registry;
 mod source;
 mod startup;
+pub mod uevents;
 pub mod watch;
 
 pub use manifest::Manifest;

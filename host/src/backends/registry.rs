@@ -371,6 +371,19 @@ impl Registry {
             .collect()
     }
 
+    /// The discover of backend `name` alone (a uevent asked for it).
+    pub fn poll_job(&self, name: &str) -> Option<PollJob> {
+        let backends = self.backends.lock().expect("registry lock");
+        let s = backends.get(name)?;
+        Some(PollJob { name: name.to_owned(), slot: s.clone(), inst: s.current.load_full() })
+    }
+
+    /// Backends subscribed to kernel uevents of `subsystem`.
+    pub fn subscribers(&self, subsystem: &str) -> Vec<String> {
+        let backends = self.backends.lock().expect("registry lock");
+        backends.iter().filter(|(_, s)| s.current.load().subscribes(subsystem)).map(|(n, _)| n.clone()).collect()
+    }
+
     /// Publish a finished poll; returns resources to start serving.
     pub fn finish_poll(&self, done: PollDone) -> Vec<ResourceHandle> {
         let PollDone { job, result, took } = done;

@@ -25,6 +25,8 @@ enum Wake {
     Swap,
     Poll,
     Polled(crate::backends::PollDone),
+    /// A kernel uevent of this subsystem.
+    Uevent(String),
     Beat,
 }
 
@@ -104,6 +106,22 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let mut polls: tokio::task::JoinSet<crate::backends::PollDone> = tokio::task::JoinSet::new();
     let mut busy: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut first_round: Option<usize> = None;
+    // Backends a uevent asked for while their discover was running: once more when it ends, so
+    // the last event of a burst is always seen.
+    let mut again: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut uevents = if cfg.uevents {
+        match crate::backends::uevents::listen() {
+            Ok(rx) => Some(rx),
+            Err(e) => {
+                tracing::warn!(
+                    "kernel uevents unavailable ({e}); devices change at polls only (hostNetwork is needed in a pod)"
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
 
     loop {
         heartbeat.beat();
@@ -127,6 +145,12 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                     Wake::Beat
                 }
             },
+            Some(ev) = async {
+                match uevents.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => Wake::Uevent(ev.subsystem),
             _ = beat.tick() => Wake::Beat,
         };
         let work = async {
@@ -144,9 +168,27 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                     next_poll = tokio::time::Instant::now() + cfg.poll_interval;
                     return;
                 }
+                Wake::Uevent(subsystem) => {
+                    for name in registry.subscribers(&subsystem) {
+                        if busy.contains(&name) {
+                            again.insert(name);
+                        } else if let Some(job) = registry.poll_job(&name) {
+                            busy.insert(name);
+                            polls.spawn_blocking(move || job.run());
+                        }
+                    }
+                    return;
+                }
                 Wake::Polled(done) => {
-                    busy.remove(done.backend());
+                    let name = done.backend().to_owned();
+                    busy.remove(&name);
                     let ready = registry.finish_poll(done);
+                    if again.remove(&name)
+                        && let Some(job) = registry.poll_job(&name)
+                    {
+                        busy.insert(name);
+                        polls.spawn_blocking(move || job.run());
+                    }
                     hot.serve(ready).await;
                     if let Some(left) = first_round.as_mut() {
                         *left = left.saturating_sub(1);

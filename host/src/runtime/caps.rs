@@ -26,6 +26,10 @@ pub struct Globs {
     /// Annotation keys it may set on containers (`example.com/*`); `cdi.k8s.io/*` never.
     #[serde(default)]
     pub annotations: Vec<String>,
+    /// Kernel uevent subsystems (`pci`, `net`, `drm`, …) whose events make the host call its
+    /// `discover` at once rather than at the next poll.
+    #[serde(default)]
+    pub uevents: Vec<String>,
 }
 
 /// Longest glob a manifest or a backend's `devfs.glob` may use, and how many wildcards it may
@@ -113,6 +117,7 @@ pub struct Capabilities {
     pub mounts: Rule,
     pub resources: Rule,
     pub annotations: Rule,
+    pub uevents: Rule,
 }
 
 impl Capabilities {
@@ -123,6 +128,7 @@ impl Capabilities {
             mounts: Rule::new(&absolute_globs(&requested.mounts)?, &absolute_globs(&granted.mounts)?)?,
             resources: Rule::new(&requested.resources, &granted.resources)?,
             annotations: Rule::new(&requested.annotations, &granted.annotations)?,
+            uevents: Rule::new(&requested.uevents, &granted.uevents)?,
         })
     }
 }

@@ -140,6 +140,11 @@ impl BackendInstance {
         self.pre.version()
     }
 
+    /// Whether a kernel uevent of `subsystem` should make this backend discover again.
+    pub fn subscribes(&self, subsystem: &str) -> bool {
+        self.sandbox.uevents.allows(subsystem)
+    }
+
     pub fn breaker_open(&self) -> bool {
         self.stats.breaker_open.load(Ordering::Relaxed)
     }

@@ -114,6 +114,8 @@ pub struct Sandbox {
     pub log: Arc<LogBudget>,
     /// What the backend may hand to containers and kubelet (see [`super::vet`]).
     pub returns: Arc<super::vet::ReturnRules>,
+    /// Kernel uevent subsystems that trigger its `discover`.
+    pub uevents: super::caps::Rule,
     pub memory_cap: usize,
 }
 
@@ -133,6 +135,7 @@ impl Sandbox {
             backend: name.into(),
             sysfs: Arc::new(Jail::new(sysfs_root, caps.sysfs.clone())),
             returns: Arc::new(super::vet::ReturnRules::new(caps, dev.clone())),
+            uevents: caps.uevents.clone(),
             dev,
             refusals: Arc::new(RefusalLog::default()),
             log: Arc::new(LogBudget::default()),

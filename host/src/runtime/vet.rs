@@ -317,7 +317,14 @@ mod tests {
 
     fn all() -> Globs {
         let all = vec!["**".to_owned()];
-        Globs { sysfs: vec![], dev: all.clone(), mounts: vec!["/**".into()], resources: all.clone(), annotations: all }
+        Globs {
+            sysfs: vec![],
+            dev: all.clone(),
+            mounts: vec!["/**".into()],
+            resources: all.clone(),
+            annotations: all,
+            uevents: vec![],
+        }
     }
 
     fn node(container: &str, host: &str) -> ContainerEdits {

@@ -1,0 +1,76 @@
+//! Kernel uevents, for real: writing `change` to a real device's `uevent` file in this machine's
+//! `/sys` makes the kernel emit a real uevent; devplug must run the discover of the backend
+//! subscribed to that subsystem at once (its poll is an hour away), and only of that backend.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::Kubelet;
+use support::binary::{Devplug, run_args};
+use support::daemon::chaos_paths;
+use support::fixtures::Machine;
+
+const T: Duration = Duration::from_secs(30);
+/// The loopback interface: in every network namespace, and harmless to announce again.
+const LO_UEVENT: &str = "/sys/devices/virtual/net/lo/uevent";
+
+/// `NAME.wasm` (chaos in churn mode: every discover changes the list) serving `resource`, with
+/// `extra` manifest lines.
+fn churner(dir: &Path, name: &str, resource: &str, extra: &str) {
+    let (wasm, manifest) = chaos_paths();
+    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
+    std::fs::copy(wasm, dir.join(format!("{name}.wasm"))).unwrap();
+    let toml = format!("config = \"mode=churn devices=3 resource={resource}\"\n{requests}{extra}");
+    std::fs::write(dir.join(format!("{name}.toml")), toml).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kernel_uevent_runs_the_subscribed_backends_discover_at_once() {
+    if std::fs::OpenOptions::new().write(true).open(LO_UEVENT).is_err() {
+        eprintln!(
+            "cannot write {LO_UEVENT} here (not root, or /sys read-only): no kernel uevent can be triggered, nothing checked"
+        );
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    churner(&backends, "evented", "test.devplug.io/evented", "uevents = [\"net\"]\n");
+    churner(&backends, "quiet", "test.devplug.io/quiet", "");
+    let kubelet = Kubelet::start(&kdir).await;
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let machine = Machine::generic_box();
+    let mut args = run_args(&kdir, &backends, &machine);
+    args.extend(["--cache-dir".into(), cache.display().to_string(), "--poll-interval".into(), "1h".into()]);
+    let d = Devplug::spawn(&args);
+    let evented =
+        kubelet.wait_plugin("test.devplug.io/evented", T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let quiet = kubelet.wait_plugin("test.devplug.io/quiet", T).await.unwrap();
+    // Both first lists delivered before counting anything.
+    for r in ["test.devplug.io/evented", "test.devplug.io/quiet"] {
+        kubelet.wait_devices(r, T, |l| !l.is_empty()).await.unwrap();
+    }
+    let quiet_before = quiet.updates.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(quiet_before >= 1);
+    let mut lists = evented.devices.clone();
+    lists.borrow_and_update();
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let t0 = Instant::now();
+        std::fs::write(LO_UEVENT, "change").unwrap();
+        tokio::time::timeout(T, lists.changed())
+            .await
+            .unwrap_or_else(|_| panic!("event {i}: no discover followed the uevent\n{}", d.log()))
+            .unwrap();
+        took.push(t0.elapsed());
+    }
+    assert_eq!(
+        quiet.updates.load(std::sync::atomic::Ordering::SeqCst),
+        quiet_before,
+        "a backend that did not subscribe to net was polled"
+    );
+    took.sort();
+    eprintln!("uevent → new list on the ListAndWatch stream: p50 {:?}, max {:?} (20 events)", took[10], took[19]);
+}
