@@ -329,17 +329,7 @@ async fn a_hundred_kubelet_restarts_cost_one_clean_registration_per_resource_eac
     let root = tempfile::tempdir().unwrap();
     let (kdir, backends) = (root.path().join("device-plugins"), root.path().join("backends"));
     std::fs::create_dir_all(&backends).unwrap();
-    let (wasm, manifest) = support::daemon::chaos_paths();
-    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
-    let resources: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
-    for (i, r) in resources.iter().enumerate() {
-        std::fs::copy(&wasm, backends.join(format!("w{}.wasm", i + 1))).unwrap();
-        std::fs::write(
-            backends.join(format!("w{}.toml", i + 1)),
-            format!("config = \"resource={r} devices=2\"\n{requests}"),
-        )
-        .unwrap();
-    }
+    let resources = support::daemon::three_resources(&backends);
     let m = Machine::generic_box();
     let mut kubelet = Kubelet::start(&kdir).await;
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
@@ -350,16 +340,11 @@ async fn a_hundred_kubelet_restarts_cost_one_clean_registration_per_resource_eac
     const RESTARTS: u64 = 100;
     let mut resumed = Vec::new();
     for i in 1..=RESTARTS {
-        kubelet.restart_after(Duration::from_millis(30)).await;
-        let t0 = Instant::now();
-        kubelet
-            .wait_for(T, &format!("restart {i}: three registrations"), |k| k.registrations() >= 3 * (i + 1))
+        let took = kubelet
+            .restart_and_wait(Duration::from_millis(30), &resources, 3 * (i + 1), 2, T)
             .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
-        for r in &resources {
-            kubelet.wait_devices(r, T, |l| l.len() == 2).await.unwrap_or_else(|e| panic!("restart {i}, {r}: {e}"));
-        }
-        resumed.push(t0.elapsed());
+            .unwrap_or_else(|e| panic!("restart {i}: {e}\n{}", d.log()));
+        resumed.push(took);
     }
     // Any duplicate Register of the last restart would have landed by the time each resource's
     // server answered a call.
@@ -392,17 +377,7 @@ async fn a_hundred_kubelet_restarts_through_the_plugin_watcher_with_three_resour
     let (kdir, reg, backends) =
         (root.path().join("device-plugins"), root.path().join("plugins_registry"), root.path().join("backends"));
     std::fs::create_dir_all(&backends).unwrap();
-    let (wasm, manifest) = support::daemon::chaos_paths();
-    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
-    let resources: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
-    for (i, r) in resources.iter().enumerate() {
-        std::fs::copy(&wasm, backends.join(format!("w{}.wasm", i + 1))).unwrap();
-        std::fs::write(
-            backends.join(format!("w{}.toml", i + 1)),
-            format!("config = \"resource={r} devices=2\"\n{requests}"),
-        )
-        .unwrap();
-    }
+    let resources = support::daemon::three_resources(&backends);
     let m = Machine::generic_box();
     let mut kubelet = Kubelet::start_with_watcher(&kdir, &reg).await;
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
@@ -414,14 +389,10 @@ async fn a_hundred_kubelet_restarts_through_the_plugin_watcher_with_three_resour
     kubelet.wait_for(T, "three registrations", |k| k.registrations() == 3).await.unwrap();
     const RESTARTS: u64 = 100;
     for i in 1..=RESTARTS {
-        kubelet.restart_after(Duration::from_millis(30)).await;
         kubelet
-            .wait_for(T, &format!("restart {i}: three registrations"), |k| k.registrations() >= 3 * (i + 1))
+            .restart_and_wait(Duration::from_millis(30), &resources, 3 * (i + 1), 2, T)
             .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
-        for r in &resources {
-            kubelet.wait_devices(r, T, |l| l.len() == 2).await.unwrap_or_else(|e| panic!("restart {i}, {r}: {e}"));
-        }
+            .unwrap_or_else(|e| panic!("restart {i}: {e}\n{}", d.log()));
     }
     for r in &resources {
         let mut c = kubelet.plugin(r).await.unwrap().client;

@@ -83,66 +83,48 @@ fn main() -> anyhow::Result<()> {
         let root = tempfile::tempdir()?;
         let (kdir, bdir) = (root.path().join("device-plugins"), root.path().join("backends"));
         std::fs::create_dir_all(&bdir)?;
-        let (wasm, manifest) = support::daemon::chaos_paths();
-        let requests = std::fs::read_to_string(manifest)?.replace("name = \"chaos\"\n", "");
-        let names: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
-        for (i, r) in names.iter().enumerate() {
-            std::fs::copy(&wasm, bdir.join(format!("w{}.wasm", i + 1)))?;
-            std::fs::write(
-                bdir.join(format!("w{}.toml", i + 1)),
-                format!("config = \"resource={r} devices=2\"\n{requests}"),
-            )?;
-        }
-        let mut kubelet = Kubelet::start(&kdir).await;
+        let names = support::daemon::three_resources(&bdir);
+        let restarts = if quick { 10 } else { 100 };
         let mut cfg = config(&kdir, &m, &bdir, "");
         cfg.backends.clear();
-        let daemon = Daemon::start(cfg);
-        kubelet.wait_for(Duration::from_secs(30), "three registrations", |k| k.registrations() == 3).await?;
-        let restarts = if quick { 10 } else { 100 };
-        let mut resumed = Vec::new();
-        for i in 1..=restarts {
-            kubelet.restart_after(Duration::from_millis(30)).await;
-            let t = Instant::now();
-            kubelet.wait_for(Duration::from_secs(15), "re-registration", |k| k.registrations() >= 3 * (i + 1)).await?;
-            for r in &names {
-                kubelet.wait_devices(r, Duration::from_secs(15), |l| l.len() == 2).await?;
-            }
-            resumed.push(t.elapsed());
-        }
-        anyhow::ensure!(
-            kubelet.registrations() == 3 * (restarts + 1),
-            "more than one Register per resource per restart"
-        );
+        let kubelet = Kubelet::start(&kdir).await;
+        let resumed = restarts_resumed(kubelet, cfg.clone(), &names, restarts).await?;
         report("3 resources: new kubelet.sock -> all ListAndWatch resumed", resumed);
-        daemon.stop().await?;
-        drop(kubelet);
 
         // The same through kubelet's plugin watcher (devplug's sockets in plugins_registry).
-        let reg = root.path().join("plugins_registry");
-        let kdir2 = root.path().join("device-plugins-2");
-        let mut kubelet = Kubelet::start_with_watcher(&kdir2, &reg).await;
-        let mut cfg = config(&kdir2, &m, &bdir, "");
-        cfg.backends.clear();
+        let (kdir2, reg) = (root.path().join("device-plugins-2"), root.path().join("plugins_registry"));
+        let kubelet = Kubelet::start_with_watcher(&kdir2, &reg).await;
+        cfg.kubelet_dir = kdir2;
         cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
-        cfg.plugins_registry_dir = Some(reg.clone());
-        let daemon = Daemon::start(cfg);
-        kubelet.wait_for(Duration::from_secs(30), "three registrations", |k| k.registrations() == 3).await?;
-        let mut resumed = Vec::new();
-        for i in 1..=restarts {
-            kubelet.restart_after(Duration::from_millis(30)).await;
-            let t = Instant::now();
-            kubelet.wait_for(Duration::from_secs(15), "re-registration", |k| k.registrations() >= 3 * (i + 1)).await?;
-            for r in &names {
-                kubelet.wait_devices(r, Duration::from_secs(15), |l| l.len() == 2).await?;
-            }
-            resumed.push(t.elapsed());
-        }
-        anyhow::ensure!(
-            kubelet.registrations() == 3 * (restarts + 1),
-            "more than one registration per resource per restart (plugin watcher)"
-        );
+        cfg.plugins_registry_dir = Some(reg);
+        let resumed = restarts_resumed(kubelet, cfg, &names, restarts).await?;
         report("3 resources, plugin watcher: kubelet back -> all ListAndWatch resumed", resumed);
-        daemon.stop().await?;
         Ok(())
     })
+}
+
+/// Issue 18's scenario: kubelet dies (streams close, its socket stays), comes back 30 ms later,
+/// wipes the plugin sockets and listens anew. Timed from the new kubelet to every resource's
+/// ListAndWatch delivering its list again; exactly one registration per resource per restart.
+async fn restarts_resumed(
+    mut kubelet: Kubelet,
+    cfg: devplug::config::Config,
+    names: &[String],
+    restarts: u64,
+) -> anyhow::Result<Vec<Duration>> {
+    let n = names.len() as u64;
+    let daemon = Daemon::start(cfg);
+    kubelet.wait_for(Duration::from_secs(30), "first registrations", |k| k.registrations() == n).await?;
+    let mut resumed = Vec::new();
+    for i in 1..=restarts {
+        resumed.push(
+            kubelet.restart_and_wait(Duration::from_millis(30), names, n * (i + 1), 2, Duration::from_secs(15)).await?,
+        );
+    }
+    anyhow::ensure!(
+        kubelet.registrations() == n * (restarts + 1),
+        "more than one registration per resource per restart"
+    );
+    daemon.stop().await?;
+    Ok(resumed)
 }

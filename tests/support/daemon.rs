@@ -100,3 +100,20 @@ impl Drop for Daemon {
         self.task.abort();
     }
 }
+
+/// Three chaos backends `w1..w3` in `dir`, serving `test.devplug.io/w1..w3` with 2 devices
+/// each; returns the resource names.
+pub fn three_resources(dir: &Path) -> Vec<String> {
+    let (wasm, manifest) = chaos_paths();
+    let requests = std::fs::read_to_string(manifest).expect("manifest").replace("name = \"chaos\"\n", "");
+    let names: Vec<String> = (1..=3).map(|i| format!("test.devplug.io/w{i}")).collect();
+    for (i, r) in names.iter().enumerate() {
+        std::fs::copy(&wasm, dir.join(format!("w{}.wasm", i + 1))).expect("copy chaos");
+        std::fs::write(
+            dir.join(format!("w{}.toml", i + 1)),
+            format!("config = \"resource={r} devices=2\"\n{requests}"),
+        )
+        .expect("write manifest");
+    }
+    names
+}

@@ -188,6 +188,27 @@ impl Kubelet {
         self.boot();
     }
 
+    /// Restart the way [`restart_after`](Self::restart_after) does, then wait until every
+    /// resource in `resources` is registered again (`registrations` in total) and its stream
+    /// delivered a list of `devices`; returns the time from the new kubelet to that.
+    pub async fn restart_and_wait(
+        &mut self,
+        gap: Duration,
+        resources: &[String],
+        registrations: u64,
+        devices: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        self.restart_after(gap).await;
+        let t = std::time::Instant::now();
+        self.wait_for(timeout, &format!("{registrations} registrations"), |k| k.registrations() >= registrations)
+            .await?;
+        for r in resources {
+            self.wait_devices(r, timeout, |l| l.len() == devices).await?;
+        }
+        Ok(t.elapsed())
+    }
+
     /// Kubelet's process ends: connections drop, the socket file stays.
     async fn stop_serving(&mut self) {
         self.stop.cancel();
