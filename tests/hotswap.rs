@@ -249,11 +249,14 @@ async fn refused(
     let before = d.log().matches("backend refused").count();
     land(backends, Arrival::Rename, wasm, toml, 0);
     let deadline = Instant::now() + T;
+    // A version lands as two renames (manifest, then component). If the watcher reconciles
+    // between them, the pair in between (new manifest, previous component) is a version of its
+    // own and is refused too: look for this landing's reason among the new refusals.
     let fresh = loop {
         let log = d.log();
         let lines: Vec<&str> = log.lines().filter(|l| l.contains("backend refused")).collect();
-        if lines.len() > before {
-            break lines[before].to_owned();
+        if let Some(line) = lines.iter().skip(before).find(|l| l.contains(why)) {
+            break (*line).to_owned();
         }
         assert!(Instant::now() < deadline, "no refusal logged for {why}:\n{log}");
         tokio::task::yield_now().await;
@@ -293,8 +296,10 @@ async fn broken_new_versions_never_displace_the_working_one_and_removal_retires_
         "discover of the new version failed",
     )
     .await;
-    // Each bad file was tried once: one log line each, not one per event or poll.
-    assert_eq!(d.log().matches("backend refused").count(), 5, "{}", d.log());
+    // Each bad version was tried once: one log line each, not one per event or poll (at most
+    // one more per landing, for the pair in between two renames).
+    let refusals = d.log().matches("backend refused").count();
+    assert!((5..=9).contains(&refusals), "{refusals} refusals:\n{}", d.log());
     assert_eq!(kubelet.registrations(), 1);
 
     // Removing the backend: kubelet gets an empty list, then the socket goes.
