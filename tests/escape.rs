@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use devplug::config::Config;
 use devplug::proto::deviceplugin as pb;
 use support::Kubelet;
-use support::binary::{Devplug, run, run_args};
+use support::binary::{Devplug, discover_backend, run_args};
 use support::daemon::{WIDGET, chaos_paths};
 use support::fixtures::Machine;
 
@@ -42,21 +42,7 @@ fn backend(dir: &Path, name: &str, config: &str) -> PathBuf {
 fn discover(m: &Machine, config: &str) -> (i32, serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let wasm = backend(dir.path(), "chaos", config);
-    let s = |p: &Path| p.display().to_string();
-    let (code, out, err) = run(&[
-        "discover",
-        "--backend",
-        &s(&wasm),
-        "--sysfs-root",
-        &s(&m.sys()),
-        "--dev-root",
-        &s(&m.dev()),
-        "--dev-fixtures",
-        "--cache-dir",
-        &s(&cache_dir()),
-        "--format",
-        "json",
-    ]);
+    let (code, out, err) = discover_backend(&wasm, m, &cache_dir());
     let v = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{config}: {e}\nstdout: {out}\nstderr: {err}"));
     (code, v, err)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use devplug::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
 use support::Kubelet;
-use support::binary::{Devplug, run, run_args};
+use support::binary::{Devplug, discover_backend, run, run_args};
 use support::fixtures::Machine;
 
 const T: Duration = Duration::from_secs(120);
@@ -81,20 +81,7 @@ async fn python_and_javascript_backends_are_discovered_and_allocate_through_kube
         ("py-serial.wasm", "devplug.io/serial", vec!["ttyACM0", "ttyUSB0"]),
         ("js-fusetun.wasm", "devplug.io/js-tun", vec!["net_tun-0", "net_tun-1", "net_tun-2", "net_tun-3"]),
     ] {
-        let (code, stdout, err) = run(&[
-            "discover",
-            "--backend",
-            &s(&out.join(file)),
-            "--sysfs-root",
-            &s(&m.sys()),
-            "--dev-root",
-            &s(&m.dev()),
-            "--dev-fixtures",
-            "--cache-dir",
-            &s(&cache_dir()),
-            "--format",
-            "json",
-        ]);
+        let (code, stdout, err) = discover_backend(&out.join(file), &m, &cache_dir());
         assert_eq!(code, 0, "{file}: {err}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         let r = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == resource).unwrap();

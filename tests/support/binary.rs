@@ -160,3 +160,27 @@ pub fn run(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `devplug discover --backend WASM` on fixture machine `m` (fixture nodes on, compile cache
+/// `cache`), JSON out: (exit code, stdout, stderr).
+pub fn discover_backend(
+    wasm: &std::path::Path,
+    m: &super::fixtures::Machine,
+    cache: &std::path::Path,
+) -> (i32, String, String) {
+    let s = |p: &std::path::Path| p.display().to_string();
+    run(&[
+        "discover",
+        "--backend",
+        &s(wasm),
+        "--sysfs-root",
+        &s(&m.sys()),
+        "--dev-root",
+        &s(&m.dev()),
+        "--dev-fixtures",
+        "--cache-dir",
+        &s(cache),
+        "--format",
+        "json",
+    ])
+}
