@@ -24,6 +24,8 @@ use super::caps::{Rule, compile_glob};
 const MAX_PATH: usize = 4096;
 /// Symlinks followed while resolving one path, as the kernel's own limit.
 const MAX_LINKS: usize = 40;
+/// Lookups retried when `openat2` reports a concurrent rename (EAGAIN).
+const MAX_EAGAIN_RETRIES: u32 = 64;
 /// Largest attribute a backend may read.
 pub const MAX_READ: u64 = 64 * 1024;
 
@@ -75,10 +77,22 @@ impl Beneath {
     }
 
     fn open_at(&self, rel: &str, flags: OFlag) -> Result<OwnedFd, Errno> {
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS);
-        openat2(&self.fd, rel, how)
+        let how = || {
+            OpenHow::new()
+                .flags(flags | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+        };
+        // With RESOLVE_BENEATH the kernel answers EAGAIN when a rename (or mount) happened
+        // anywhere on the system during the lookup, rather than vouch for the result; on a busy
+        // node that is routine, and must not make an attribute look unreadable (a backend would
+        // drop the device). Retried, bounded.
+        let mut tries = 0;
+        loop {
+            match openat2(&self.fd, rel, how()) {
+                Err(Errno::EAGAIN) if tries < MAX_EAGAIN_RETRIES => tries += 1,
+                other => return other,
+            }
+        }
     }
 
     /// Open `rel` beneath the root and say where it really is, relative to the root.
@@ -687,5 +701,29 @@ mod tests {
         // A wildcard over the big directory reads it once, within an ordinary budget.
         assert_eq!(j.glob("tty2499[0-9]", 100_000).unwrap().len(), 10);
         assert!(j.glob("**", 1000).is_err(), "the budget bounds a walk of everything");
+    }
+
+    /// Renames elsewhere under the root (as a CDI writer or podman does all the time) make the
+    /// kernel answer EAGAIN to `openat2(RESOLVE_BENEATH)` now and then; reads must not fail.
+    #[test]
+    fn reads_survive_concurrent_renames() {
+        let (d, j) = sysfs();
+        let churn = d.path().join("churn");
+        fs::create_dir_all(&churn).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let renamer = {
+            let (churn, stop) = (churn.clone(), stop.clone());
+            std::thread::spawn(move || {
+                fs::write(churn.join("a"), "x").unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = fs::rename(churn.join("a"), churn.join("b"));
+                    let _ = fs::rename(churn.join("b"), churn.join("a"));
+                }
+            })
+        };
+        let failed = (0..20_000).filter(|_| j.read("bus/pci/devices/0000:00:01.0/vendor").is_err()).count();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        renamer.join().unwrap();
+        assert_eq!(failed, 0, "reads failed while renames happened elsewhere");
     }
 }
