@@ -73,7 +73,7 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
     let ids: Vec<&str> =
         v["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "widget-3"]);
-    assert_eq!(v["backends"][0]["wit_version"], "0.1.0");
+    assert_eq!(v["backends"][0]["wit_version"], "0.2.0");
 
     let junk = bdir.path().join("junk.wasm");
     std::fs::write(&junk, b"definitely not wasm").unwrap();
@@ -92,9 +92,9 @@ fn inspect_shows_version_exports_and_requested_capabilities() {
     let (code, out, err) = run(&["inspect", chaos.to_str().unwrap(), "--format", "json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["wit_version"], "0.1.0");
+    assert_eq!(v["wit_version"], "0.2.0");
     assert_eq!(v["supported"], true);
-    assert_eq!(v["exports"][0], "devplug:backend/backend@0.1.0");
+    assert_eq!(v["exports"][0], "devplug:backend/backend@0.2.0");
     assert_eq!(v["size"].as_u64().unwrap(), std::fs::metadata(&chaos).unwrap().len());
     assert_eq!(v["manifest"]["requests"]["dev"][0], "null");
 }

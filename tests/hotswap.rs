@@ -18,23 +18,10 @@ use support::fixtures::Machine;
 
 const T: Duration = Duration::from_secs(30);
 
-/// The component with its `devplug:backend` WIT version rewritten to 9.1.0 (same length, so the
-/// binary stays valid): a backend built against a WIT version this host does not know.
+/// The component with its `devplug:backend` WIT version rewritten to 9.2.0: a backend built
+/// against a WIT version this host does not know.
 fn wrong_wit() -> Vec<u8> {
-    let mut b = std::fs::read(chaos_paths().0).unwrap();
-    let (prefix, old, new) = (b"devplug:backend/".as_slice(), b"@0.1.0".as_slice(), b"@9.1.0".as_slice());
-    let mut i = 0;
-    let mut hits = 0;
-    while let Some(p) = b[i..].windows(prefix.len()).position(|w| w == prefix) {
-        let at = i + p;
-        if let Some(q) = b[at..(at + 48).min(b.len())].windows(old.len()).position(|w| w == old) {
-            b[at + q..at + q + old.len()].copy_from_slice(new);
-            hits += 1;
-        }
-        i = at + prefix.len();
-    }
-    assert!(hits > 0, "found the WIT version in the component");
-    b
+    support::wasm::with_wit_version(std::fs::read(chaos_paths().0).unwrap(), "0.2.0", "9.2.0")
 }
 
 /// How a new version lands in the directory.
@@ -284,7 +271,7 @@ async fn broken_new_versions_never_displace_the_working_one_and_removal_retires_
 
     refused(&d, &plugin, &kubelet, &backends, &good[..good.len() / 2], &good_toml, "truncated").await;
     refused(&d, &plugin, &kubelet, &backends, b"MZ\x90\x00 certainly not wasm", &good_toml, "not a Wasm file").await;
-    refused(&d, &plugin, &kubelet, &backends, &wrong_wit(), &good_toml, "devplug:backend@9.1.0").await;
+    refused(&d, &plugin, &kubelet, &backends, &wrong_wit(), &good_toml, "devplug:backend@9.2.0").await;
     refused(&d, &plugin, &kubelet, &backends, &build(2), &manifest(2, "trap-init"), "init failed").await;
     refused(
         &d,

@@ -112,32 +112,6 @@ async fn python_and_javascript_backends_are_discovered_and_allocate_through_kube
     }
 }
 
-/// The WIT version policy: every frozen contract under `wit/since_v*` stays a version the host
-/// loads, so a backend built against `devplug:backend@0.1.0` keeps working when `0.2.0` arrives.
-/// (Each frozen directory is what its backends were built against; removing one from
-/// `SUPPORTED` fails here.)
-#[test]
-fn every_frozen_wit_version_is_still_loaded_by_the_host() {
-    let mut frozen = Vec::new();
-    for e in std::fs::read_dir(repo().join("wit")).unwrap().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(version) = name.strip_prefix("since_v") else { continue };
-        for f in std::fs::read_dir(e.path()).unwrap().flatten() {
-            let text = std::fs::read_to_string(f.path()).unwrap();
-            assert!(
-                text.contains(&format!("package devplug:backend@{version};")),
-                "{} must declare package devplug:backend@{version}",
-                f.path().display()
-            );
-        }
-        frozen.push(version.to_owned());
-    }
-    assert!(!frozen.is_empty());
-    for v in &frozen {
-        assert!(devplug::runtime::bindings::SUPPORTED.contains(&v.as_str()), "WIT {v} is frozen but no longer loaded");
-    }
-}
-
 /// Run a project's own command in `dir`, with devplug and the suite's tools on PATH.
 fn project_cmd(dir: &Path, line: &str) {
     let bin_dir = Path::new(support::binary::BIN).parent().unwrap().to_owned();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use devplug::backends::{BackendSource, Origin};
 use devplug::runtime::caps::{Capabilities, Globs};
 use devplug::runtime::jail::Jail;
-use devplug::runtime::state::Sandbox;
+use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig};
 use support::daemon::chaos_paths;
 use support::fixtures::Machine;
@@ -21,7 +21,7 @@ fn chaos_bytes() -> Vec<u8> {
 
 fn sandbox(m: &Machine, name: &str, requested: &Globs, granted: &Globs, memory_cap: usize) -> Sandbox {
     let caps = Capabilities::new(requested, granted).unwrap();
-    Sandbox::new(name, &caps, &m.sys(), &m.dev(), true, memory_cap)
+    Sandbox::new(name, &caps, &Roots::fixture(m.root()), memory_cap)
 }
 
 fn runtime() -> Arc<Runtime> {
@@ -34,20 +34,22 @@ fn runtime() -> Arc<Runtime> {
 }
 
 fn load(rt: &Arc<Runtime>, m: &Machine, config: &str) -> Result<BackendInstance, LoadError> {
+    load_on(rt, &Roots::fixture(m.root()), config)
+}
+
+/// The chaos backend with everything it requests granted, on `roots`.
+fn load_on(rt: &Arc<Runtime>, roots: &Roots, config: &str) -> Result<BackendInstance, LoadError> {
     let manifest = devplug::backends::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
     let granted = Globs {
         sysfs: vec!["**".into()],
         dev: vec!["null".into()],
+        procfs: vec!["**".into()],
         resources: vec!["**".into()],
         annotations: vec!["**".into()],
         ..Globs::default()
     };
-    BackendInstance::load(
-        rt,
-        &chaos_bytes(),
-        config.into(),
-        sandbox(m, "chaos", &manifest.requests, &granted, 64 << 20),
-    )
+    let caps = Capabilities::new(&manifest.requests, &granted).unwrap();
+    BackendInstance::load(rt, &chaos_bytes(), config.into(), Sandbox::new("chaos", &caps, roots, 64 << 20))
 }
 
 /// A sysfs with traps laid for the hostile backend: absolute and relative symlinks out of the
@@ -66,7 +68,10 @@ fn hostile_machine() -> Machine {
         .node("null", 'c', 1, 3)
         .node("kvm", 'c', 10, 232)
         .node("sda", 'b', 8, 0)
-        .link("dev/stdin", "/proc/self/fd/0");
+        .link("dev/stdin", "/proc/self/fd/0")
+        .link("proc/driver/escape", "../../etc/passwd")
+        .link("proc/driver/abs-escape", "/etc/passwd")
+        .link("proc/driver/abs-dir", "/etc");
     m
 }
 
@@ -77,14 +82,45 @@ fn a_hostile_backend_is_refused_every_way_out() {
     let inst = load(&rt, &m, "mode=escape").unwrap();
     let found = inst.discover().unwrap();
     let attempts: Vec<&(String, String)> =
-        found[0].devices[0].attributes.iter().filter(|(k, _)| k.starts_with("attempt:")).collect();
-    assert!(attempts.len() >= 35, "only {} attempts ran", attempts.len());
+        found[0].devices.iter().flat_map(|d| &d.attributes).filter(|(k, _)| k.starts_with("attempt:")).collect();
+    assert!(attempts.len() >= 70, "only {} attempts ran", attempts.len());
     let escaped: Vec<_> = attempts.iter().filter(|(_, v)| !v.starts_with("refused")).collect();
     assert!(escaped.is_empty(), "escapes: {escaped:#?}");
+    // The batched calls refuse for the same reasons as the single ones.
+    let verdict = |k: &str| attempts.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str()).unwrap();
+    for path in ["bus/pci/devices/0000:00:01.0/rel-escape", "class/secret/token", "/etc/passwd"] {
+        assert_eq!(verdict(&format!("attempt:sysfs.read {path}")), verdict(&format!("attempt:sysfs.read-many {path}")));
+    }
     eprintln!("{} escape attempts, all refused", attempts.len());
     // The host is unaffected: a normal instance of the same component still works.
     let ok = load(&rt, &m, "devices=3").unwrap();
     assert_eq!(ok.discover().unwrap()[0].devices.len(), 3);
+}
+
+#[test]
+fn the_real_proc_keeps_its_magic_links_and_other_processes_out_even_when_granted() {
+    // The chaos backend requests `self/**`, `driver/**` and `sys/kernel/ostype` of /proc, all
+    // granted here, on this machine's real /proc.
+    let m = Machine::new();
+    let roots = Roots { proc: "/proc".into(), ..Roots::fixture(m.root()) };
+    let rt = runtime();
+    let inst = load_on(&rt, &roots, "mode=escape").unwrap();
+    let found = inst.discover().unwrap();
+    let proc: Vec<&(String, String)> =
+        found[0].devices.iter().flat_map(|d| &d.attributes).filter(|(k, _)| k.starts_with("attempt:procfs")).collect();
+    assert!(proc.len() >= 13, "{proc:#?}");
+    let escaped: Vec<_> = proc.iter().filter(|(_, v)| !v.starts_with("refused")).collect();
+    assert!(escaped.is_empty(), "escapes through the real /proc: {escaped:#?}");
+    for (what, verdict) in &proc {
+        eprintln!("{what}: {verdict}");
+    }
+    // What is granted and requested reads fine: the refusals are not everything failing.
+    let caps = Capabilities::new(
+        &Globs { procfs: vec!["sys/kernel/ostype".into()], ..Globs::default() },
+        &Globs { procfs: vec!["sys/**".into()], ..Globs::default() },
+    )
+    .unwrap();
+    assert_eq!(Jail::new("/proc", caps.procfs).read("sys/kernel/ostype").unwrap(), "Linux");
 }
 
 #[test]

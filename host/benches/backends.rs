@@ -15,12 +15,12 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
 use devplug::runtime::caps::Capabilities;
 use devplug::runtime::jail::Jail;
-use devplug::runtime::state::Sandbox;
+use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn load(rt: &Arc<Runtime>, src: &BackendSource, machine: &Path) -> BackendInstance {
     let caps = Capabilities::new(&src.manifest.requests, &src.manifest.requests).expect("caps");
-    let sandbox = Sandbox::new(&src.name, &caps, &machine.join("sys"), &machine.join("dev"), true, 64 << 20);
+    let sandbox = Sandbox::new(&src.name, &caps, &Roots::fixture(machine), 64 << 20);
     BackendInstance::load(rt, &src.bytes, String::new(), sandbox).expect("load")
 }
 

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
 use devplug::runtime::caps::{Capabilities, Globs};
-use devplug::runtime::state::Sandbox;
+use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn sandbox(root: &Path, name: &str) -> Sandbox {
     let g = Globs { dev: vec!["**".into()], resources: vec!["*/*".into()], ..Globs::default() };
     let caps = Capabilities::new(&g, &g).expect("caps");
     // CPython in wasm needs more than the Rust backends' default cap.
-    Sandbox::new(name, &caps, &root.join("sys"), &root.join("dev"), true, 256 << 20)
+    Sandbox::new(name, &caps, &Roots::fixture(root), 256 << 20)
 }
 
 fn build_examples(out: &Path) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::runtime::caps::{Capabilities, Globs};
-use devplug::runtime::state::Sandbox;
+use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn chaos() -> Vec<u8> {
@@ -17,7 +17,7 @@ fn chaos() -> Vec<u8> {
 fn sandbox(root: &std::path::Path) -> Sandbox {
     let g = Globs { dev: vec!["null".into()], resources: vec!["test.devplug.io/*".into()], ..Globs::default() };
     let caps = Capabilities::new(&g, &g).expect("caps");
-    Sandbox::new("chaos", &caps, &root.join("sys"), &root.join("dev"), true, 64 << 20)
+    Sandbox::new("chaos", &caps, &Roots::fixture(root), 64 << 20)
 }
 
 fn benches(c: &mut Criterion) {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use devplug::runtime::caps::{Capabilities, Globs};
-use devplug::runtime::state::Sandbox;
+use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn chaos() -> Vec<u8> {
@@ -25,7 +25,7 @@ fn sandbox(root: &std::path::Path) -> Sandbox {
         ..Globs::default()
     };
     let caps = Capabilities::new(&g, &g).expect("caps");
-    Sandbox::new("chaos", &caps, &root.join("sys"), &root.join("dev"), true, 64 << 20)
+    Sandbox::new("chaos", &caps, &Roots::fixture(root), 64 << 20)
 }
 
 /// Peak resident set of this process so far, in KiB.

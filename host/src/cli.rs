@@ -13,6 +13,7 @@ use crate::config::{Config, DefaultGrant};
 use crate::kubelet::RegistrationMode;
 use crate::observe::LogFormat;
 use crate::runtime::bindings::exported_version;
+use crate::runtime::state::Roots;
 use crate::runtime::{Runtime, RuntimeConfig};
 
 #[derive(Parser, Debug)]
@@ -189,6 +190,9 @@ pub struct RunArgs {
     /// Where /dev is (a fixture tree in tests).
     #[arg(long)]
     pub dev_root: Option<PathBuf>,
+    /// Where /proc is (a fixture tree in tests).
+    #[arg(long)]
+    pub proc_root: Option<PathBuf>,
     /// Where CDI spec files go.
     #[arg(long)]
     pub cdi_dir: Option<PathBuf>,
@@ -219,7 +223,17 @@ impl RunArgs {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = &self.$f { c.$f = v.clone(); } )* };
         }
-        set!(kubelet_dir, registration, sysfs_root, dev_root, cdi_dir, metrics_addr, poll_interval, default_grant);
+        set!(
+            kubelet_dir,
+            registration,
+            sysfs_root,
+            dev_root,
+            proc_root,
+            cdi_dir,
+            metrics_addr,
+            poll_interval,
+            default_grant
+        );
         if self.plugins_registry_dir.is_some() {
             c.plugins_registry_dir = self.plugins_registry_dir.clone();
         }
@@ -268,6 +282,8 @@ pub struct SourceArgs {
     pub sysfs_root: PathBuf,
     #[arg(long, default_value = "/dev")]
     pub dev_root: PathBuf,
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
     #[arg(long)]
     pub dev_fixtures: bool,
@@ -341,10 +357,13 @@ async fn load_and_poll(
         rc.cache_dir = args.cache_dir.clone();
     }
     let runtime = Runtime::new(rc)?;
-    let registry = Arc::new(
-        Registry::new(runtime, args.sysfs_root, args.dev_root, cfg.backends.clone(), cfg.default_grant)
-            .with_dev_fixtures(args.dev_fixtures || cfg.dev_fixtures),
-    );
+    let roots = Roots {
+        sys: args.sysfs_root,
+        dev: args.dev_root,
+        proc: args.proc_root,
+        dev_fixtures: args.dev_fixtures || cfg.dev_fixtures,
+    };
+    let registry = Arc::new(Registry::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
     let mut sources = Vec::new();
     if args.backends.is_empty() || args.embedded {
         sources.extend(BackendSource::embedded());

@@ -116,6 +116,8 @@ pub struct Config {
     pub embedded: bool,
     pub sysfs_root: PathBuf,
     pub dev_root: PathBuf,
+    /// Where `/proc` is, for backends granted `procfs` paths (a fixture tree in tests).
+    pub proc_root: PathBuf,
     /// Treat `c MAJOR:MINOR` files under `dev_root` as device nodes: fixture trees only. Never on
     /// a real `/dev`, where a planted file would pose as any device.
     pub dev_fixtures: bool,
@@ -152,6 +154,7 @@ impl Default for Config {
             embedded: true,
             sysfs_root: PathBuf::from("/sys"),
             dev_root: PathBuf::from("/dev"),
+            proc_root: PathBuf::from("/proc"),
             dev_fixtures: false,
             cdi_dir: PathBuf::from("/var/run/cdi"),
             write_cdi: true,
@@ -222,6 +225,16 @@ impl Config {
                 .map(|p| p.join("plugins_registry"))
                 .unwrap_or_else(|| PathBuf::from("plugins_registry"))
         })
+    }
+
+    /// Where backends see the machine.
+    pub fn roots(&self) -> crate::runtime::state::Roots {
+        crate::runtime::state::Roots {
+            sys: self.sysfs_root.clone(),
+            dev: self.dev_root.clone(),
+            proc: self.proc_root.clone(),
+            dev_fixtures: self.dev_fixtures,
+        }
     }
 
     pub fn runtime_config(&self) -> crate::runtime::RuntimeConfig {

@@ -16,6 +16,7 @@ pub mod fixtures;
 pub mod hardware;
 pub mod podman;
 pub mod podresources;
+pub mod wasm;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -8,21 +8,23 @@ use std::path::{Path, PathBuf};
 
 use crate::{FsError, Node, NodeKind, Sys};
 
-/// Sysfs at `sys_root`, `/dev` at `dev_root`.
+/// Sysfs at `sys_root`, `/dev` at `dev_root`, `/proc` at `proc_root`.
 pub struct FixtureSys {
     sys_root: PathBuf,
     dev_root: PathBuf,
+    proc_root: PathBuf,
 }
 
 impl FixtureSys {
-    /// A fixture machine laid out as `<dir>/sys` and `<dir>/dev`.
+    /// A fixture machine laid out as `<dir>/sys`, `<dir>/dev` and `<dir>/proc`.
     pub fn machine(dir: impl AsRef<Path>) -> Self {
         let dir = dir.as_ref();
-        Self::new(dir.join("sys"), dir.join("dev"))
+        Self { sys_root: dir.join("sys"), dev_root: dir.join("dev"), proc_root: dir.join("proc") }
     }
 
+    /// Sysfs and `/dev` at these roots, and no `/proc`.
     pub fn new(sys_root: impl Into<PathBuf>, dev_root: impl Into<PathBuf>) -> Self {
-        Self { sys_root: sys_root.into(), dev_root: dev_root.into() }
+        Self { sys_root: sys_root.into(), dev_root: dev_root.into(), proc_root: PathBuf::from("/nonexistent") }
     }
 
     fn node(&self, rel: &str) -> Result<Node, FsError> {
@@ -57,22 +59,38 @@ fn io(e: std::io::Error) -> FsError {
     }
 }
 
+fn read_text(path: &Path) -> Result<String, FsError> {
+    let mut s = fs::read_to_string(path).map_err(io)?;
+    if s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(s)
+}
+
+fn list_names(path: &Path) -> Result<Vec<String>, FsError> {
+    let mut names: Vec<String> = fs::read_dir(path)
+        .map_err(io)?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 impl Sys for FixtureSys {
     fn read(&self, path: &str) -> Result<String, FsError> {
-        let mut s = fs::read_to_string(self.sys_root.join(path)).map_err(io)?;
-        if s.ends_with('\n') {
-            s.pop();
-        }
-        Ok(s)
+        read_text(&self.sys_root.join(path))
     }
 
     fn list(&self, path: &str) -> Result<Vec<String>, FsError> {
-        let mut names: Vec<String> = fs::read_dir(self.sys_root.join(path))
-            .map_err(io)?
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect();
-        names.sort();
-        Ok(names)
+        list_names(&self.sys_root.join(path))
+    }
+
+    fn proc_read(&self, path: &str) -> Result<String, FsError> {
+        read_text(&self.proc_root.join(path))
+    }
+
+    fn proc_list(&self, path: &str) -> Result<Vec<String>, FsError> {
+        list_names(&self.proc_root.join(path))
     }
 
     fn read_link(&self, path: &str) -> Result<String, FsError> {

@@ -1,8 +1,8 @@
 //! The devplug guest SDK: everything a vendor needs to write a device-plugin backend in Rust.
 //!
 //! A backend is a type implementing [`Backend`], exported with [`backend!`]. It sees the machine
-//! only through a [`Sys`]: inside devplug that is the host's capability-checked `sysfs`/`devfs`
-//! imports ([`HostSys`]); in a native `cargo test` it is a [`FixtureSys`] over a sysfs-shaped
+//! only through a [`Sys`]: inside devplug that is the host's capability-checked `sysfs`, `devfs`
+//! and `procfs` imports ([`HostSys`]); in a native `cargo test` it is a [`FixtureSys`] over a sysfs-shaped
 //! directory, so backend logic is tested without building Wasm or running the host.
 //!
 //! ```ignore
@@ -18,10 +18,10 @@ pub mod pci;
 pub mod sys;
 pub mod topology;
 
-/// The bindings generated from `wit/since_v0.1.0` (package `devplug:backend@0.1.0`).
+/// The bindings generated from `wit/since_v0.2.0` (package `devplug:backend@0.2.0`).
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/since_v0.1.0",
+        path: "../../wit/since_v0.2.0",
         world: "devplug-backend",
         pub_export_macro: true,
         default_bindings_module: "devplug_sdk::bindings",
@@ -39,7 +39,7 @@ pub use fixture::FixtureSys;
 pub use sys::{HostSys, Sys};
 
 /// The WIT package version this SDK builds against.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.2.0";
 
 /// A device-plugin backend. One value lives per Wasm instance, created by [`Backend::init`].
 pub trait Backend: Sized + 'static {
@@ -145,7 +145,7 @@ macro_rules! backend {
             }
 
             // Native builds (unit tests) link as ordinary libraries: the component's export
-            // symbols (`devplug:backend/backend@0.1.0#init`) are not valid native linker names.
+            // symbols (`devplug:backend/backend@0.2.0#init`) are not valid native linker names.
             #[cfg(target_arch = "wasm32")]
             $crate::bindings::export!(Export with_types_in $crate::bindings);
         }

@@ -95,13 +95,18 @@ impl Backend for Chaos {
             "trap-discover" => panic!("chaos: trapping in discover as asked"),
             "hog-discover" => hog(),
             "fail-discover" => return Err(BackendError::Other("chaos: failing discover as asked".into())),
-            "escape" => vec![Device {
-                id: "escapee".into(),
-                health: Health::Healthy,
-                numa_nodes: vec![],
-                attributes: escape_attempts(sys),
-                edits: edits::empty(),
-            }],
+            // One device per 48 attempts: the host takes at most 64 attributes per device.
+            "escape" => escape_attempts(sys)
+                .chunks(48)
+                .enumerate()
+                .map(|(i, attempts)| Device {
+                    id: format!("escapee-{i}"),
+                    health: Health::Healthy,
+                    numa_nodes: vec![],
+                    attributes: attempts.to_vec(),
+                    edits: edits::empty(),
+                })
+                .collect(),
             _ => (0..self.devices - u32::from(self.churned()))
                 .map(|i| (i, self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}"))))
                 .map(|(i, id)| Device {
@@ -280,7 +285,7 @@ fn escape_attempts(sys: &dyn Sys) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     let mut attempt = |what: &str, result: String| out.push((format!("attempt:{what}"), result));
 
-    for path in [
+    let reads: Vec<String> = [
         "../../etc/passwd",
         "/etc/passwd",
         "bus/pci/devices/../../../etc/passwd",
@@ -293,14 +298,49 @@ fn escape_attempts(sys: &dyn Sys) -> Vec<(String, String)> {
         "escape-link/passwd",
         "class/secret/token",
         "bus/pci/devices/0000:00:01.0/vendor\0/etc/passwd",
-    ] {
+    ]
+    .map(String::from)
+    .into();
+    for path in &reads {
         attempt(&format!("sysfs.read {path}"), verdict(sys.read(path)));
     }
-    for path in ["/", "..", "class/secret", "bus/pci/devices/0000:00:01.0/abs-dir", "escape-link"] {
+    // The same paths in one batch (the host's fast path opens their parents once).
+    for (path, r) in reads.iter().zip(sys.read_many(&reads)) {
+        attempt(&format!("sysfs.read-many {path}"), verdict(r));
+    }
+    let lists: Vec<String> =
+        ["/", "..", "class/secret", "bus/pci/devices/0000:00:01.0/abs-dir", "escape-link"].map(String::from).into();
+    for path in &lists {
         attempt(&format!("sysfs.list {path}"), verdict(sys.list(path)));
+    }
+    for (path, r) in lists.iter().zip(sys.list_many(&lists)) {
+        attempt(&format!("sysfs.list-many {path}"), verdict(r));
     }
     attempt("sysfs.canonical abs-link", verdict(sys.canonical("bus/pci/devices/0000:00:01.0/abs-link")));
     attempt("sysfs.read-link class/secret/link", verdict(sys.read_link("class/secret/link")));
+    let links: Vec<String> =
+        ["class/secret/link", "bus/pci/devices/0000:00:01.0/../../secret/link", "/etc/mtab"].map(String::from).into();
+    for (path, r) in links.iter().zip(sys.read_link_many(&links)) {
+        attempt(&format!("sysfs.read-link-many {path}"), verdict(r));
+    }
+    // /proc: what a grant of `self/**` and `driver/**` must still keep out (magic links, other
+    // processes, links out of the root).
+    for path in [
+        "self/environ",
+        "self/root/etc/passwd",
+        "self/cwd/etc/passwd",
+        "self/fd/0",
+        "1/environ",
+        "../etc/passwd",
+        "/proc/self/environ",
+        "driver/escape",
+        "driver/abs-escape",
+    ] {
+        attempt(&format!("procfs.read {path}"), verdict(sys.proc_read(path)));
+    }
+    for path in ["self/root", "self/fd", "1", "driver/abs-dir"] {
+        attempt(&format!("procfs.list {path}"), verdict(sys.proc_list(path)));
+    }
     for path in ["../etc/passwd", "/etc/passwd", "/proc/self/environ", "kvm", "sda"] {
         attempt(&format!("devfs.stat {path}"), verdict(sys.dev_stat(path)));
     }

@@ -3,7 +3,6 @@
 //! to the backend's current instance.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -16,7 +15,7 @@ use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
 use crate::model::{ContainerEdits, Health, Resource, ResourceOptions};
 use crate::observe::Metrics;
 use crate::runtime::caps::{Capabilities, Globs};
-use crate::runtime::state::Sandbox;
+use crate::runtime::state::{Roots, Sandbox};
 use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 
 /// See [`Registry::with_publish_hook`].
@@ -127,12 +126,10 @@ pub struct StatsSnapshot {
 
 pub struct Registry {
     runtime: Arc<Runtime>,
-    sysfs_root: PathBuf,
-    dev_root: PathBuf,
+    /// Where the backends' views of the machine are rooted.
+    roots: Roots,
     settings: BTreeMap<String, BackendSettings>,
     default_grant: DefaultGrant,
-    /// Read `c MAJOR:MINOR` files under the dev root as nodes (fixture trees only).
-    dev_fixtures: bool,
     /// Called with a resource's new device list before it is published (the daemon writes its
     /// CDI spec there, so kubelet never sees a device its spec does not name yet).
     publish_hook: Option<PublishHook>,
@@ -144,30 +141,20 @@ pub struct Registry {
 impl Registry {
     pub fn new(
         runtime: Arc<Runtime>,
-        sysfs_root: PathBuf,
-        dev_root: PathBuf,
+        roots: Roots,
         settings: BTreeMap<String, BackendSettings>,
         default_grant: DefaultGrant,
     ) -> Self {
         Registry {
             runtime,
-            sysfs_root,
-            dev_root,
+            roots,
             settings,
             default_grant,
-            dev_fixtures: false,
             publish_hook: None,
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
             metrics: Arc::new(Metrics::new()),
         }
-    }
-
-    /// Let fixture files stand for device nodes under the dev root (`--dev-fixtures`): for test
-    /// trees only, never a real `/dev`.
-    pub fn with_dev_fixtures(mut self, on: bool) -> Self {
-        self.dev_fixtures = on;
-        self
     }
 
     /// Run `hook` on every resource's new device list before it reaches kubelet.
@@ -212,14 +199,7 @@ impl Registry {
     /// manifest's default). Blocking.
     fn instantiate(&self, src: &BackendSource) -> Result<BackendInstance, LoadError> {
         let caps = self.capabilities(src)?;
-        let sandbox = Sandbox::new(
-            &src.name,
-            &caps,
-            &self.sysfs_root,
-            &self.dev_root,
-            self.dev_fixtures,
-            self.runtime.config.memory_cap,
-        );
+        let sandbox = Sandbox::new(&src.name, &caps, &self.roots, self.runtime.config.memory_cap);
         let config = self
             .settings
             .get(&src.name)

@@ -42,9 +42,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     tokio::pin!(shutdown);
     let runtime = Runtime::new(cfg.runtime_config())?;
     let specs = specs::open_cdi(&cfg);
-    let mut registry =
-        Registry::new(runtime, cfg.sysfs_root.clone(), cfg.dev_root.clone(), cfg.backends.clone(), cfg.default_grant)
-            .with_dev_fixtures(cfg.dev_fixtures);
+    let mut registry = Registry::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant);
     if let Some(s) = &specs {
         registry = registry.with_publish_hook(specs::writer(s.clone()));
     }

@@ -262,10 +262,8 @@ mod tests {
         std::fs::create_dir_all(d.path().join("dev")).unwrap();
         std::fs::write(d.path().join("dev/null"), "c 1:3").unwrap();
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
-        let registry = Arc::new(
-            Registry::new(rt, d.path().join("sys"), d.path().join("dev"), Default::default(), DefaultGrant::Requested)
-                .with_dev_fixtures(true),
-        );
+        let roots = crate::runtime::state::Roots::fixture(d.path());
+        let registry = Arc::new(Registry::new(rt, roots, Default::default(), DefaultGrant::Requested));
         let r = registry.clone();
         tokio::task::spawn_blocking(move || r.load(src)).await.unwrap().unwrap();
         registry.poll_once().await;

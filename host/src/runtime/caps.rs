@@ -17,6 +17,10 @@ pub struct Globs {
     /// Nodes under `/dev` it may stat and hand to containers, relative (`nvidia*`).
     #[serde(default)]
     pub dev: Vec<String>,
+    /// Paths under `/proc` it may read, relative (`driver/nvidia/capabilities/**`); WIT 0.2.0
+    /// and later. Driver state the kernel keeps nowhere else; grant narrowly.
+    #[serde(default)]
+    pub procfs: Vec<String>,
     /// Host paths it may bind-mount into containers, absolute (`/usr/lib/firmware/**`).
     #[serde(default)]
     pub mounts: Vec<String>,
@@ -113,6 +117,7 @@ impl Rule {
 pub struct Capabilities {
     pub sysfs: Rule,
     pub dev: Rule,
+    pub procfs: Rule,
     /// Host paths, matched without their leading `/`.
     pub mounts: Rule,
     pub resources: Rule,
@@ -125,6 +130,7 @@ impl Capabilities {
         Ok(Capabilities {
             sysfs: Rule::new(&requested.sysfs, &granted.sysfs)?.keyed("sysfs"),
             dev: Rule::new(&requested.dev, &granted.dev)?.keyed("dev"),
+            procfs: Rule::new(&requested.procfs, &granted.procfs)?.keyed("procfs"),
             mounts: Rule::new(&absolute_globs(&requested.mounts)?, &absolute_globs(&granted.mounts)?)?,
             resources: Rule::new(&requested.resources, &granted.resources)?,
             annotations: Rule::new(&requested.annotations, &granted.annotations)?,

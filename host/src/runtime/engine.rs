@@ -69,6 +69,8 @@ pub struct Runtime {
     timers: Timers,
     /// Deadlines of guest calls that are waiting in the host, woken by the epoch thread.
     cutoffs: Arc<Cutoffs>,
+    /// One linker per WIT version, built once.
+    linkers: super::bindings::Linkers,
 }
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
@@ -156,6 +158,7 @@ impl Runtime {
             cache_hits: AtomicU64::new(0),
             timers: Timers(Some(timers)),
             cutoffs,
+            linkers: Default::default(),
         }))
     }
 
@@ -176,6 +179,10 @@ impl Runtime {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    pub fn linkers(&self) -> &super::bindings::Linkers {
+        &self.linkers
     }
 
     /// Compile `bytes` (or load the native code this host compiled for them before).

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
-use super::bindings::{Bindings, GuestResult, Pre};
+use super::bindings::{Bindings, GuestResult, Prepared};
 use super::engine::{Runtime, ticks};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
@@ -95,7 +95,7 @@ pub struct BackendInstance {
     digest: String,
     info: BackendInfo,
     runtime: Arc<Runtime>,
-    pre: Pre,
+    pre: Prepared,
     sandbox: Sandbox,
     config: String,
     idle: Mutex<Vec<Live>>,
@@ -108,7 +108,7 @@ impl BackendInstance {
     /// effects, so a bad new version never replaces a good one.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
         let compiled = runtime.compile(bytes)?;
-        let pre = Pre::new(runtime.engine(), &compiled.component)?;
+        let pre = Prepared::new(runtime.engine(), runtime.linkers(), &compiled.component)?;
         let mut me = BackendInstance {
             name: sandbox.backend.clone(),
             digest: compiled.digest,

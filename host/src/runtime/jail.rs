@@ -20,6 +20,9 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use super::caps::{Rule, compile_glob};
 
+mod batch;
+pub use batch::MAX_BATCH;
+
 /// Longest path a backend may name.
 const MAX_PATH: usize = 4096;
 /// Symlinks followed while resolving one path, as the kernel's own limit.
@@ -102,7 +105,9 @@ impl Beneath {
             Errno::EXDEV => {
                 FsError::Denied(format!("{rel} resolves outside the root (a symlink climbs out or is absolute)"))
             }
-            Errno::ELOOP => FsError::Io("too many levels of symbolic links".into()),
+            Errno::ELOOP => FsError::Io(format!(
+                "{rel}: too many levels of symbolic links, or a /proc magic link (such as N/root or N/fd/*), which is never followed"
+            )),
             other => FsError::Io(format!("{rel}: {}", other.desc())),
         })?;
         let real = fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(io_error)?;
@@ -234,19 +239,7 @@ impl Jail {
                     .map_err(io_error)?
             }
         };
-        if !file.metadata().map_err(io_error)?.is_file() {
-            return Err(FsError::Io(format!("{rel} is not a regular file")));
-        }
-        let mut buf = Vec::new();
-        file.take(MAX_READ + 1).read_to_end(&mut buf).map_err(io_error)?;
-        if buf.len() as u64 > MAX_READ {
-            return Err(FsError::Io(format!("{rel} is larger than {MAX_READ} bytes")));
-        }
-        let mut text = String::from_utf8_lossy(&buf).into_owned();
-        if text.ends_with('\n') {
-            text.pop();
-        }
-        Ok(text)
+        read_attribute(rel, file)
     }
 
     /// Directory entries the backend may see, sorted. An entry is shown only when both its path
@@ -288,13 +281,18 @@ impl Jail {
                 (names, r.canonical)
             }
         };
+        Ok(self.visible(rel, &canonical, names))
+    }
+
+    /// The entries of directory `rel` (really at `canonical`) the backend may see, sorted.
+    fn visible(&self, rel: &str, canonical: &str, names: Vec<String>) -> Vec<String> {
         let mut names: Vec<String> = names
             .into_iter()
             .filter(|name| self.rule.allows(&join(rel, name)))
-            .filter(|name| canonical == rel || self.rule.allows(&join(&canonical, name)))
+            .filter(|name| canonical == rel || self.rule.allows(&join(canonical, name)))
             .collect();
         names.sort();
-        Ok(names)
+        names
     }
 
     /// A symlink's stored target.
@@ -488,6 +486,24 @@ impl Jail {
         };
         Ok(NodeStat { kind, major, minor })
     }
+}
+
+/// An opened attribute's text: regular files only (a planted FIFO must not block the host), at
+/// most [`MAX_READ`] bytes, one trailing newline removed.
+fn read_attribute(rel: &str, file: fs::File) -> Result<String, FsError> {
+    if !file.metadata().map_err(io_error)?.is_file() {
+        return Err(FsError::Io(format!("{rel} is not a regular file")));
+    }
+    let mut buf = Vec::new();
+    file.take(MAX_READ + 1).read_to_end(&mut buf).map_err(io_error)?;
+    if buf.len() as u64 > MAX_READ {
+        return Err(FsError::Io(format!("{rel} is larger than {MAX_READ} bytes")));
+    }
+    let mut text = String::from_utf8_lossy(&buf).into_owned();
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    Ok(text)
 }
 
 fn join(dir: &str, name: &str) -> String {
@@ -725,5 +741,55 @@ mod tests {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         renamer.join().unwrap();
         assert_eq!(failed, 0, "reads failed while renames happened elsewhere");
+    }
+
+    /// A batch answers exactly what one call per path would, whatever it is asked: attributes,
+    /// links, subdirectories, FIFOs, refused and malformed paths, in any order.
+    #[test]
+    fn batched_calls_answer_what_single_calls_answer() {
+        let (d, _) = sysfs();
+        let dev = d.path().join("devices/pci0000:00/0000:00:01.0");
+        fs::create_dir_all(dev.join("net/eth0")).unwrap();
+        fs::write(dev.join("net/eth0/carrier"), "1\n").unwrap();
+        symlink("vendor", dev.join("alias")).unwrap();
+        nix::unistd::mkfifo(&dev.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        fs::write(dev.join("big"), vec![b'x'; MAX_READ as usize + 1]).unwrap();
+        let rule = Rule::new(&strings(&["bus/**", "devices/**"]), &strings(&["**"])).unwrap();
+        let j = Jail::new(d.path(), rule);
+        let dev = "bus/pci/devices/0000:00:01.0";
+        let paths: Vec<String> = [
+            "vendor",
+            "secret",
+            "driver",
+            "abs",
+            "up",
+            "alias",
+            "fifo",
+            "big",
+            "net",
+            "net/eth0",
+            "net/eth0/carrier",
+            "missing",
+            "../x",
+            "",
+        ]
+        .iter()
+        .map(|p| if p.is_empty() { String::new() } else { format!("{dev}/{p}") })
+        .chain(["bus/pci/devices".into(), "/etc/passwd".into(), "devices/pci0000:00/0000:00:01.0/vendor".into()])
+        .collect();
+        let mut shuffled = paths.clone();
+        shuffled.reverse();
+        for paths in [&paths, &shuffled] {
+            let single: Vec<_> = paths.iter().map(|p| j.read(p)).collect();
+            assert_eq!(j.read_many(paths), single);
+            let single: Vec<_> = paths.iter().map(|p| j.read_link(p)).collect();
+            assert_eq!(j.read_link_many(paths), single);
+            let single: Vec<_> = paths.iter().map(|p| j.list(p)).collect();
+            assert_eq!(j.list_many(paths), single);
+        }
+        // And the answers are the real ones, not equal failures.
+        let got = j.read_many(&paths[..2]);
+        assert_eq!(got, [Ok("0x10de".to_owned()), Ok("s3cret".to_owned())]);
+        assert!(matches!(&j.read_many(&paths[3..4])[0], Err(FsError::Denied(_))), "abs leaves the root");
     }
 }

@@ -16,7 +16,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::caps::Capabilities;
 use super::jail::{FsError, Jail};
@@ -103,12 +103,37 @@ impl LogBudget {
     }
 }
 
+/// Where a backend's views of the machine are rooted: `/sys`, `/dev` and `/proc`, or fixture
+/// trees in tests.
+#[derive(Clone, Debug)]
+pub struct Roots {
+    pub sys: PathBuf,
+    pub dev: PathBuf,
+    pub proc: PathBuf,
+    /// Let `c MAJOR:MINOR` files under `dev` stand for device nodes (fixture trees only).
+    pub dev_fixtures: bool,
+}
+
+impl Default for Roots {
+    fn default() -> Self {
+        Roots { sys: "/sys".into(), dev: "/dev".into(), proc: "/proc".into(), dev_fixtures: false }
+    }
+}
+
+impl Roots {
+    /// A fixture machine laid out as `M/sys`, `M/dev`, `M/proc`, with descriptor files for nodes.
+    pub fn fixture(machine: &Path) -> Self {
+        Roots { sys: machine.join("sys"), dev: machine.join("dev"), proc: machine.join("proc"), dev_fixtures: true }
+    }
+}
+
 /// Everything one backend instance may touch.
 #[derive(Clone)]
 pub struct Sandbox {
     pub backend: Arc<str>,
     pub sysfs: Arc<Jail>,
     pub dev: Arc<Jail>,
+    pub procfs: Arc<Jail>,
     pub refusals: Arc<RefusalLog>,
     /// Shared by every instance of the backend.
     pub log: Arc<LogBudget>,
@@ -120,20 +145,14 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// The sandbox of backend `name`: `caps` over `/sys` and `/dev` (or fixture trees, where
-    /// `dev_fixtures` lets descriptor files stand for nodes), with fresh logs and limits.
-    pub fn new(
-        name: &str,
-        caps: &Capabilities,
-        sysfs_root: &Path,
-        dev_root: &Path,
-        dev_fixtures: bool,
-        memory_cap: usize,
-    ) -> Self {
-        let dev = Arc::new(Jail::new(dev_root, caps.dev.clone()).with_fixture_nodes(dev_fixtures));
+    /// The sandbox of backend `name`: `caps` over the machine's `roots`, with fresh logs and
+    /// limits.
+    pub fn new(name: &str, caps: &Capabilities, roots: &Roots, memory_cap: usize) -> Self {
+        let dev = Arc::new(Jail::new(&roots.dev, caps.dev.clone()).with_fixture_nodes(roots.dev_fixtures));
         Sandbox {
             backend: name.into(),
-            sysfs: Arc::new(Jail::new(sysfs_root, caps.sysfs.clone())),
+            sysfs: Arc::new(Jail::new(&roots.sys, caps.sysfs.clone())),
+            procfs: Arc::new(Jail::new(&roots.proc, caps.procfs.clone())),
             returns: Arc::new(super::vet::ReturnRules::new(caps, dev.clone())),
             uevents: caps.uevents.clone(),
             dev,

@@ -319,6 +319,7 @@ mod tests {
         let all = vec!["**".to_owned()];
         Globs {
             sysfs: vec![],
+            procfs: vec![],
             dev: all.clone(),
             mounts: vec!["/**".into()],
             resources: all.clone(),

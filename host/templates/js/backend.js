@@ -3,7 +3,7 @@
 //
 // Build: npm install && npm run build
 // Test:  npm test
-import { glob } from "devplug:backend/devfs@0.1.0";
+import { glob } from "devplug:backend/devfs@0.2.0";
 
 const RESOURCE = "{{resource}}";
 let pattern = "{{name}}*";

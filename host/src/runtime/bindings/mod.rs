@@ -1,6 +1,10 @@
 //! One bindings module per WIT version the host has ever shipped (Zed's extension_host model).
-//! A component is matched to a module by the versioned name of its `backend` export; adding
-//! `0.2.0` means adding `v0_2_0.rs`, a variant to [`Bindings`], and a line to [`SUPPORTED`].
+//! A component is matched to a module by the versioned name of its `backend` export, semver
+//! style (0.1.x → `v0_1_0`, 0.2.x → `v0_2_0`). Adding a version means a `vX_Y_Z.rs` (its
+//! `bindgen!` and [`glue::version_glue`]), a variant in [`Bindings`] and [`Prepared`], and a
+//! line in [`VERSIONS`]. The host side of the imports is written once, in [`host_calls`].
+
+use std::sync::OnceLock;
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
@@ -8,10 +12,25 @@ use wasmtime::{Engine, Store};
 use super::state::HostState;
 use crate::model::{BackendInfo, ContainerEdits, Resource};
 
+mod answers;
+mod glue;
+pub mod host_calls;
 pub mod v0_1_0;
+pub mod v0_2_0;
+
+/// The `types` interface every version so far shares: 0.1.0's, unchanged in 0.2.0.
+pub use v0_1_0::devplug::backend::types as wit_interface;
+use wit_interface as wit;
+
+/// Adds one version's imports to a linker.
+type AddToLinker = fn(&mut Linker<HostState>) -> wasmtime::Result<()>;
+
+/// Every WIT package version this host loads, oldest first, as (version, how to link it).
+const VERSIONS: &[(&str, AddToLinker)] =
+    &[(v0_1_0::VERSION, v0_1_0::add_to_linker), (v0_2_0::VERSION, v0_2_0::add_to_linker)];
 
 /// WIT package versions this host loads, oldest first.
-pub const SUPPORTED: &[&str] = &["0.1.0"];
+pub const SUPPORTED: &[&str] = &[v0_1_0::VERSION, v0_2_0::VERSION];
 
 /// A backend's answer: `Ok`, or the error it chose to return (not a trap).
 pub type GuestResult<T> = Result<T, String>;
@@ -19,11 +38,33 @@ pub type GuestResult<T> = Result<T, String>;
 /// The exports of one instantiated backend, whatever WIT version it was built against.
 pub enum Bindings {
     V0_1_0(v0_1_0::DevplugBackend),
+    V0_2_0(v0_2_0::DevplugBackend),
 }
 
-/// Version-specific linker setup and instantiation.
-pub enum Pre {
+/// A component linked against the host's imports for its version, ready to instantiate.
+pub enum Prepared {
     V0_1_0(v0_1_0::DevplugBackendPre<HostState>),
+    V0_2_0(v0_2_0::DevplugBackendPre<HostState>),
+}
+
+/// One linker per WIT version (WASI with nothing in it, plus that version's imports), built the
+/// first time a component of that version loads and shared by every later load.
+#[derive(Default)]
+pub struct Linkers {
+    built: [OnceLock<Result<Linker<HostState>, String>>; VERSIONS.len()],
+}
+
+impl Linkers {
+    fn get(&self, engine: &Engine, i: usize) -> Result<&Linker<HostState>, super::LoadError> {
+        let (_, add) = VERSIONS[i];
+        let built = self.built[i].get_or_init(|| {
+            let mut linker: Linker<HostState> = Linker::new(engine);
+            wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| format!("{e:#}"))?;
+            add(&mut linker).map_err(|e| format!("{e:#}"))?;
+            Ok(linker)
+        });
+        built.as_ref().map_err(super::LoadError::internal)
+    }
 }
 
 /// The `devplug:backend` version a component exports, read from its type, e.g. `0.1.0`.
@@ -34,9 +75,19 @@ pub fn exported_version(engine: &Engine, component: &Component) -> Option<String
         .find_map(|(name, _)| name.strip_prefix("devplug:backend/backend@").map(str::to_owned))
 }
 
-impl Pre {
-    /// Link the host's imports (and a WASI with nothing in it) for `component`'s version.
-    pub fn new(engine: &Engine, component: &Component) -> Result<Self, super::LoadError> {
+/// The index into [`VERSIONS`] of the module that serves `version`: same major, and for 0.x the
+/// same minor (semver compatibility; a patch release never changes the interface).
+fn module_for(version: &str) -> Option<usize> {
+    let v = semver::Version::parse(version).ok()?;
+    VERSIONS.iter().position(|(known, _)| {
+        let Ok(k) = semver::Version::parse(known) else { return false };
+        k.major == v.major && (k.major > 0 || k.minor == v.minor)
+    })
+}
+
+impl Prepared {
+    /// Link `component` with the host's imports for its version.
+    pub fn new(engine: &Engine, linkers: &Linkers, component: &Component) -> Result<Self, super::LoadError> {
         let version = exported_version(engine, component).ok_or_else(|| {
             let exports: Vec<String> = component.component_type().exports(engine).map(|(n, _)| n.to_owned()).collect();
             super::LoadError::NotABackend(format!(
@@ -44,28 +95,28 @@ impl Pre {
                 exports.join(", ")
             ))
         })?;
-        let mut linker: Linker<HostState> = Linker::new(engine);
-        wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(super::LoadError::internal)?;
-        match version.as_str() {
-            "0.1.0" => {
-                v0_1_0::add_to_linker(&mut linker).map_err(super::LoadError::internal)?;
-                let pre = linker.instantiate_pre(component).map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
-                let pre = v0_1_0::DevplugBackendPre::new(pre).map_err(|e| super::LoadError::Link(format!("{e:#}")))?;
-                Ok(Pre::V0_1_0(pre))
-            }
-            other => Err(super::LoadError::UnsupportedVersion(other.to_owned())),
-        }
+        let i = module_for(&version).ok_or_else(|| super::LoadError::UnsupportedVersion(version.clone()))?;
+        let linker = linkers.get(engine, i)?;
+        let link_error = |e: wasmtime::Error| super::LoadError::Link(format!("{e:#}"));
+        let pre = linker.instantiate_pre(component).map_err(link_error)?;
+        Ok(match VERSIONS[i].0 {
+            v0_1_0::VERSION => Prepared::V0_1_0(v0_1_0::DevplugBackendPre::new(pre).map_err(link_error)?),
+            _ => Prepared::V0_2_0(v0_2_0::DevplugBackendPre::new(pre).map_err(link_error)?),
+        })
     }
 
     pub async fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Bindings> {
         match self {
-            Pre::V0_1_0(pre) => Ok(Bindings::V0_1_0(pre.instantiate_async(store).await?)),
+            Prepared::V0_1_0(pre) => Ok(Bindings::V0_1_0(pre.instantiate_async(store).await?)),
+            Prepared::V0_2_0(pre) => Ok(Bindings::V0_2_0(pre.instantiate_async(store).await?)),
         }
     }
 
+    /// The host module's WIT version serving this component.
     pub fn version(&self) -> &'static str {
         match self {
-            Pre::V0_1_0(_) => "0.1.0",
+            Prepared::V0_1_0(_) => v0_1_0::VERSION,
+            Prepared::V0_2_0(_) => v0_2_0::VERSION,
         }
     }
 }
@@ -74,12 +125,14 @@ impl Bindings {
     pub async fn init(&self, store: &mut Store<HostState>, config: &str) -> wasmtime::Result<GuestResult<BackendInfo>> {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::init(b, store, config).await,
+            Bindings::V0_2_0(b) => v0_2_0::init(b, store, config).await,
         }
     }
 
     pub async fn discover(&self, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<Vec<Resource>>> {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::discover(b, store).await,
+            Bindings::V0_2_0(b) => v0_2_0::discover(b, store).await,
         }
     }
 
@@ -95,6 +148,9 @@ impl Bindings {
             Bindings::V0_1_0(b) => {
                 v0_1_0::preferred_allocation(b, store, resource, available, must_include, size).await
             }
+            Bindings::V0_2_0(b) => {
+                v0_2_0::preferred_allocation(b, store, resource, available, must_include, size).await
+            }
         }
     }
 
@@ -106,6 +162,7 @@ impl Bindings {
     ) -> wasmtime::Result<GuestResult<ContainerEdits>> {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::allocate(b, store, resource, ids).await,
+            Bindings::V0_2_0(b) => v0_2_0::allocate(b, store, resource, ids).await,
         }
     }
 
@@ -117,6 +174,23 @@ impl Bindings {
     ) -> wasmtime::Result<GuestResult<()>> {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::pre_start(b, store, resource, ids).await,
+            Bindings::V0_2_0(b) => v0_2_0::pre_start(b, store, resource, ids).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_match_semver_style() {
+        assert_eq!(module_for("0.1.0"), Some(0));
+        assert_eq!(module_for("0.1.7"), Some(0), "a 0.1 patch release is served by the 0.1.0 module");
+        assert_eq!(module_for("0.2.0"), Some(1));
+        assert_eq!(module_for("0.2.3"), Some(1));
+        assert_eq!(module_for("0.3.0"), None, "a newer minor of 0.x is a different interface");
+        assert_eq!(module_for("1.1.0"), None);
+        assert_eq!(module_for("not-a-version"), None);
     }
 }

@@ -1,0 +1,159 @@
+//! Batched capability calls (WIT 0.2.0's `read-many`, `read-link-many`, `list-dir-many`): the
+//! same answers as one call per path, with each directory resolved once for all its entries.
+//!
+//! A single read costs an `openat2(RESOLVE_BENEATH)` plus a `/proc/self/fd` lookup to learn
+//! where the path really is. In a batch the paths are grouped by parent directory; the parent is
+//! opened (and its real path learned) once, and each entry is opened relative to it with
+//! `O_NOFOLLOW`: a single component that is not a symlink lies exactly at `parent/name`, so the
+//! resolved-path check needs no lookup of its own. Anything else (the entry is a symlink, the
+//! parent cannot be opened, no `openat2`) takes the single-path route, so the rules and the error
+//! a backend sees are the same either way.
+
+use std::fs;
+use std::os::fd::OwnedFd;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat, readlinkat};
+use nix::sys::stat::Mode;
+
+use super::{FsError, Jail, not_granted, read_attribute, validate};
+
+/// Paths a single batched call may name.
+pub const MAX_BATCH: usize = 4096;
+
+/// A parent directory opened once for the entries of a batch that lie in it.
+struct Parent {
+    fd: OwnedFd,
+    canonical: String,
+}
+
+/// What a batched call does with one entry of an opened parent; `None` means "take the
+/// single-path route" (the entry is a symlink, or the fast path does not apply).
+type Fast<T> = fn(&Jail, &Parent, &str, &str) -> Option<Result<T, FsError>>;
+
+impl Jail {
+    /// [`Jail::read`] of every path, answers in order.
+    pub fn read_many(&self, paths: &[String]) -> Vec<Result<String, FsError>> {
+        self.batch(paths, Jail::read, read_in)
+    }
+
+    /// [`Jail::read_link`] of every path, answers in order.
+    pub fn read_link_many(&self, paths: &[String]) -> Vec<Result<String, FsError>> {
+        self.batch(paths, Jail::read_link, read_link_in)
+    }
+
+    /// [`Jail::list`] of every path, answers in order.
+    pub fn list_many(&self, paths: &[String]) -> Vec<Result<Vec<String>, FsError>> {
+        self.batch(paths, Jail::list, list_in)
+    }
+
+    fn batch<T>(
+        &self,
+        paths: &[String],
+        single: fn(&Jail, &str) -> Result<T, FsError>,
+        fast: Fast<T>,
+    ) -> Vec<Result<T, FsError>> {
+        // Visit paths grouped by parent, so one descriptor is open at a time whatever the order.
+        let mut order: Vec<usize> = (0..paths.len()).collect();
+        order.sort_by_key(|&i| paths[i].rsplit_once('/').map_or("", |(p, _)| p));
+        let mut out: Vec<Option<Result<T, FsError>>> = (0..paths.len()).map(|_| None).collect();
+        // The parent open now, by its path; `None` when it could not be opened, so the paths
+        // under it take the single-path route without retrying the open for each.
+        let mut current: Option<(&str, Option<Parent>)> = None;
+        for i in order {
+            let rel = paths[i].as_str();
+            let answer = match self.split_checked(rel) {
+                Err(e) => Err(e),
+                Ok(None) => single(self, rel),
+                Ok(Some((dir, name))) => {
+                    if current.as_ref().is_none_or(|(open, _)| *open != dir) {
+                        current = Some((dir, self.open_parent(dir)));
+                    }
+                    match current.as_ref().and_then(|(_, p)| p.as_ref()) {
+                        Some(p) => fast(self, p, rel, name).unwrap_or_else(|| single(self, rel)),
+                        None => single(self, rel),
+                    }
+                }
+            };
+            out[i] = Some(answer);
+        }
+        out.into_iter().map(|a| a.unwrap_or(Err(FsError::Io("internal: unanswered".into())))).collect()
+    }
+
+    /// Syntax and grant checks of `rel`, and its parent and last component when the fast path
+    /// can serve it (`None`: the root or a top-level name, served by the single-path route).
+    fn split_checked<'a>(&self, rel: &'a str) -> Result<Option<(&'a str, &'a str)>, FsError> {
+        if rel.is_empty() {
+            // Only `list` takes it (the root); the single route says so.
+            return Ok(None);
+        }
+        validate(rel)?;
+        if !self.rule.allows(rel) {
+            return Err(FsError::Denied(not_granted(&self.rule, rel)));
+        }
+        Ok(rel.rsplit_once('/'))
+    }
+
+    fn open_parent(&self, dir: &str) -> Option<Parent> {
+        let b = self.beneath.as_ref()?;
+        let (fd, canonical) = b.open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY).ok()?;
+        Some(Parent { fd, canonical })
+    }
+
+    /// The entry's real path, checked like any resolved path.
+    fn entry_checked(&self, p: &Parent, rel: &str, name: &str) -> Result<(), FsError> {
+        let canonical = format!("{}/{name}", p.canonical);
+        self.check_canonical(rel, canonical.trim_start_matches('/'))
+    }
+}
+
+fn open_entry(p: &Parent, name: &str, flags: OFlag) -> Option<Result<OwnedFd, FsError>> {
+    match openat(&p.fd, name, flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
+        Ok(fd) => Some(Ok(fd)),
+        Err(Errno::ENOENT) => Some(Err(FsError::NotFound)),
+        // A symlink (ELOOP; ENOTDIR for O_DIRECTORY on one) or anything unusual: the single route
+        // resolves it properly.
+        Err(_) => None,
+    }
+}
+
+fn read_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<String, FsError>> {
+    let fd = match open_entry(p, name, OFlag::O_RDONLY | OFlag::O_NONBLOCK)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(j.entry_checked(p, rel, name).and_then(|()| read_attribute(rel, fs::File::from(fd))))
+}
+
+fn read_link_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<String, FsError>> {
+    if let Err(e) = j.entry_checked(p, rel, name) {
+        return Some(Err(e));
+    }
+    Some(match readlinkat(&p.fd, name) {
+        Ok(t) => t.into_string().map_err(|_| FsError::Io("non-UTF-8 link".into())),
+        Err(Errno::ENOENT) => Err(FsError::NotFound),
+        Err(Errno::EINVAL) => Err(FsError::Io(format!("{rel} is not a symbolic link"))),
+        Err(other) => Err(FsError::Io(format!("{rel}: {}", other.desc()))),
+    })
+}
+
+fn list_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<Vec<String>, FsError>> {
+    let fd = match open_entry(p, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)? {
+        Ok(fd) => fd,
+        Err(e) => return Some(Err(e)),
+    };
+    if let Err(e) = j.entry_checked(p, rel, name) {
+        return Some(Err(e));
+    }
+    let canonical = format!("{}/{name}", p.canonical).trim_start_matches('/').to_owned();
+    let mut dir = match nix::dir::Dir::from_fd(fd) {
+        Ok(d) => d,
+        Err(e) => return Some(Err(FsError::Io(format!("{rel}: {}", e.desc())))),
+    };
+    let names: Vec<String> = dir
+        .iter()
+        .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    Some(Ok(j.visible(rel, &canonical, names)))
+}
