@@ -1,9 +1,15 @@
-//! Build script: generates the kubelet gRPC code from `proto/` (protox, so no system `protoc`) and
+//! Build script: generates the kubelet gRPC code from `proto/` (protox, so no system `protoc`),
 //! builds the guests workspace for `wasm32-wasip2` into its own target dir, so the binary embeds the
-//! first-party backends and the tests can load the test programs.
+//! first-party backends and the tests can load the test programs, and precompiles the embedded
+//! backends for a portable CPU baseline, so a host starts serving without compiling anything.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+#[path = "src/runtime/engine_config.rs"]
+mod engine_config;
 
 /// Guest crates whose components the host embeds as first-party backends, with their manifests.
 const FIRST_PARTY: &[(&str, &str)] =
@@ -37,6 +43,7 @@ fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
         watch(&guests.join(entry));
     }
     watch(&root.join("wit"));
+    watch(&root.join("host/src/runtime/engine_config.rs"));
     let target_dir = out.join("guests-target");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
@@ -65,6 +72,20 @@ fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
             wasm.display().to_string(),
             manifest.display().to_string()
         ));
+    }
+    code.push_str("];\n/// Native code of the first-party backends, compiled at build time for a portable CPU\n");
+    code.push_str("/// baseline: (sha256 of the component, serialized component).\n");
+    code.push_str("pub const PRECOMPILED: &[(&str, &[u8])] = &[\n");
+    let target = std::env::var("TARGET")?;
+    println!("cargo:rustc-env=DEVPLUG_BUILD_TARGET={target}");
+    let engine = wasmtime::Engine::new(&engine_config::portable_engine_config(&target)?)?;
+    for (name, artifact) in FIRST_PARTY {
+        let bytes = std::fs::read(wasm_dir.join(format!("{artifact}.wasm")))?;
+        let native = engine.precompile_component(&bytes)?;
+        let path = out.join(format!("{name}.cwasm"));
+        std::fs::write(&path, native)?;
+        let digest = hex::encode(Sha256::digest(&bytes));
+        code.push_str(&format!("    ({digest:?}, include_bytes!({:?})),\n", path.display().to_string()));
     }
     code.push_str("];\n/// Test programs: (name, component path, manifest path).\n");
     code.push_str("pub const TEST_PROGRAMS: &[(&str, &str, &str)] = &[\n");

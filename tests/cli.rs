@@ -171,6 +171,30 @@ fn discover_on_this_machine_finds_its_real_pci_nics() {
 
 /// Every `devplug …` line in the README's and the docs' shell blocks is a command this binary
 /// accepts (subcommand and flags), so the documentation cannot drift from the CLI.
+/// `devplug discover | head`: the reader leaves early; the command ends without a panic.
+#[test]
+fn a_closed_pipe_ends_a_command_quietly() {
+    let m = Machine::generic_box();
+    // A pipe whose reader is gone before the command writes anything: every write fails.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(support::binary::BIN)
+        .args(["discover", "--format", "json", "--dev-fixtures"])
+        .arg("--sysfs-root")
+        .arg(m.sys())
+        .arg("--dev-root")
+        .arg(m.dev())
+        .arg("--proc-root")
+        .arg(m.root().join("proc"))
+        .stdout(std::process::Stdio::from(writer))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(13), "ended by SIGPIPE, as `ls | head` does: {:?} {err}", out.status);
+}
+
 #[test]
 fn every_documented_command_line_parses() {
     use clap::Parser;

@@ -17,7 +17,7 @@ use devplug::proto::deviceplugin as pb;
 use support::Kubelet;
 use support::binary::on_machine;
 use support::daemon::Daemon;
-use support::hardware::{MACHINES, build, snapshot};
+use support::hardware::{Func, MACHINES, Tree, build, chain, nvidia_information, snapshot};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -108,6 +108,7 @@ fn daemon_config(kubelet_dir: &Path, machine: &Path) -> Config {
         embedded: true,
         sysfs_root: machine.join("sys"),
         dev_root: machine.join("dev"),
+        proc_root: machine.join("proc"),
         dev_fixtures: true,
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         poll_interval: Duration::from_millis(50),
@@ -238,6 +239,70 @@ async fn health_flips_reach_kubelet_and_flip_back() {
     wait_health(&kubelet, NET, "0000:af:01.2", "Unhealthy").await;
     std::fs::write(&carrier, "1\n").unwrap();
     wait_health(&kubelet, NET, "0000:af:01.2", "Healthy").await;
+    daemon.stop().await.unwrap();
+}
+
+/// Allocate one GPU through kubelet; the NVIDIA_VISIBLE_DEVICES and device node it got.
+async fn allocate_gpu(k: &Kubelet, id: &str) -> (String, String) {
+    let plugin = k.plugin("nvidia.com/gpu").await.unwrap();
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.to_owned()] }],
+    };
+    let resp = plugin.client.clone().allocate(req).await.unwrap_or_else(|e| panic!("allocate {id}: {e}")).into_inner();
+    let c = &resp.container_responses[0];
+    // Its own node: `/dev/nvidiaN`, not the shared `nvidiactl`/`nvidia-uvm*`.
+    let own = c
+        .devices
+        .iter()
+        .map(|d| d.container_path.clone())
+        .find(|p| p.strip_prefix("/dev/nvidia").is_some_and(|n| n.parse::<u32>().is_ok()));
+    (c.envs.get("NVIDIA_VISIBLE_DEVICES").cloned().unwrap_or_default(), own.unwrap_or_default())
+}
+
+/// A GPU hot-plugged into a running DGX: sysfs function, driver bound, `/dev/nvidiaN`, and (when
+/// `minor_from_driver`) the driver's `/proc` information naming its minor.
+fn hot_add_gpu(m: &Path, addr: &str, minor: u32, minor_from_driver: bool) {
+    let mut t = Tree::new(m);
+    let bus = &addr[5..7];
+    t.pci(Func {
+        parents: chain(&format!("pci0000:{bus}"), &[&format!("0000:{bus}:01.0")]),
+        addr,
+        vendor: 0x10de,
+        device: 0x2330,
+        class: 0x030200,
+        numa: 1,
+        driver: Some("nvidia"),
+    });
+    t.node(&format!("nvidia{minor}"), 195, minor);
+    if minor_from_driver {
+        t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(addr, minor, 7));
+    }
+}
+
+/// Issue 15's hot-add bug: a GPU that appears after `init` must be allocatable, with the minor
+/// the driver gave it, or (without the driver's word) the next free one, not refused as unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_added_while_running_is_listed_and_allocatable() {
+    let copy = copy_fixture("dgx-h100");
+    let m = copy.path().join("m");
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    const GPU: &str = "nvidia.com/gpu";
+    kubelet.wait_devices(GPU, T, |l| l.len() == 8).await.unwrap();
+    assert_eq!(allocate_gpu(&kubelet, "0000:2a:00.0").await, ("1".to_owned(), "/dev/nvidia1".to_owned()));
+
+    // With the driver's /proc information: its minor (12, not the 8 an order would guess).
+    hot_add_gpu(&m, "0000:e4:00.0", 12, true);
+    kubelet.wait_devices(GPU, T, |l| l.len() == 9 && l.iter().all(|d| d.health == "Healthy")).await.unwrap();
+    assert_eq!(allocate_gpu(&kubelet, "0000:e4:00.0").await, ("12".to_owned(), "/dev/nvidia12".to_owned()));
+
+    // Without it: the next free minor, and the node of that minor.
+    hot_add_gpu(&m, "0000:f0:00.0", 13, false);
+    kubelet.wait_devices(GPU, T, |l| l.len() == 10 && l.iter().all(|d| d.health == "Healthy")).await.unwrap();
+    assert_eq!(allocate_gpu(&kubelet, "0000:f0:00.0").await, ("13".to_owned(), "/dev/nvidia13".to_owned()));
+    // The GPUs that were there keep their minors.
+    assert_eq!(allocate_gpu(&kubelet, "0000:db:00.0").await, ("7".to_owned(), "/dev/nvidia7".to_owned()));
     daemon.stop().await.unwrap();
 }
 

@@ -244,6 +244,7 @@ impl Config {
             memory_cap: self.limits.memory_mb << 20,
             breaker_threshold: self.limits.breaker_threshold.max(1),
             cache_dir: self.cache_dir.clone(),
+            precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
         }
     }
 }

@@ -7,6 +7,15 @@ use devplug::observe;
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     observe::init_logging(cli.log_format);
+    if !matches!(cli.command, Command::Run(_)) {
+        // A one-shot command whose reader went away (`devplug discover | head`) ends quietly,
+        // as Unix tools do, instead of panicking in `println!`. The daemon keeps Rust's default
+        // (SIGPIPE ignored): nothing it writes may kill it.
+        // SAFETY: SIG_DFL installs no handler code, so nothing can run in signal context.
+        let _ = unsafe {
+            nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

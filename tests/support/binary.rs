@@ -122,6 +122,8 @@ pub fn run_args(
         &s(&machine.sys()),
         "--dev-root",
         &s(&machine.dev()),
+        "--proc-root",
+        &s(&machine.root().join("proc")),
         "--dev-fixtures",
         "--cdi-dir",
         &s(&machine.root().join("cdi")),
@@ -132,7 +134,7 @@ pub fn run_args(
     .to_vec()
 }
 
-/// `devplug <command> --sysfs-root M/sys --dev-root M/dev --cache-dir CACHE <extra>` on a machine
+/// `devplug <command> --sysfs-root M/sys --dev-root M/dev --proc-root M/proc --cache-dir CACHE <extra>` on a machine
 /// tree `m`, which must succeed; returns stdout.
 pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
     let s = |p: std::path::PathBuf| p.display().to_string();
@@ -142,6 +144,8 @@ pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path
         s(m.join("sys")),
         "--dev-root".into(),
         s(m.join("dev")),
+        "--proc-root".into(),
+        s(m.join("proc")),
         "--dev-fixtures".into(),
     ]);
     args.extend(["--cache-dir".into(), s(cache.to_owned())]);
@@ -177,6 +181,8 @@ pub fn discover_backend(
         &s(&m.sys()),
         "--dev-root",
         &s(&m.dev()),
+        "--proc-root",
+        &s(&m.root().join("proc")),
         "--dev-fixtures",
         "--cache-dir",
         &s(cache),

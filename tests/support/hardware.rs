@@ -181,7 +181,7 @@ fn relative(from: &str, to: &str) -> String {
     parts.join("/")
 }
 
-fn chain(rc: &str, bridges: &[&str]) -> Vec<String> {
+pub fn chain(rc: &str, bridges: &[&str]) -> Vec<String> {
     std::iter::once(rc.to_owned()).chain(bridges.iter().map(|b| (*b).to_owned())).collect()
 }
 
@@ -249,11 +249,31 @@ fn dgx_h100(t: &mut Tree) {
             driver: Some("nvidia"),
         });
         t.node(&format!("nvidia{i}"), 195, i as u32);
+        t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(&addr, i as u32, 0));
     }
+    t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Feb 20 02:03:29 UTC 2025\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n");
     t.node("nvidiactl", 195, 255);
     t.node("nvidia-modeset", 195, 254);
     t.node("nvidia-uvm", 510, 0);
     t.node("nvidia-uvm-tools", 510, 1);
+}
+
+/// `/proc/driver/nvidia/gpus/<addr>/information` as the driver (570.x) writes it for an H100
+/// SXM, with a UUID derived from the address and `seed`.
+pub fn nvidia_information(addr: &str, minor: u32, seed: u32) -> String {
+    let bus = u32::from_str_radix(&addr[5..7], 16).unwrap_or(0);
+    let uuid = format!(
+        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        0x5f3a_1c00u32.wrapping_add(bus << 8).wrapping_add(seed),
+        0x2b10 + minor,
+        0x8c4e,
+        0x9a70 + bus,
+        0x1e2d_3c4b_5a00u64 + u64::from(bus)
+    );
+    format!(
+        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t {irq}\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {addr}\nDevice Minor: \t {minor}\nGPU Firmware: \t 570.124.06\nGPU Excluded:\t No\n",
+        irq = 250 + minor
+    )
 }
 
 /// AMD Instinct MI300X box: 8× 1002:74a1 (processing accelerator) on amdgpu, `/dev/kfd`, a DRM

@@ -8,9 +8,12 @@
 //!
 //! Device IDs are PCI addresses (`0000:18:00.0`): stable across reboots, unlike probe-order
 //! indices. DRM nodes are read from the function's own `drm/` directory, never guessed from an
-//! index (a BMC's VGA often holds `card0`). NVIDIA minors are not in sysfs: the driver numbers
-//! GPUs in PCI order at load, so the backend takes that order when it starts (`init`) and keeps
-//! it, which stays right when a GPU later drops off the bus.
+//! index (a BMC's VGA often holds `card0`). NVIDIA minors (`/dev/nvidiaN`) are not in sysfs: the
+//! driver says them in `/proc/driver/nvidia/gpus/<pci>/information` (`Device Minor:`, with the
+//! `GPU UUID:`), which the backend reads where its `procfs` grant allows. Without it, the backend
+//! assumes the driver's PCI-order numbering when it starts (`init`) and keeps it, which stays
+//! right when a GPU drops off the bus; a GPU that appears later takes the next free minor. Either
+//! way `allocate` knows every GPU `discover` has listed.
 //!
 //! Health: Unhealthy when no driver (or the wrong one) is bound, when the function has seen fatal
 //! AER errors since boot, or when its device node is missing. A function that disappears from
@@ -23,9 +26,11 @@
 //! nvidia = "nvidia.com/gpu"
 //! ```
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
+use devplug_sdk::sys::each;
 use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
@@ -71,9 +76,34 @@ impl Default for Names {
 pub struct Gpu {
     vendors: Vec<Vendor>,
     names: Names,
-    /// NVIDIA PCI address → `/dev/nvidiaN` minor, fixed at init (see the module docs).
-    nvidia_minors: BTreeMap<String, u32>,
+    /// NVIDIA PCI address → `/dev/nvidiaN` minor (see the module docs): the driver's word where
+    /// it can be read, else the PCI order at init, then the next free minor for later arrivals.
+    nvidia_minors: RefCell<BTreeMap<String, u32>>,
     pci: PciCache,
+}
+
+/// What the NVIDIA driver says about one GPU in `/proc/driver/nvidia/gpus/<pci>/information`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DriverInfo {
+    pub minor: Option<u32>,
+    pub uuid: Option<String>,
+}
+
+/// The driver's facts of every GPU it lists, by PCI address; empty without a `procfs` grant or
+/// without the driver.
+fn driver_info(sys: &dyn Sys) -> BTreeMap<String, DriverInfo> {
+    let Ok(gpus) = sys.proc_list("driver/nvidia/gpus") else { return BTreeMap::new() };
+    gpus.into_iter()
+        .filter_map(|addr| {
+            let text = sys.proc_read(&format!("driver/nvidia/gpus/{addr}/information")).ok()?;
+            let field = |name: &str| {
+                text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(|v| v.trim().to_owned()))
+            };
+            let info =
+                DriverInfo { minor: field("Device Minor").and_then(|m| m.parse().ok()), uuid: field("GPU UUID") };
+            Some((addr.to_ascii_lowercase(), info))
+        })
+        .collect()
 }
 
 fn is_gpu(vendor: u16, class: u32) -> Option<Vendor> {
@@ -104,7 +134,11 @@ impl Backend for Gpu {
         let vendors = cfg.vendors.unwrap_or_else(|| vec![Vendor::Nvidia, Vendor::Amd, Vendor::Intel]);
         let pci = PciCache::default();
         let nvidia_minors = if vendors.contains(&Vendor::Nvidia) {
-            gpus(&pci, sys, Vendor::Nvidia).into_iter().enumerate().map(|(i, d)| (d.address, i as u32)).collect()
+            let driver = driver_info(sys);
+            let order = gpus(&pci, sys, Vendor::Nvidia).into_iter().enumerate();
+            order
+                .map(|(i, d)| (d.address.clone(), driver.get(&d.address).and_then(|i| i.minor).unwrap_or(i as u32)))
+                .collect()
         } else {
             BTreeMap::new()
         };
@@ -120,7 +154,7 @@ impl Backend for Gpu {
             }
         }
         let info = Info { name: "gpu".into(), version: env!("CARGO_PKG_VERSION").into(), resources };
-        Ok((Gpu { vendors, names: cfg.names, nvidia_minors, pci }, info))
+        Ok((Gpu { vendors, names: cfg.names, nvidia_minors: RefCell::new(nvidia_minors), pci }, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
@@ -161,11 +195,10 @@ impl Backend for Gpu {
         }
         // The NVIDIA container toolkit reads this; with the nodes handed over directly it only
         // narrows what the toolkit would add.
+        let known = self.nvidia_minors.borrow();
         let minors: Result<Vec<String>, BackendError> = ids
             .iter()
-            .map(|id| {
-                self.nvidia_minors.get(id).map(|m| m.to_string()).ok_or_else(|| BackendError::UnknownDevice(id.clone()))
-            })
+            .map(|id| known.get(id).map(|m| m.to_string()).ok_or_else(|| BackendError::UnknownDevice(id.clone())))
             .collect();
         Ok(edits::env("NVIDIA_VISIBLE_DEVICES", &minors?.join(",")))
     }
@@ -173,24 +206,29 @@ impl Backend for Gpu {
 
 impl Gpu {
     fn nvidia(&self, sys: &dyn Sys) -> Resource {
-        let mut next = self.nvidia_minors.values().max().map_or(0, |m| m + 1);
+        let list = gpus(&self.pci, sys, Vendor::Nvidia);
+        let driver = driver_info(sys);
+        let mut minors = self.nvidia_minors.borrow_mut();
+        for d in &list {
+            let said = driver.get(&d.address).and_then(|i| i.minor);
+            let next = minors.values().max().map_or(0, |m| m + 1);
+            let minor = said.or_else(|| minors.get(&d.address).copied()).unwrap_or(next);
+            minors.insert(d.address.clone(), minor);
+        }
+        let sick = PciDevice::sickness_many(sys, &list, |drv| drv == "nvidia");
         let mut devices = Vec::new();
-        for d in gpus(&self.pci, sys, Vendor::Nvidia) {
-            let minor = match self.nvidia_minors.get(&d.address) {
-                Some(m) => *m,
-                None => {
-                    next += 1;
-                    next - 1
-                }
-            };
+        for (d, mut problem) in list.iter().zip(sick) {
+            let minor = minors.get(&d.address).copied().unwrap_or_default();
             let node = format!("nvidia{minor}");
-            let mut problem = d.sickness(sys, |drv| drv == "nvidia");
             if problem.is_none() && sys.dev_stat(&node).is_err() {
                 problem = Some(format!("/dev/{node} is missing"));
             }
-            let mut attrs = attributes(sys, &d, problem.as_deref());
+            let mut attrs = attributes(sys, d, problem.as_deref());
             attrs.push(("minor".into(), minor.to_string()));
-            devices.push(device(&d, problem.is_none(), attrs, edits::nodes([node.as_str()])));
+            if let Some(uuid) = driver.get(&d.address).and_then(|i| i.uuid.clone()) {
+                attrs.push(("uuid".into(), uuid));
+            }
+            devices.push(device(d, problem.is_none(), attrs, edits::nodes([node.as_str()])));
         }
         let common = present(sys, &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]);
         Resource { name: self.names.nvidia.clone(), devices, common_edits: common }
@@ -199,16 +237,18 @@ impl Gpu {
 
 /// A resource of DRM GPUs (AMD, Intel): each device gets its own card and render node.
 fn drm_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>, driver: &str, shared: &str) -> Resource {
+    let drm = each(&list, |d| Some(d.attr("drm")), |paths| sys.list_many(paths));
+    let sick = PciDevice::sickness_many(sys, &list, |drv| drv == driver);
     let mut devices = Vec::new();
-    for d in list {
-        let mut nodes: Vec<String> = d
-            .class_dir(sys, "drm")
+    for ((d, drm), mut problem) in list.iter().zip(drm).zip(sick) {
+        let mut nodes: Vec<String> = drm
+            .and_then(|r| r.ok())
+            .unwrap_or_default()
             .into_iter()
             .filter(|n| n.starts_with("card") || n.starts_with("renderD"))
             .map(|n| format!("dri/{n}"))
             .collect();
         nodes.sort();
-        let mut problem = d.sickness(sys, |drv| drv == driver);
         if problem.is_none() {
             if nodes.is_empty() {
                 problem = Some("no DRM nodes (driver still probing?)".into());
@@ -216,8 +256,8 @@ fn drm_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>, driver: &str, s
                 problem = Some(format!("/dev/{missing} is missing"));
             }
         }
-        let attrs = attributes(sys, &d, problem.as_deref());
-        devices.push(device(&d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
+        let attrs = attributes(sys, d, problem.as_deref());
+        devices.push(device(d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
     }
     let common = if shared.is_empty() { edits::empty() } else { present(sys, &[shared]) };
     Resource { name: name.to_owned(), devices, common_edits: common }

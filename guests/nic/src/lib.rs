@@ -29,7 +29,8 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use devplug_sdk::pci::{PciCache, PciDevice};
+use devplug_sdk::pci::{PciCache, PciDevice, is_pci_address};
+use devplug_sdk::sys::each;
 use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
@@ -102,28 +103,52 @@ struct Nic {
 }
 
 impl Nic {
-    /// `all` is every network function by address, so a VF's PF is looked up rather than read again.
-    fn read(sys: &dyn Sys, pci: PciDevice, all: &Table) -> Nic {
-        let pf_entry = pci.physfn(sys).and_then(|a| all.get(a.as_str()));
-        let pf = pf_entry.map(|(p, _)| (*p).clone());
-        let pf_link = pf_entry.and_then(|(_, n)| n.clone());
-        let netdev = all.get(pci.address.as_str()).and_then(|(_, n)| n.clone());
-        let pf_netdev = match &pf {
-            Some(_) => pf_link.as_ref().map(|(n, _)| n.clone()),
-            None => netdev.as_ref().map(|(n, _)| n.clone()),
-        };
-        let link_type =
-            netdev.as_ref().and_then(|(_, dir)| sys.read(&format!("{dir}/type")).ok()).map(|t| match t.trim() {
-                "32" => "infiniband",
-                "1" => "ether",
-                _ => "other",
-            });
+    /// Read the functions in `fresh`, each kind of fact for all of them in one host call. `all`
+    /// is every network function by address, so a VF's PF is looked up rather than read again.
+    fn read_all(sys: &dyn Sys, fresh: &[&PciDevice], all: &Table) -> Vec<Nic> {
+        let netdev = |p: &PciDevice| all.get(p.address.as_str()).and_then(|(_, n)| n.clone());
         // A function bound to vfio-pci has no kernel children to look for.
-        let kernel = pci.driver.as_deref().is_some_and(|d| d != "vfio-pci");
-        let verbs = if kernel { pci.class_dir(sys, "infiniband_verbs") } else { Vec::new() };
-        let ib_device = if kernel { pci.class_dir(sys, "infiniband").into_iter().next() } else { None };
-        let iommu = if pci.driver.as_deref() == Some("vfio-pci") { pci.iommu_group(sys) } else { None };
-        Nic { pci, pf, netdev, pf_link, pf_netdev, link_type, verbs, ib_device, iommu }
+        let kernel = |p: &PciDevice| p.driver.as_deref().is_some_and(|d| d != "vfio-pci");
+        let vfio = |p: &PciDevice| p.driver.as_deref() == Some("vfio-pci");
+        let link_name = |r: Option<Result<String, _>>| {
+            r.and_then(|r| r.ok()).and_then(|t| t.rsplit('/').next().map(str::to_owned)).filter(|n| !n.is_empty())
+        };
+        let physfns = each(fresh, |p| Some(p.attr("physfn")), |paths| sys.read_link_many(paths));
+        let types = each(fresh, |p| netdev(p).map(|(_, dir)| format!("{dir}/type")), |paths| sys.read_many(paths));
+        let verbs = each(fresh, |p| kernel(p).then(|| p.attr("infiniband_verbs")), |paths| sys.list_many(paths));
+        let ibs = each(fresh, |p| kernel(p).then(|| p.attr("infiniband")), |paths| sys.list_many(paths));
+        let groups = each(fresh, |p| vfio(p).then(|| p.attr("iommu_group")), |paths| sys.read_link_many(paths));
+        let facts = physfns.into_iter().zip(types).zip(verbs).zip(ibs).zip(groups);
+        fresh
+            .iter()
+            .zip(facts)
+            .map(|(pci, ((((physfn, link_type), verbs), ib), group))| {
+                let pf_entry = link_name(physfn).filter(|a| is_pci_address(a)).and_then(|a| all.get(a.as_str()));
+                let pf = pf_entry.map(|(p, _)| (*p).clone());
+                let pf_link = pf_entry.and_then(|(_, n)| n.clone());
+                let netdev = netdev(pci);
+                let pf_netdev = match &pf {
+                    Some(_) => pf_link.as_ref().map(|(n, _)| n.clone()),
+                    None => netdev.as_ref().map(|(n, _)| n.clone()),
+                };
+                let link_type = link_type.and_then(|r| r.ok()).map(|t| match t.trim() {
+                    "32" => "infiniband",
+                    "1" => "ether",
+                    _ => "other",
+                });
+                Nic {
+                    pci: (*pci).clone(),
+                    pf,
+                    netdev,
+                    pf_link,
+                    pf_netdev,
+                    link_type,
+                    verbs: verbs.and_then(|r| r.ok()).unwrap_or_default(),
+                    ib_device: ib.and_then(|r| r.ok()).and_then(|l| l.into_iter().next()),
+                    iommu: link_name(group),
+                }
+            })
+            .collect()
     }
 
     fn vfio(&self) -> bool {
@@ -151,18 +176,10 @@ impl Nic {
             && p.rdma.is_none_or(|want| want == self.rdma())
     }
 
-    /// Why the function cannot carry traffic, if it cannot.
-    /// `carriers` memoizes link state within one poll: every VF of a PF asks about the same link.
-    fn problem(&self, sys: &dyn Sys, carriers: &mut BTreeMap<String, bool>) -> Option<String> {
-        if let Some(p) = self.pci.sickness(sys, |_| true) {
-            return Some(p);
-        }
-        let (ifname, dir) = self.netdev.clone().or_else(|| self.pf_link.clone())?;
-        // `carrier` alone: it reads 0 whenever operstate is down, and one read per VF counts.
-        let up = *carriers
-            .entry(dir.clone())
-            .or_insert_with(|| sys.read(&format!("{dir}/carrier")).is_ok_and(|c| c.trim() == "1"));
-        (!up).then(|| format!("link down on {ifname}"))
+    /// The sysfs directory whose `carrier` tells whether this function can carry traffic: its
+    /// own interface's, or for a VF without one its PF's. `None`: no link to watch.
+    fn carrier_dir(&self) -> Option<&(String, String)> {
+        self.netdev.as_ref().or(self.pf_link.as_ref())
     }
 
     fn nodes(&self) -> Vec<String> {
@@ -175,6 +192,35 @@ impl Nic {
         nodes.extend(self.verbs.iter().map(|v| format!("infiniband/{v}")));
         nodes
     }
+}
+
+/// Why each function cannot carry traffic, if it cannot: PCI health (no driver, fatal AER), then
+/// its link. Two host calls for all of them: their AER counters, then the carrier of each
+/// distinct link (every VF of a PF asks about the same one).
+fn problems<'a>(sys: &dyn Sys, nics: impl Iterator<Item = &'a Nic>) -> Vec<Option<String>> {
+    let nics: Vec<&Nic> = nics.collect();
+    let pcis: Vec<PciDevice> = nics.iter().map(|n| n.pci.clone()).collect();
+    let sick = PciDevice::sickness_many(sys, &pcis, |_| true);
+    let dirs: Vec<String> = nics
+        .iter()
+        .filter_map(|n| n.carrier_dir())
+        .map(|(_, d)| d.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let carriers: Vec<String> = dirs.iter().map(|d| format!("{d}/carrier")).collect();
+    // `carrier` alone: it reads 0 whenever operstate is down.
+    let up: BTreeMap<&String, bool> =
+        dirs.iter().zip(sys.read_many(&carriers)).map(|(d, c)| (d, c.is_ok_and(|c| c.trim() == "1"))).collect();
+    nics.iter()
+        .zip(sick)
+        .map(|(n, sick)| {
+            sick.or_else(|| {
+                let (ifname, dir) = n.carrier_dir()?;
+                (!up.get(dir).copied().unwrap_or(false)).then(|| format!("link down on {ifname}"))
+            })
+        })
+        .collect()
 }
 
 /// A function's network interface: under `net/`, or for virtio under `virtioN/net/`.
@@ -216,22 +262,27 @@ impl NicBackend {
         known.netdevs.retain(|k, _| live.contains(k));
         known.nics.retain(|k, _| live.contains(k));
         if funcs.iter().any(|p| !known.nics.contains_key(&key(p))) {
-            for p in &funcs {
-                known
-                    .netdevs
-                    .entry(key(p))
-                    .or_insert_with(|| if p.driver.as_deref() == Some("vfio-pci") { None } else { netdev_of(sys, p) });
+            // Interfaces of functions not seen before: their `net/` directories in one call.
+            let unseen: Vec<&PciDevice> = funcs.iter().filter(|p| !known.netdevs.contains_key(&key(p))).collect();
+            let kernel = |p: &PciDevice| p.driver.as_deref() != Some("vfio-pci");
+            let nets = each(&unseen, |p| kernel(p).then(|| p.attr("net")), |paths| sys.list_many(paths));
+            for (p, net) in unseen.iter().zip(nets) {
+                let first = net.and_then(|r| r.ok()).and_then(|l| l.into_iter().next());
+                let found = match first {
+                    Some(n) => Some((n.clone(), format!("{}/{n}", p.attr("net")))),
+                    // virtio keeps its interface one level down (`virtioN/net/`).
+                    None if p.driver.as_deref() == Some("virtio-pci") => netdev_of(sys, p),
+                    None => None,
+                };
+                known.netdevs.insert(key(p), found);
             }
             let table: Table = funcs
                 .iter()
                 .map(|p| (p.address.as_str(), (p, known.netdevs.get(&key(p)).cloned().flatten())))
                 .collect();
-            let fresh: Vec<(Key, Nic)> = funcs
-                .iter()
-                .filter(|p| !known.nics.contains_key(&key(p)))
-                .map(|p| (key(p), Nic::read(sys, p.clone(), &table)))
-                .collect();
-            known.nics.extend(fresh);
+            let fresh: Vec<&PciDevice> = funcs.iter().filter(|p| !known.nics.contains_key(&key(p))).collect();
+            let nics = Nic::read_all(sys, &fresh, &table);
+            known.nics.extend(fresh.iter().map(|p| key(p)).zip(nics));
         }
         funcs.iter().filter_map(|p| known.nics.get(&key(p)).cloned()).collect()
     }
@@ -287,12 +338,15 @@ impl Backend for NicBackend {
             .map(|p| Resource { name: p.name.clone(), devices: Vec::new(), common_edits: edits::empty() })
             .collect();
         let (mut vfio, mut rdma) = (vec![false; pools.len()], vec![false; pools.len()]);
-        let mut carriers = BTreeMap::new();
-        for nic in self.all(sys) {
-            let Some(i) = self.pools.iter().position(|p| nic.selected_by(p)) else { continue };
+        let selected: Vec<(usize, Nic)> = self
+            .all(sys)
+            .into_iter()
+            .filter_map(|nic| self.pools.iter().position(|p| nic.selected_by(p)).map(|i| (i, nic)))
+            .collect();
+        let problems = problems(sys, selected.iter().map(|(_, n)| n));
+        for ((i, nic), problem) in selected.into_iter().zip(problems) {
             vfio[i] |= nic.vfio();
             rdma[i] |= nic.rdma();
-            let problem = nic.problem(sys, &mut carriers);
             let mut attributes = vec![
                 ("pci".to_owned(), nic.pci.address.clone()),
                 ("model".to_owned(), nic.pci.vendor_device()),

@@ -1,5 +1,6 @@
 //! PCI devices as sysfs shows them under `bus/pci/devices/<domain:bus:dev.fn>`.
 
+use crate::sys::each;
 use crate::{FsError, Sys};
 
 /// What every PCI backend needs to know about a function.
@@ -49,29 +50,7 @@ impl PciDevice {
     /// Every PCI function whose vendor/class the filter accepts, sorted by address.
     /// Functions that cannot be read (a refused or vanished path) are skipped.
     pub fn list(sys: &dyn Sys, filter: impl Fn(u16, u32) -> bool) -> Result<Vec<Self>, FsError> {
-        let mut out = Vec::new();
-        for addr in sys.list("bus/pci/devices")? {
-            let dir = format!("bus/pci/devices/{addr}");
-            let (Ok(vendor), Ok(class)) =
-                (read_hex(sys, &format!("{dir}/vendor")), read_hex(sys, &format!("{dir}/class")))
-            else {
-                continue;
-            };
-            if filter(vendor as u16, class)
-                && let Ok(device) = read_hex(sys, &format!("{dir}/device"))
-            {
-                // vendor and class are already read: every host call counts with hundreds of VFs.
-                out.push(PciDevice {
-                    numa_node: numa_node(sys, &format!("{dir}/numa_node")),
-                    driver: sys.link_name(&format!("{dir}/driver")),
-                    address: addr,
-                    vendor: vendor as u16,
-                    device: device as u16,
-                    class,
-                });
-            }
-        }
-        Ok(out)
+        PciCache::default().list(sys, filter)
     }
 
     /// The chain of PCI addresses above this function (root port first), from its resolved path:
@@ -83,6 +62,11 @@ impl PciDevice {
     }
 }
 
+/// `TOTAL_ERR_FATAL 2` in an `aer_dev_fatal` attribute → 2.
+fn parse_aer_fatal(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix("TOTAL_ERR_FATAL").and_then(|v| v.trim().parse().ok()))
+}
+
 /// `0000:17:00.0`-shaped.
 pub fn is_pci_address(s: &str) -> bool {
     let b = s.as_bytes();
@@ -92,9 +76,18 @@ pub fn is_pci_address(s: &str) -> bool {
 /// Parse `0x10de` (or `10de`) from an attribute.
 pub fn read_hex(sys: &dyn Sys, path: &str) -> Result<u32, FsError> {
     let text = sys.read(path)?;
+    parse_hex(&text).ok_or_else(|| FsError::Io(format!("{path}: not a hex number: {text:?}")))
+}
+
+/// `0x10de` (or `10de`) → 0x10de.
+pub fn parse_hex(text: &str) -> Option<u32> {
     let t = text.trim();
-    let t = t.strip_prefix("0x").unwrap_or(t);
-    u32::from_str_radix(t, 16).map_err(|_| FsError::Io(format!("{path}: not a hex number: {text:?}")))
+    u32::from_str_radix(t.strip_prefix("0x").unwrap_or(t), 16).ok()
+}
+
+/// A `numa_node` attribute's text: -1 → `None`.
+fn parse_numa(text: &str) -> Option<u32> {
+    text.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
 }
 
 /// Parse a decimal attribute.
@@ -105,7 +98,7 @@ pub fn read_u64(sys: &dyn Sys, path: &str) -> Result<u64, FsError> {
 
 /// A `numa_node` attribute: -1 or missing → `None`.
 pub fn numa_node(sys: &dyn Sys, path: &str) -> Option<u32> {
-    sys.read(path).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+    parse_numa(&sys.read(path).ok()?)
 }
 
 /// Entries of `class/<name>` (`drm`, `net`, `infiniband`), empty when the class does not exist.
@@ -156,22 +149,29 @@ impl PciDevice {
 
     /// Fatal AER errors since boot (`aer_dev_fatal`'s `TOTAL_ERR_FATAL`), `None` without AER.
     pub fn aer_fatal(&self, sys: &dyn Sys) -> Option<u64> {
-        let text = sys.read(&self.attr("aer_dev_fatal")).ok()?;
-        text.lines().find_map(|l| l.strip_prefix("TOTAL_ERR_FATAL").and_then(|v| v.trim().parse().ok()))
+        parse_aer_fatal(&sys.read(&self.attr("aer_dev_fatal")).ok()?)
     }
 
     /// Why this function is not fit for a container, if it is not: no driver bound, or fatal
     /// PCIe errors seen since boot (the device needs a reset before anyone trusts it again).
     pub fn sickness(&self, sys: &dyn Sys, driver_ok: impl Fn(&str) -> bool) -> Option<String> {
-        match &self.driver {
-            None => return Some("no driver bound".into()),
-            Some(d) if !driver_ok(d) => return Some(format!("bound to unexpected driver {d}")),
-            Some(_) => {}
-        }
-        match self.aer_fatal(sys) {
-            Some(n) if n > 0 => Some(format!("{n} fatal AER errors since boot")),
-            _ => None,
-        }
+        Self::sickness_many(sys, std::slice::from_ref(self), driver_ok).pop().flatten()
+    }
+
+    /// [`PciDevice::sickness`] of every function, with their AER counters read in one host call.
+    pub fn sickness_many(sys: &dyn Sys, devs: &[PciDevice], driver_ok: impl Fn(&str) -> bool) -> Vec<Option<String>> {
+        let aer = each(devs, |d| d.driver.is_some().then(|| d.attr("aer_dev_fatal")), |p| sys.read_many(p));
+        devs.iter()
+            .zip(aer)
+            .map(|(d, aer)| match &d.driver {
+                None => Some("no driver bound".into()),
+                Some(drv) if !driver_ok(drv) => Some(format!("bound to unexpected driver {drv}")),
+                Some(_) => match aer.and_then(|r| r.ok()).and_then(|t| parse_aer_fatal(&t)) {
+                    Some(n) if n > 0 => Some(format!("{n} fatal AER errors since boot")),
+                    _ => None,
+                },
+            })
+            .collect()
     }
 
     /// `0000:17:00.0`'s bus/device/function in the `lspci` sense, for attributes.
@@ -191,44 +191,60 @@ pub struct PciCache {
 }
 
 impl PciCache {
-    /// Like [`PciDevice::list`], reading only `driver` again for functions seen before.
+    /// Like [`PciDevice::list`], reading only `driver` again for functions seen before. Each
+    /// step is one batched host call for all functions, however many there are.
     pub fn list(&self, sys: &dyn Sys, filter: impl Fn(u16, u32) -> bool) -> Result<Vec<PciDevice>, FsError> {
         let addrs = sys.list("bus/pci/devices")?;
         let mut known = self.known.borrow_mut();
         known.retain(|a, _| addrs.binary_search(a).is_ok());
-        let mut out = Vec::new();
-        for addr in addrs {
-            let dir = format!("bus/pci/devices/{addr}");
-            if !known.contains_key(&addr) {
-                let (Ok(class), Ok(vendor)) =
-                    (read_hex(sys, &format!("{dir}/class")), read_hex(sys, &format!("{dir}/vendor")))
-                else {
-                    continue;
-                };
-                let d = PciDevice {
-                    address: addr.clone(),
-                    vendor: vendor as u16,
-                    device: 0,
-                    class,
-                    numa_node: None,
-                    driver: None,
-                };
-                known.insert(addr.clone(), (d, false));
-            }
-            let Some((dev, complete)) = known.get_mut(&addr) else { continue };
-            if !filter(dev.vendor, dev.class) {
-                continue;
-            }
-            if !*complete {
-                let Ok(device) = read_hex(sys, &format!("{dir}/device")) else { continue };
-                dev.device = device as u16;
-                dev.numa_node = numa_node(sys, &format!("{dir}/numa_node"));
-                *complete = true;
-            }
-            let mut dev = dev.clone();
-            dev.driver = sys.link_name(&format!("{dir}/driver"));
-            out.push(dev);
+        // Functions not seen before: their four fixed facts, whether the filter selects them or
+        // not (one open of each function's directory; the reads themselves are cheap).
+        let new: Vec<&String> = addrs.iter().filter(|a| !known.contains_key(*a)).collect();
+        let facts = ["class", "vendor", "device", "numa_node"];
+        let paths: Vec<String> = new.iter().flat_map(|a| facts.map(|f| attr(a, f))).collect();
+        for (addr, got) in new.iter().zip(sys.read_many(&paths).chunks(facts.len())) {
+            let hex = |i: usize| got.get(i).and_then(|r| r.as_ref().ok()).and_then(|t| parse_hex(t));
+            let (Some(class), Some(vendor)) = (hex(0), hex(1)) else { continue };
+            let numa_node = got.get(3).and_then(|r| r.as_ref().ok()).and_then(|t| parse_numa(t));
+            let device = hex(2);
+            let d = PciDevice {
+                address: (*addr).clone(),
+                vendor: vendor as u16,
+                device: device.unwrap_or(0) as u16,
+                class,
+                numa_node,
+                driver: None,
+            };
+            known.insert((*addr).clone(), (d, device.is_some()));
+        }
+        // Selected functions whose device ID could not be read before: asked again.
+        let retry: Vec<String> = known
+            .iter()
+            .filter(|(_, (d, complete))| !complete && filter(d.vendor, d.class))
+            .map(|(a, _)| a.clone())
+            .collect();
+        let paths: Vec<String> = retry.iter().flat_map(|a| [attr(a, "device"), attr(a, "numa_node")]).collect();
+        for (addr, got) in retry.iter().zip(sys.read_many(&paths).chunks(2)) {
+            let Some((dev, complete)) = known.get_mut(addr) else { continue };
+            let Some(device) = got[0].as_ref().ok().and_then(|t| parse_hex(t)) else { continue };
+            dev.device = device as u16;
+            dev.numa_node = got[1].as_ref().ok().and_then(|t| parse_numa(t));
+            *complete = true;
+        }
+        // Every selected function's driver: the one fact a poll reads again.
+        let mut out: Vec<PciDevice> = known
+            .values()
+            .filter(|(d, complete)| *complete && filter(d.vendor, d.class))
+            .map(|(d, _)| d.clone())
+            .collect();
+        let paths: Vec<String> = out.iter().map(|d| d.attr("driver")).collect();
+        for (d, link) in out.iter_mut().zip(sys.read_link_many(&paths)) {
+            d.driver = link.ok().and_then(|t| t.rsplit('/').next().map(str::to_owned)).filter(|n| !n.is_empty());
         }
         Ok(out)
     }
+}
+
+fn attr(address: &str, attr: &str) -> String {
+    format!("bus/pci/devices/{address}/{attr}")
 }

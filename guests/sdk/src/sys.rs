@@ -52,6 +52,20 @@ pub trait Sys {
     }
 }
 
+/// One batched call over the paths `path_of` gives for `items` (an item without one gets `None`
+/// and costs nothing), the answers back in item order:
+/// `each(&devs, |d| Some(d.attr("numa_node")), |p| sys.read_many(p))`.
+pub fn each<I, R>(
+    items: &[I],
+    path_of: impl Fn(&I) -> Option<String>,
+    call: impl FnOnce(&[String]) -> Vec<Result<R, FsError>>,
+) -> Vec<Option<Result<R, FsError>>> {
+    let paths: Vec<Option<String>> = items.iter().map(path_of).collect();
+    let asked: Vec<String> = paths.iter().flatten().cloned().collect();
+    let mut answers = call(&asked).into_iter();
+    paths.iter().map(|p| p.as_ref().and_then(|_| answers.next())).collect()
+}
+
 /// The host's `sysfs` and `devfs` imports. Only usable inside devplug (wasm32).
 pub struct HostSys;
 

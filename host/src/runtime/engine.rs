@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use wasmtime::Engine;
 use wasmtime::component::Component;
-use wasmtime::{Config, Engine};
 
 use super::LoadError;
 
@@ -29,6 +29,9 @@ pub struct RuntimeConfig {
     pub breaker_threshold: u32,
     /// Where compiled components are cached; `None` disables the cache.
     pub cache_dir: Option<PathBuf>,
+    /// Native code compiled at build time, by the sha256 of the component it came from (the
+    /// embedded backends'); used when it fits this engine and CPU, else the component is compiled.
+    pub precompiled: &'static [(&'static str, &'static [u8])],
 }
 
 impl Default for RuntimeConfig {
@@ -39,6 +42,7 @@ impl Default for RuntimeConfig {
             memory_cap: 64 << 20,
             breaker_threshold: 3,
             cache_dir: None,
+            precompiled: &[],
         }
     }
 }
@@ -46,6 +50,8 @@ impl Default for RuntimeConfig {
 /// Whether a component came from the cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheOutcome {
+    /// Native code built into the binary (an embedded backend): nothing compiled.
+    Precompiled,
     Hit,
     Miss,
     Disabled,
@@ -133,11 +139,7 @@ impl std::future::Future for Cutoff {
 
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
-        let mut c = Config::new();
-        c.wasm_component_model(true);
-        c.epoch_interruption(true);
-        c.cranelift_opt_level(wasmtime::OptLevel::Speed);
-        let engine = Engine::new(&c)?;
+        let engine = Engine::new(&super::engine_config::engine_config())?;
         let mut h = DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut h);
         let engine_hash = h.finish();
@@ -189,6 +191,9 @@ impl Runtime {
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
+        if let Some(component) = self.precompiled(&digest) {
+            return Ok(Compiled { component, cache: CacheOutcome::Precompiled, digest });
+        }
         let Some(dir) = &self.config.cache_dir else {
             return Ok(Compiled { component: self.compile_fresh(bytes)?, cache: CacheOutcome::Disabled, digest });
         };
@@ -224,6 +229,26 @@ impl Runtime {
             Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
         }
         Ok(Compiled { component, cache: CacheOutcome::Miss, digest })
+    }
+
+    /// The build-time native code of the component with this digest, if there is some and it
+    /// fits this engine and CPU.
+    fn precompiled(&self, digest: &str) -> Option<Component> {
+        let (_, native) = self.config.precompiled.iter().find(|(d, _)| *d == digest)?;
+        // SAFETY: the table holds what this binary's own build script produced from these very
+        // bytes (the digest) with `engine_config`; deserialize still checks that the artifact
+        // fits this engine's settings and this CPU's features.
+        match unsafe { Component::deserialize(&self.engine, native) } {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::info!(
+                    digest,
+                    reason = %format!("{e:#}"),
+                    "the precompiled code of an embedded backend does not fit this CPU or engine; compiling it instead"
+                );
+                None
+            }
+        }
     }
 
     fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
@@ -292,6 +317,26 @@ mod tests {
         assert!(matches!(check_header(b"\0asm"), Err(LoadError::NotWasm)));
         assert!(matches!(check_header(b"\0asm\x01\0\0\0"), Err(LoadError::CoreModule)));
         assert!(check_header(b"\0asm\x0d\0\x01\0").is_ok());
+    }
+
+    #[test]
+    fn precompiled_code_is_used_when_it_fits_and_compiled_around_when_not() {
+        let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
+        let digest = sha256_hex(wasm);
+        // What build.rs does: the same configuration, a portable CPU baseline.
+        let portable = super::super::engine_config::portable_engine_config(env!("DEVPLUG_BUILD_TARGET")).unwrap();
+        let native: &'static [u8] = Engine::new(&portable).unwrap().precompile_component(wasm).unwrap().leak();
+        let table: &'static [(&'static str, &'static [u8])] = vec![(&*digest.clone().leak(), native)].leak();
+        let rt = Runtime::new(RuntimeConfig { precompiled: table, ..RuntimeConfig::default() }).unwrap();
+        assert_eq!(rt.compile(wasm).unwrap().cache, CacheOutcome::Precompiled);
+        // Code from an engine configured differently (no epoch interruption) does not fit: the
+        // component is compiled instead, and still loads.
+        let mut other = super::super::engine_config::engine_config();
+        other.epoch_interruption(false);
+        let alien: &'static [u8] = Engine::new(&other).unwrap().precompile_component(wasm).unwrap().leak();
+        let table: &'static [(&'static str, &'static [u8])] = vec![(&*digest.leak(), alien)].leak();
+        let rt = Runtime::new(RuntimeConfig { precompiled: table, ..RuntimeConfig::default() }).unwrap();
+        assert_eq!(rt.compile(wasm).unwrap().cache, CacheOutcome::Disabled);
     }
 
     #[test]

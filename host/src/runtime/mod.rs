@@ -5,6 +5,7 @@
 pub mod bindings;
 pub mod caps;
 mod engine;
+pub mod engine_config;
 mod instance;
 pub mod jail;
 pub mod state;
