@@ -184,6 +184,17 @@ fn copy_fixture(name: &str) -> tempfile::TempDir {
     d
 }
 
+/// A writable copy of fixture `name` (kept alive by the first value; the machine is the second)
+/// served by a daemon to a kubelet stand-in in its own dir.
+async fn serve_copy(name: &str) -> (tempfile::TempDir, PathBuf, tempfile::TempDir, Kubelet, Daemon) {
+    let copy = copy_fixture(name);
+    let m = copy.path().join("m");
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    (copy, m, dir, kubelet, daemon)
+}
+
 /// The real directory of a PCI function in a machine copy.
 fn pci_dir(machine: &Path, addr: &str) -> PathBuf {
     std::fs::canonicalize(machine.join("sys/bus/pci/devices").join(addr)).unwrap()
@@ -198,13 +209,8 @@ async fn wait_health(k: &Kubelet, resource: &str, id: &str, health: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_flips_reach_kubelet_and_flip_back() {
     // GPU: driver unbound, then fatal AER errors.
-    let copy = copy_fixture("dgx-h100");
-    let m = copy.path().join("m");
-    let dir = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(dir.path()).await;
-    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    let (copy, m, _dir, kubelet, daemon) = serve_copy("dgx-h100").await;
     const GPU: &str = "nvidia.com/gpu";
-    kubelet.wait_plugin(GPU, T).await.unwrap();
     kubelet.wait_devices(GPU, T, |l| l.len() == 8 && l.iter().all(|d| d.health == "Healthy")).await.unwrap();
 
     let gpu1 = pci_dir(&m, "0000:2a:00.0");
@@ -225,14 +231,11 @@ async fn health_flips_reach_kubelet_and_flip_back() {
     wait_health(&kubelet, GPU, "0000:18:00.0", "Healthy").await;
     daemon.stop().await.unwrap();
 
+    drop(copy);
+
     // NIC: carrier lost on a VF's link.
-    let copy = copy_fixture("e810-sriov");
-    let m = copy.path().join("m");
-    let dir = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(dir.path()).await;
-    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    let (_copy, m, _dir, kubelet, daemon) = serve_copy("e810-sriov").await;
     const NET: &str = "devplug.io/sriov_netdev";
-    kubelet.wait_plugin(NET, T).await.unwrap();
     wait_health(&kubelet, NET, "0000:af:01.2", "Healthy").await;
     let carrier = pci_dir(&m, "0000:af:01.2").join("net/ens2f0v2/carrier");
     std::fs::write(&carrier, "0\n").unwrap();
@@ -283,11 +286,7 @@ fn hot_add_gpu(m: &Path, addr: &str, minor: u32, minor_from_driver: bool) {
 /// the driver gave it, or (without the driver's word) the next free one, not refused as unknown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_added_while_running_is_listed_and_allocatable() {
-    let copy = copy_fixture("dgx-h100");
-    let m = copy.path().join("m");
-    let dir = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(dir.path()).await;
-    let daemon = Daemon::start(daemon_config(dir.path(), &m));
+    let (_copy, m, _dir, kubelet, daemon) = serve_copy("dgx-h100").await;
     const GPU: &str = "nvidia.com/gpu";
     kubelet.wait_devices(GPU, T, |l| l.len() == 8).await.unwrap();
     assert_eq!(allocate_gpu(&kubelet, "0000:2a:00.0").await, ("1".to_owned(), "/dev/nvidia1".to_owned()));
