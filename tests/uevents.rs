@@ -1,6 +1,8 @@
 //! Kernel uevents, for real: writing `change` to a real device's `uevent` file in this machine's
 //! `/sys` makes the kernel emit a real uevent; devplug must run the discover of the backend
 //! subscribed to that subsystem at once (its poll is an hour away), and only of that backend.
+//! Link changes, which are no uevents, arrive through rtnetlink: devplug in a network namespace of
+//! its own sees its loopback interface go up and down.
 
 mod support;
 
@@ -73,4 +75,57 @@ async fn a_kernel_uevent_runs_the_subscribed_backends_discover_at_once() {
     );
     took.sort();
     eprintln!("uevent → new list on the ListAndWatch stream: p50 {:?}, max {:?} (20 events)", took[10], took[19]);
+}
+
+/// Run `ip ARGS` in the network namespace of process `pid`.
+fn ip_in(pid: i32, args: &[&str]) {
+    let st = std::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("ip")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip {args:?} in devplug's namespace failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_going_down_or_up_runs_the_net_subscribers_discover_at_once() {
+    // A network namespace of devplug's own: its `lo` can be toggled without touching the machine.
+    let can = std::process::Command::new("unshare").args(["--net", "true"]).status().is_ok_and(|s| s.success());
+    if !can {
+        eprintln!(
+            "cannot create a network namespace here (not root, or no unshare): no link change can be made, nothing checked"
+        );
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    churner(&backends, "linked", "test.devplug.io/linked", "uevents = [\"net\"]\n");
+    let kubelet = Kubelet::start(&kdir).await;
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let machine = Machine::generic_box();
+    let mut args = run_args(&kdir, &backends, &machine);
+    args.extend(["--cache-dir".into(), cache.display().to_string(), "--poll-interval".into(), "1h".into()]);
+    let d = Devplug::spawn_via(&["unshare", "--net", "--"], &args);
+    let linked = kubelet.wait_plugin("test.devplug.io/linked", T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    kubelet.wait_devices("test.devplug.io/linked", T, |l| !l.is_empty()).await.unwrap();
+    let mut lists = linked.devices.clone();
+    lists.borrow_and_update();
+    let mut took = Vec::new();
+    for i in 0..10 {
+        let state = if i % 2 == 0 { "up" } else { "down" };
+        let t0 = Instant::now();
+        ip_in(d.pid(), &["link", "set", "lo", state]);
+        tokio::time::timeout(T, lists.changed())
+            .await
+            .unwrap_or_else(|_| panic!("change {i} (lo {state}): no discover followed\n{}", d.log()))
+            .unwrap();
+        took.push(t0.elapsed());
+    }
+    took.sort();
+    eprintln!(
+        "link up/down → new list on the ListAndWatch stream (including `nsenter ip`): p50 {:?}, max {:?} (10 changes)",
+        took[5], took[9]
+    );
 }

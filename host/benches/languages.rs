@@ -47,7 +47,7 @@ fn benches(c: &mut Criterion) {
     build_examples(&out);
     let generic = BackendSource::embedded().into_iter().find(|s| s.name == "generic").expect("generic");
     let backends: Vec<(&str, Vec<u8>, &str, &str)> = vec![
-        ("rust (generic)", generic.bytes, "devplug.io/kvm", "kvm-0"),
+        ("rust (generic)", generic.bytes.into_owned(), "devplug.io/kvm", "kvm-0"),
         ("python (py-serial)", std::fs::read(out.join("py-serial.wasm")).expect("py"), "devplug.io/serial", "ttyUSB0"),
         ("js (js-fusetun)", std::fs::read(out.join("js-fusetun.wasm")).expect("js"), "devplug.io/js-fuse", "fuse-0"),
     ];

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::Kubelet;
-use support::binary::Devplug;
+use support::binary::{Devplug, embedded_run_args};
 
 /// Resources the DGX fixture has devices for, with their counts (tests/fixtures/golden).
 const EXPECTED: &[(&str, usize)] = &[("nvidia.com/gpu", 8), ("devplug.io/kvm", 16), ("devplug.io/fuse", 16)];
@@ -25,27 +25,7 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 async fn start_once(machine: &Path, extra: &[String]) -> anyhow::Result<Duration> {
     let dir = tempfile::tempdir()?;
     let kubelet = Kubelet::start(dir.path()).await;
-    let s = |p: &Path| p.display().to_string();
-    let mut args: Vec<String> = [
-        "run",
-        "--kubelet-dir",
-        &s(dir.path()),
-        "--registration",
-        "kubelet-socket",
-        "--sysfs-root",
-        &s(&machine.join("sys")),
-        "--dev-root",
-        &s(&machine.join("dev")),
-        "--proc-root",
-        &s(&machine.join("proc")),
-        "--dev-fixtures",
-        "--cdi-dir",
-        &s(&dir.path().join("cdi")),
-        "--metrics-addr",
-        "127.0.0.1:0",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let mut args = embedded_run_args(dir.path(), machine);
     args.extend(extra.iter().cloned());
     let t = Instant::now();
     let mut d = Devplug::spawn(&args);
@@ -73,6 +53,7 @@ fn main() -> anyhow::Result<()> {
     let cache = tempfile::tempdir()?;
     let dir_args = |cache: Option<&Path>| {
         let mut a = vec!["--no-embedded".to_owned(), "--backends".into(), files.path().display().to_string()];
+        a.extend(["--default-grant".into(), "requested".into()]);
         if let Some(c) = cache {
             a.extend(["--cache-dir".into(), c.display().to_string()]);
         }

@@ -15,7 +15,21 @@ pub struct Devplug {
 
 impl Devplug {
     pub fn spawn<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Self {
-        let mut child = Command::new(BIN)
+        Self::spawn_via(&[], args)
+    }
+
+    /// `devplug ARGS` started through `wrapper` (e.g. `unshare --net --`), which must exec it in
+    /// its own process (so [`Devplug::pid`] is devplug's).
+    pub fn spawn_via<S: AsRef<std::ffi::OsStr>>(wrapper: &[&str], args: &[S]) -> Self {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let mut child = cmd
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -96,7 +110,6 @@ impl Drop for Devplug {
     }
 }
 
-/// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
 /// `devplug run` against a kubelet dir (socket registration), only the backends in `backends`
 /// (granted what they request), a fixture machine, the machine's own CDI dir (`M/cdi`: never the
 /// host's `/var/run/cdi`, which other tests and the machine's runtime share) and a free metrics
@@ -106,6 +119,22 @@ pub fn run_args(
     backends: &std::path::Path,
     machine: &super::fixtures::Machine,
 ) -> Vec<String> {
+    let mut args = machine_run_args(kubelet_dir, machine.root(), &machine.root().join("cdi"));
+    let backends = backends.display().to_string();
+    args.extend(["--no-embedded", "--backends", &backends, "--default-grant", "requested"].map(str::to_owned));
+    args
+}
+
+/// `devplug run` with its embedded backends on machine tree `machine` (`M/sys`, `M/dev`,
+/// `M/proc`, fixture nodes), serving `kubelet_dir`, its CDI specs in `kubelet_dir/cdi`; add the
+/// rest.
+pub fn embedded_run_args(kubelet_dir: &std::path::Path, machine: &std::path::Path) -> Vec<String> {
+    machine_run_args(kubelet_dir, machine, &kubelet_dir.join("cdi"))
+}
+
+/// `devplug run` by socket registration into `kubelet_dir`, on machine tree `machine`, CDI specs
+/// in `cdi`, a free metrics port.
+fn machine_run_args(kubelet_dir: &std::path::Path, machine: &std::path::Path, cdi: &std::path::Path) -> Vec<String> {
     let s = |p: &std::path::Path| p.display().to_string();
     [
         "run",
@@ -113,20 +142,15 @@ pub fn run_args(
         &s(kubelet_dir),
         "--registration",
         "kubelet-socket",
-        "--no-embedded",
-        "--backends",
-        &s(backends),
-        "--default-grant",
-        "requested",
         "--sysfs-root",
-        &s(&machine.sys()),
+        &s(&machine.join("sys")),
         "--dev-root",
-        &s(&machine.dev()),
+        &s(&machine.join("dev")),
         "--proc-root",
-        &s(&machine.root().join("proc")),
+        &s(&machine.join("proc")),
         "--dev-fixtures",
         "--cdi-dir",
-        &s(&machine.root().join("cdi")),
+        &s(cdi),
         "--metrics-addr",
         "127.0.0.1:0",
     ]
@@ -156,6 +180,7 @@ pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path
     out
 }
 
+/// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
 pub fn run(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().expect("run devplug");
     (

@@ -1,5 +1,5 @@
-//! The first-party backends compiled into the binary, and the test programs' paths (built by
-//! `build.rs` from `guests/`).
+//! The first-party backends compiled into the binary (components, manifests and their native code
+//! precompiled at build time), and the test programs' paths (built by `build.rs` from `guests/`).
 
 include!(concat!(env!("OUT_DIR"), "/guests.rs"));
 

@@ -1,5 +1,6 @@
 //! A backend before it is loaded: its bytes, its manifest and where it came from.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use super::manifest::Manifest;
@@ -24,7 +25,9 @@ impl std::fmt::Display for Origin {
 #[derive(Clone, Debug)]
 pub struct BackendSource {
     pub name: String,
-    pub bytes: Vec<u8>,
+    /// The component: borrowed from the binary for the embedded backends (no heap copy of what
+    /// the binary already holds), owned when read from a file.
+    pub bytes: Cow<'static, [u8]>,
     pub manifest: Manifest,
     pub origin: Origin,
     /// The version in the file name (`gpu-1.3.0.wasm`), if it has one.
@@ -57,7 +60,7 @@ impl BackendSource {
             .iter()
             .map(|(name, bytes, manifest)| BackendSource {
                 name: (*name).to_owned(),
-                bytes: bytes.to_vec(),
+                bytes: Cow::Borrowed(*bytes),
                 manifest: Manifest::parse(manifest).expect("first-party manifests are valid"),
                 origin: Origin::Embedded,
                 file_version: None,
@@ -98,7 +101,7 @@ impl BackendSource {
         Ok(BackendSource {
             name: base.to_owned(),
             key: source_key(&bytes, &text),
-            bytes,
+            bytes: Cow::Owned(bytes),
             manifest,
             origin: Origin::File(path.to_owned()),
             file_version,
