@@ -37,8 +37,7 @@ struct Config {
 
 /// Name parts of extended resources are at most 63 characters of `[A-Za-z0-9._-]`.
 fn resource_name(domain: &str, name: &str) -> String {
-    let mut n: String =
-        name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    let mut n = devplug_sdk::id_chars(name);
     n.truncate(63);
     let n = n.trim_end_matches(['.', '_', '-']).to_owned();
     format!("{domain}/{n}")

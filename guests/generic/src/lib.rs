@@ -206,7 +206,7 @@ fn short_name(resource: &str) -> String {
 
 /// Device IDs may hold `[A-Za-z0-9._-]`: `net/tun` → `net_tun`.
 fn sanitize(s: &str) -> String {
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+    devplug_sdk::id_chars(s)
 }
 
 /// `id` as kubelet takes it: at most 63 characters. A longer one keeps its start and ends in a

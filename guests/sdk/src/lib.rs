@@ -82,6 +82,12 @@ pub fn log(level: Level, message: &str) {
     eprintln!("[{level:?}] {message}");
 }
 
+/// `s` as device-ID or resource-name characters: every character outside `[A-Za-z0-9._-]`
+/// becomes `_` (`net/tun` → `net_tun`).
+pub fn id_chars(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
+}
+
 /// Shorthand for a [`BackendError::InvalidConfig`].
 pub fn invalid_config(what: impl std::fmt::Display) -> BackendError {
     BackendError::InvalidConfig(what.to_string())

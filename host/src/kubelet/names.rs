@@ -26,7 +26,7 @@ pub fn resource_name_problem(name: &str) -> Option<String> {
         return Some(format!("{name:?}: domain {domain:?} is not a lowercase DNS subdomain"));
     }
     // Kubelet validates "requests." + name as a qualified name, so the name part gets the rule.
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    let ok_char = is_name_char;
     let ends_ok = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
     if short.is_empty()
         || short.len() > 63
@@ -44,9 +44,18 @@ pub fn resource_name_problem(name: &str) -> Option<String> {
 /// The socket file for a resource: `devplug-nvidia.com_gpu.sock`. Kubelet wants it inside the
 /// device-plugins dir and names it relative to that dir.
 pub fn socket_file_name(resource: &str) -> String {
-    let safe: String =
-        resource.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
-    format!("devplug-{safe}.sock")
+    format!("devplug-{}.sock", name_chars(resource))
+}
+
+/// A character kubelet allows in the name part of a qualified name: `[A-Za-z0-9._-]`.
+pub fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "-_.".contains(c)
+}
+
+/// `s` with every character outside `[A-Za-z0-9._-]` replaced by `_` (`nvidia.com/gpu` →
+/// `nvidia.com_gpu`), for file names and keys derived from resource names.
+pub fn name_chars(s: &str) -> String {
+    s.chars().map(|c| if is_name_char(c) { c } else { '_' }).collect()
 }
 
 #[cfg(test)]

@@ -75,6 +75,11 @@ pub fn exported_version(engine: &Engine, component: &Component) -> Option<String
         .find_map(|(name, _)| name.strip_prefix("devplug:backend/backend@").map(str::to_owned))
 }
 
+/// Whether this host loads components built against WIT `version` (semver: any 0.1.x, 0.2.x).
+pub fn supports(version: &str) -> bool {
+    module_for(version).is_some()
+}
+
 /// The index into [`VERSIONS`] of the module that serves `version`: same major, and for 0.x the
 /// same minor (semver compatibility; a patch release never changes the interface).
 fn module_for(version: &str) -> Option<usize> {

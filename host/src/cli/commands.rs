@@ -1,0 +1,145 @@
+//! The one-shot commands that load backends on a machine (or a fixture tree) without serving
+//! kubelet: `discover`, `allocate`, `cdi generate`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::{AllocateArgs, CdiGenerateArgs, DiscoverArgs, SourceArgs};
+use crate::backends::{BackendSource, Registry};
+use crate::config::{Config, DefaultGrant};
+use crate::runtime::Runtime;
+use crate::runtime::state::Roots;
+
+/// Load the chosen backends and run one discover. Load errors are returned, not raised: one
+/// broken backend does not hide what the others see.
+async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<String>)> {
+    let (registry, errors, _) = load_and_poll(args).await?;
+    Ok((registry, errors))
+}
+
+/// [`load_once`], also handing back the resources that have devices, ready to answer calls.
+async fn load_and_poll(
+    args: SourceArgs,
+) -> anyhow::Result<(Arc<Registry>, Vec<String>, Vec<crate::kubelet::ResourceHandle>)> {
+    let cfg = match &args.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
+    };
+    let mut rc = cfg.runtime_config();
+    if args.cache_dir.is_some() {
+        rc.cache_dir = args.cache_dir.clone();
+    }
+    let runtime = Runtime::new(rc)?;
+    let roots = Roots {
+        sys: args.sysfs_root,
+        dev: args.dev_root,
+        proc: args.proc_root,
+        dev_fixtures: args.dev_fixtures || cfg.dev_fixtures,
+    };
+    let registry = Arc::new(Registry::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
+    let mut sources = Vec::new();
+    if args.backends.is_empty() || args.embedded {
+        sources.extend(BackendSource::embedded());
+    }
+    let mut errors = Vec::new();
+    anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
+    for path in &args.backends {
+        let manifest = crate::backends::manifest_for(path, args.manifest.as_deref());
+        if manifest.is_none() {
+            tracing::warn!(backend = %path.display(), "no manifest found (NAME.toml or devplug.toml beside it, or --manifest): it gets no capabilities");
+        }
+        match BackendSource::from_file_with(path, manifest.as_deref()) {
+            Ok(s) => sources.push(s),
+            Err(e) => errors.push(format!("{e:#}")),
+        }
+    }
+    for src in sources {
+        let origin = src.origin.to_string();
+        let r = registry.clone();
+        match tokio::task::spawn_blocking(move || r.load(src)).await? {
+            Ok(()) => {}
+            Err(e) => errors.push(format!("{origin}: {e}")),
+        }
+    }
+    let report = registry.poll_once().await;
+    Ok((registry, errors, report.ready))
+}
+
+/// `devplug allocate`: load, discover once, and answer an Allocate for `ids` the way `run`
+/// answers kubelet with the default strategy (device specs, mounts, env, annotations: the
+/// resource's common edits, each device's, and what the backend's `allocate` adds).
+pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
+    let (registry, errors, ready) = load_and_poll(args.source).await?;
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
+    let names: Vec<&str> = ready.iter().map(|h| h.name.as_str()).collect();
+    let handle = match &args.resource {
+        Some(r) => ready.iter().find(|h| h.name == *r),
+        None if ready.len() == 1 => ready.first(),
+        None => anyhow::bail!("the backends serve {}: say which with --resource", names.join(", ")),
+    }
+    .ok_or_else(|| anyhow::anyhow!("no resource {:?} with devices (serving: {})", args.resource, names.join(", ")))?;
+    let snapshot = handle.devices.borrow().clone();
+    let unknown: Vec<&String> = args.ids.iter().filter(|id| snapshot.device(id).is_none()).collect();
+    anyhow::ensure!(unknown.is_empty(), "{}: unknown device IDs {unknown:?}", handle.name);
+    let extra = handle.ops.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
+    let answer = handle.delivery.answer(&snapshot, &args.ids, &extra);
+    drop(registry);
+    Ok(serde_json::json!({
+        "resource": handle.name,
+        "ids": args.ids,
+        "devices": answer.devices.iter().map(|d| serde_json::json!({
+            "container_path": d.container_path, "host_path": d.host_path, "permissions": d.permissions,
+        })).collect::<Vec<_>>(),
+        "mounts": answer.mounts.iter().map(|m| serde_json::json!({
+            "container_path": m.container_path, "host_path": m.host_path, "read_only": m.read_only,
+        })).collect::<Vec<_>>(),
+        "envs": answer.envs,
+        "annotations": answer.annotations,
+    }))
+}
+
+/// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
+/// Returns the files written and the load errors.
+pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
+    let (registry, mut errors) = load_once(args.source).await?;
+    let specs = crate::cdi::SpecDir::open(&args.out)?;
+    let mut written = Vec::new();
+    for r in registry.snapshot() {
+        match specs.sync(&r) {
+            Ok(true) => written.extend(crate::cdi::Kind::for_resource(&r.name).map(|k| args.out.join(k.file_name()))),
+            Ok(false) => {}
+            Err(e) => errors.push(format!("{}: {e}", r.name)),
+        }
+    }
+    Ok((written, errors))
+}
+
+/// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
+pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
+    let (registry, mut errors) = load_once(args.source).await?;
+    // A backend that loaded but whose discover failed (or was refused) is an error too: a
+    // vendor's CI must see it.
+    for b in registry.summaries() {
+        if let Some(e) = &b.last_error {
+            errors.push(format!("{}: discover: {e}", b.name));
+        }
+    }
+    let resources: Vec<serde_json::Value> = registry
+        .snapshot()
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.name,
+                "devices": r.devices.iter().map(|d| serde_json::json!({
+                    "id": d.id,
+                    "health": d.health.as_str(),
+                    "numa_nodes": d.numa_nodes,
+                    "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    "edits": d.edits,
+                })).collect::<Vec<_>>(),
+                "common_edits": r.common_edits,
+            })
+        })
+        .collect();
+    Ok(serde_json::json!({ "backends": registry.summaries(), "resources": resources, "errors": errors }))
+}

@@ -1,0 +1,278 @@
+//! The command line: every subcommand's arguments (clap), and where each command's work lives:
+//! [`commands`] (discover, allocate, cdi generate on a fixture or this machine), [`tables`]
+//! (output for people), [`http`] (talking to a running devplug for `status`). `inspect` is
+//! [`crate::inspect`], shared with `pack`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::{Config, DefaultGrant};
+use crate::kubelet::RegistrationMode;
+use crate::observe::LogFormat;
+
+#[derive(Parser, Debug)]
+#[command(name = "devplug", version, about = "Kubernetes device plugins as sandboxed WebAssembly backends")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve every backend's resources to kubelet (the DaemonSet's job).
+    Run(RunArgs),
+    /// Run each backend's discover once and print what it found.
+    Discover(DiscoverArgs),
+    /// Show a backend component's WIT version, imports, exports, capabilities and size.
+    Inspect(InspectArgs),
+    /// What Allocate would answer for these device IDs (the container's view), without kubelet.
+    Allocate(AllocateArgs),
+    /// CDI spec files.
+    #[command(subcommand)]
+    Cdi(CdiCommand),
+    /// Pack backends into an OCI image (layout dir or oci-archive tar) for an image volume.
+    Pack(PackArgs),
+    /// Ask a running devplug (its --metrics-addr) what it serves, in a table.
+    Status(StatusArgs),
+    /// Start a new project.
+    #[command(subcommand)]
+    New(NewCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum NewCommand {
+    /// A backend project (Rust against the SDK, Python with componentize-py, JavaScript with
+    /// componentize-js), with a fixture and a test.
+    Backend(NewBackendArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct NewBackendArgs {
+    /// The backend's name ([a-z0-9-]).
+    pub name: String,
+    #[arg(long, value_enum, default_value = "rust")]
+    pub lang: crate::scaffold::Lang,
+    /// Where to create it (default: ./NAME).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The running devplug's --metrics-addr.
+    #[arg(long, default_value = "127.0.0.1:9400")]
+    pub addr: String,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PackArgs {
+    /// Write an OCI image layout into this directory.
+    #[arg(long, conflicts_with = "tar", required_unless_present = "tar")]
+    pub out: Option<PathBuf>,
+    /// Write an oci-archive tar file instead.
+    #[arg(long)]
+    pub tar: Option<PathBuf>,
+    /// The image's tag (`org.opencontainers.image.ref.name`).
+    #[arg(long, default_value = "latest")]
+    pub tag: String,
+    /// Platform architecture to stamp (the node's; wasm itself runs anywhere).
+    #[arg(long, default_value_t = crate::pack::host_arch().to_owned())]
+    pub arch: String,
+    /// BACKEND.wasm files, each optionally followed by its manifest (.toml); a NAME.toml beside
+    /// NAME.wasm is taken along.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+#[derive(clap::Args, Debug, Default)]
+pub struct RunArgs {
+    /// TOML config file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Kubelet's device-plugins dir (kubelet.sock and our sockets).
+    #[arg(long)]
+    pub kubelet_dir: Option<PathBuf>,
+    /// Kubelet's plugin-watcher dir (default: plugins_registry beside --kubelet-dir).
+    #[arg(long)]
+    pub plugins_registry_dir: Option<PathBuf>,
+    /// How to register with kubelet.
+    #[arg(long, value_enum)]
+    pub registration: Option<RegistrationMode>,
+    /// Directory of backend .wasm files (with NAME.toml manifests).
+    #[arg(long = "backends")]
+    pub backends_dir: Option<PathBuf>,
+    /// Do not load the first-party backends built into the binary.
+    #[arg(long)]
+    pub no_embedded: bool,
+    /// Do not listen to kernel uevents (backends then see changes at polls only).
+    #[arg(long)]
+    pub no_uevents: bool,
+    /// Where /sys is (a fixture tree in tests).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Where /dev is (a fixture tree in tests).
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+    /// Where /proc is (a fixture tree in tests).
+    #[arg(long)]
+    pub proc_root: Option<PathBuf>,
+    /// Where CDI spec files go.
+    #[arg(long)]
+    pub cdi_dir: Option<PathBuf>,
+    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
+    #[arg(long)]
+    pub dev_fixtures: bool,
+    /// Address for /healthz and /readyz.
+    #[arg(long)]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Directory for compiled backends (skips compilation on restart).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// How often backends' discover runs (device health).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub poll_interval: Option<Duration>,
+    /// What directory backends get when the config grants them nothing.
+    #[arg(long, value_enum)]
+    pub default_grant: Option<DefaultGrant>,
+}
+
+impl RunArgs {
+    /// The config file (or defaults) with these flags applied.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut c = match &self.config {
+            Some(p) => Config::from_file(p)?,
+            None => Config::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = &self.$f { c.$f = v.clone(); } )* };
+        }
+        set!(
+            kubelet_dir,
+            registration,
+            sysfs_root,
+            dev_root,
+            proc_root,
+            cdi_dir,
+            metrics_addr,
+            poll_interval,
+            default_grant
+        );
+        if self.plugins_registry_dir.is_some() {
+            c.plugins_registry_dir = self.plugins_registry_dir.clone();
+        }
+        if self.backends_dir.is_some() {
+            c.backends_dir = self.backends_dir.clone();
+        }
+        if self.cache_dir.is_some() {
+            c.cache_dir = self.cache_dir.clone();
+        }
+        if self.no_embedded {
+            c.embedded = false;
+        }
+        if self.dev_fixtures {
+            c.dev_fixtures = true;
+        }
+        if self.no_uevents {
+            c.uevents = false;
+        }
+        Ok(c)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
+
+/// Which backends to load and what machine they look at (`discover`, `cdi generate`).
+#[derive(clap::Args, Debug)]
+pub struct SourceArgs {
+    /// Backend .wasm files (default: the embedded first-party backends).
+    #[arg(long = "backend")]
+    pub backends: Vec<PathBuf>,
+    /// Also load the embedded backends when --backend is given.
+    #[arg(long)]
+    pub embedded: bool,
+    /// The manifest of a single --backend, when it is not NAME.toml beside the .wasm.
+    #[arg(long, requires = "backends")]
+    pub manifest: Option<PathBuf>,
+    /// Config file for backend settings and grants (without it, backends get what they request).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long, default_value = "/sys")]
+    pub sysfs_root: PathBuf,
+    #[arg(long, default_value = "/dev")]
+    pub dev_root: PathBuf,
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
+    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
+    #[arg(long)]
+    pub dev_fixtures: bool,
+    /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiscoverArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CdiCommand {
+    /// Write each resource's CDI spec once, as `run` would, without serving anything.
+    Generate(CdiGenerateArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CdiGenerateArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Directory for the spec files (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct AllocateArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The resource (needed when the backends serve more than one).
+    #[arg(long)]
+    pub resource: Option<String>,
+    /// Device IDs one container gets.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    pub file: PathBuf,
+    /// The backend's manifest, when it is neither NAME.toml nor devplug.toml beside the file.
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+}
+
+mod commands;
+mod http;
+mod tables;
+
+pub use crate::inspect::inspect;
+pub use commands::{allocate, cdi_generate, discover};
+pub use http::http_get;
+pub use tables::{discover_table, status_table};

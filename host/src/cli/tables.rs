@@ -1,0 +1,110 @@
+//! Command output for people: JSON answers as aligned tables.
+
+/// `devplug status` as a table for people.
+pub fn status_table(v: &serde_json::Value) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let str_of = |x: &serde_json::Value| x.as_str().map(str::to_owned).unwrap_or_else(|| x.to_string());
+    let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "KUBELET"].map(str::to_owned).to_vec()];
+    for r in v["resources"].as_array().into_iter().flatten() {
+        rows.push(vec![str_of(&r["name"]), str_of(&r["healthy"]), str_of(&r["unhealthy"]), str_of(&r["endpoint"])]);
+    }
+    out.push_str(&table(&rows, &[false, true, true, false]));
+    let mut rows = vec![
+        ["BACKEND", "VERSION", "DIGEST", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"].map(str::to_owned).to_vec(),
+    ];
+    for b in v["backends"].as_array().into_iter().flatten() {
+        let digest: String = str_of(&b["digest"]).chars().take(12).collect();
+        let breaker = if b["breaker_open"].as_bool() == Some(true) { "OPEN" } else { "closed" };
+        rows.push(vec![
+            str_of(&b["name"]),
+            str_of(&b["version"]),
+            digest,
+            breaker.to_owned(),
+            str_of(&b["stats"]["traps"]),
+            str_of(&b["stats"]["timeouts"]),
+            b["last_error"].as_str().unwrap_or("").to_owned(),
+        ]);
+    }
+    let _ = writeln!(out);
+    out.push_str(&table(&rows, &[false, false, false, false, true, true, false]));
+    let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
+    if allocs.is_empty() {
+        let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
+    } else {
+        let _ = writeln!(out, "\n{:<40} {:<16} NAMESPACE/POD/CONTAINER", "RESOURCE", "DEVICE");
+        for a in allocs {
+            let _ = writeln!(
+                out,
+                "{:<40} {:<16} {}/{}/{}",
+                str_of(&a["resource"]),
+                str_of(&a["device"]),
+                str_of(&a["namespace"]),
+                str_of(&a["pod"]),
+                str_of(&a["container"])
+            );
+        }
+    }
+    out
+}
+
+/// Rows as columns as wide as their widest cell (`right` aligns numbers), two spaces apart.
+fn table(rows: &[Vec<String>], right: &[bool]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> =
+        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|x| x.chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(c, x)| {
+                let last = c + 1 == r.len();
+                match (right.get(c).copied().unwrap_or(false), last) {
+                    (true, _) => format!("{x:>w$}", w = width[c]),
+                    (false, true) => x.clone(),
+                    (false, false) => format!("{x:<w$}", w = width[c]),
+                }
+            })
+            .collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Render `discover`'s JSON as a table for people.
+pub fn discover_table(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    for b in v["backends"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "backend {} {} (wit {}, {}){}\n",
+            b["name"].as_str().unwrap_or("?"),
+            b["version"].as_str().unwrap_or("?"),
+            b["wit_version"].as_str().unwrap_or("?"),
+            b["origin"].as_str().unwrap_or("?"),
+            if b["breaker_open"].as_bool() == Some(true) { " BREAKER OPEN" } else { "" }
+        ));
+    }
+    out.push_str(&format!("{:<28} {:<40} {:<10} {}\n", "RESOURCE", "DEVICE", "HEALTH", "NUMA"));
+    for r in v["resources"].as_array().into_iter().flatten() {
+        let devices = r["devices"].as_array().cloned().unwrap_or_default();
+        if devices.is_empty() {
+            out.push_str(&format!("{:<28} {:<40} {:<10}\n", r["name"].as_str().unwrap_or("?"), "(none)", "-"));
+        }
+        for d in devices {
+            let numa: Vec<String> = d["numa_nodes"].as_array().into_iter().flatten().map(|n| n.to_string()).collect();
+            out.push_str(&format!(
+                "{:<28} {:<40} {:<10} {}\n",
+                r["name"].as_str().unwrap_or("?"),
+                d["id"].as_str().unwrap_or("?"),
+                d["health"].as_str().unwrap_or("?"),
+                if numa.is_empty() { "-".into() } else { numa.join(",") }
+            ));
+        }
+    }
+    for e in v["errors"].as_array().into_iter().flatten() {
+        out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("?")));
+    }
+    out
+}

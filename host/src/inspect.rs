@@ -1,0 +1,52 @@
+//! What a component is, without running it: its WIT version, imports, exports and manifest
+//! (`devplug inspect`), and the check `devplug pack` makes before packing one.
+
+use std::path::Path;
+
+use crate::backends::Manifest;
+use crate::runtime::bindings::{exported_version, supports};
+use crate::runtime::{Runtime, RuntimeConfig};
+
+/// Check that `bytes` is a backend component of a WIT version this host loads; returns it.
+pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
+    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let compiled = runtime.compile(bytes)?;
+    let version = exported_version(runtime.engine(), &compiled.component)
+        .ok_or_else(|| anyhow::anyhow!("it does not export devplug:backend/backend"))?;
+    anyhow::ensure!(
+        supports(&version),
+        "built against devplug:backend@{version}, which this host does not load (it loads {})",
+        crate::runtime::bindings::SUPPORTED.join(", ")
+    );
+    Ok(version)
+}
+
+pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_json::Value> {
+    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let component = compiled.component;
+    let ty = component.component_type();
+    let engine = runtime.engine();
+    let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
+    let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+    let manifest_path = crate::backends::manifest_for(path, manifest);
+    let manifest = match &manifest_path {
+        Some(p) => {
+            let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+            Some(Manifest::parse(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    Ok(serde_json::json!({
+        "file": path.display().to_string(),
+        "size": bytes.len(),
+        "sha256": compiled.digest,
+        "wit_version": exported_version(engine, &component),
+        "supported": exported_version(engine, &component).is_some_and(|v| supports(&v)),
+        "exports": exports,
+        "imports": imports,
+        "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
+        "manifest_file": manifest_path.map(|p| p.display().to_string()),
+    }))
+}
