@@ -266,6 +266,12 @@ async fn allocate_gpu(k: &Kubelet, id: &str) -> (String, String) {
 /// `minor_from_driver`) the driver's `/proc` information naming its minor.
 fn hot_add_gpu(m: &Path, addr: &str, minor: u32, minor_from_driver: bool) {
     let mut t = Tree::new(m);
+    // The driver's /proc entry first, as the driver makes it while probing, before the
+    // `driver` link appears in sysfs.
+    if minor_from_driver {
+        t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(addr, minor, 7));
+    }
+    t.node(&format!("nvidia{minor}"), 195, minor);
     let bus = &addr[5..7];
     t.pci(Func {
         parents: chain(&format!("pci0000:{bus}"), &[&format!("0000:{bus}:01.0")]),
@@ -276,10 +282,6 @@ fn hot_add_gpu(m: &Path, addr: &str, minor: u32, minor_from_driver: bool) {
         numa: 1,
         driver: Some("nvidia"),
     });
-    t.node(&format!("nvidia{minor}"), 195, minor);
-    if minor_from_driver {
-        t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(addr, minor, 7));
-    }
 }
 
 /// Issue 15's hot-add bug: a GPU that appears after `init` must be allocatable, with the minor

@@ -28,6 +28,28 @@ fn churner(dir: &Path, name: &str, resource: &str, extra: &str) {
     std::fs::write(dir.join(format!("{name}.toml")), toml).unwrap();
 }
 
+/// `devplug run` (through `wrapper`, if any) serving churners (name, resource, manifest lines),
+/// polling only hourly, on a fixture machine, to a kubelet stand-in; the first value keeps the
+/// directories and the machine alive.
+async fn serve_churners(
+    churners: &[(&str, &str, &str)],
+    wrapper: &[&str],
+) -> ((tempfile::TempDir, Machine), Kubelet, Devplug) {
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    for (name, resource, extra) in churners {
+        churner(&backends, name, resource, extra);
+    }
+    let kubelet = Kubelet::start(&kdir).await;
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let machine = Machine::generic_box();
+    let mut args = run_args(&kdir, &backends, &machine);
+    args.extend(["--cache-dir".into(), cache.display().to_string(), "--poll-interval".into(), "1h".into()]);
+    let d = Devplug::spawn_via(wrapper, &args);
+    ((root, machine), kubelet, d)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kernel_uevent_runs_the_subscribed_backends_discover_at_once() {
     if std::fs::OpenOptions::new().write(true).open(LO_UEVENT).is_err() {
@@ -36,17 +58,11 @@ async fn a_kernel_uevent_runs_the_subscribed_backends_discover_at_once() {
         );
         return;
     }
-    let root = tempfile::tempdir().unwrap();
-    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
-    std::fs::create_dir_all(&backends).unwrap();
-    churner(&backends, "evented", "test.devplug.io/evented", "uevents = [\"net\"]\n");
-    churner(&backends, "quiet", "test.devplug.io/quiet", "");
-    let kubelet = Kubelet::start(&kdir).await;
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
-    let machine = Machine::generic_box();
-    let mut args = run_args(&kdir, &backends, &machine);
-    args.extend(["--cache-dir".into(), cache.display().to_string(), "--poll-interval".into(), "1h".into()]);
-    let d = Devplug::spawn(&args);
+    let (_root, kubelet, d) = serve_churners(
+        &[("evented", "test.devplug.io/evented", "uevents = [\"net\"]\n"), ("quiet", "test.devplug.io/quiet", "")],
+        &[],
+    )
+    .await;
     let evented =
         kubelet.wait_plugin("test.devplug.io/evented", T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let quiet = kubelet.wait_plugin("test.devplug.io/quiet", T).await.unwrap();
@@ -98,16 +114,9 @@ async fn a_link_going_down_or_up_runs_the_net_subscribers_discover_at_once() {
         );
         return;
     }
-    let root = tempfile::tempdir().unwrap();
-    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
-    std::fs::create_dir_all(&backends).unwrap();
-    churner(&backends, "linked", "test.devplug.io/linked", "uevents = [\"net\"]\n");
-    let kubelet = Kubelet::start(&kdir).await;
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
-    let machine = Machine::generic_box();
-    let mut args = run_args(&kdir, &backends, &machine);
-    args.extend(["--cache-dir".into(), cache.display().to_string(), "--poll-interval".into(), "1h".into()]);
-    let d = Devplug::spawn_via(&["unshare", "--net", "--"], &args);
+    let (_root, kubelet, d) =
+        serve_churners(&[("linked", "test.devplug.io/linked", "uevents = [\"net\"]\n")], &["unshare", "--net", "--"])
+            .await;
     let linked = kubelet.wait_plugin("test.devplug.io/linked", T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     kubelet.wait_devices("test.devplug.io/linked", T, |l| !l.is_empty()).await.unwrap();
     let mut lists = linked.devices.clone();

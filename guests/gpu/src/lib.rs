@@ -79,6 +79,7 @@ pub struct Gpu {
     /// NVIDIA PCI address → `/dev/nvidiaN` minor (see the module docs): the driver's word where
     /// it can be read, else the PCI order at init, then the next free minor for later arrivals.
     nvidia_minors: RefCell<BTreeMap<String, u32>>,
+    driver: DriverFacts,
     pci: PciCache,
 }
 
@@ -89,21 +90,37 @@ pub struct DriverInfo {
     pub uuid: Option<String>,
 }
 
-/// The driver's facts of every GPU it lists, by PCI address; empty without a `procfs` grant or
-/// without the driver.
-fn driver_info(sys: &dyn Sys) -> BTreeMap<String, DriverInfo> {
-    let Ok(gpus) = sys.proc_list("driver/nvidia/gpus") else { return BTreeMap::new() };
-    gpus.into_iter()
-        .filter_map(|addr| {
-            let text = sys.proc_read(&format!("driver/nvidia/gpus/{addr}/information")).ok()?;
-            let field = |name: &str| {
-                text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(|v| v.trim().to_owned()))
-            };
-            let info =
-                DriverInfo { minor: field("Device Minor").and_then(|m| m.parse().ok()), uuid: field("GPU UUID") };
-            Some((addr.to_ascii_lowercase(), info))
-        })
-        .collect()
+/// The driver's facts of each NVIDIA GPU, read once per binding: a GPU's minor and UUID do not
+/// change while it stays bound, so a health poll reads nothing; a GPU that appears, or is bound
+/// again, is read afresh. Empty facts without a `procfs` grant or without the driver.
+#[derive(Default)]
+struct DriverFacts {
+    /// (PCI address, bound driver) → what the driver said.
+    known: RefCell<BTreeMap<(String, Option<String>), DriverInfo>>,
+}
+
+impl DriverFacts {
+    /// The facts of every GPU in `list`, by PCI address.
+    fn of(&self, sys: &dyn Sys, list: &[PciDevice]) -> BTreeMap<String, DriverInfo> {
+        let key = |d: &PciDevice| (d.address.clone(), d.driver.clone());
+        let mut known = self.known.borrow_mut();
+        let live: Vec<_> = list.iter().map(key).collect();
+        known.retain(|k, _| live.contains(k));
+        for d in list {
+            known.entry(key(d)).or_insert_with(|| read_information(sys, &d.address));
+        }
+        known.iter().map(|((addr, _), info)| (addr.clone(), info.clone())).collect()
+    }
+}
+
+/// `/proc/driver/nvidia/gpus/<pci>/information`, as much as the backend uses.
+fn read_information(sys: &dyn Sys, address: &str) -> DriverInfo {
+    let Ok(text) = sys.proc_read(&format!("driver/nvidia/gpus/{address}/information")) else {
+        return DriverInfo::default();
+    };
+    let field =
+        |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(|v| v.trim().to_owned()));
+    DriverInfo { minor: field("Device Minor").and_then(|m| m.parse().ok()), uuid: field("GPU UUID") }
 }
 
 fn is_gpu(vendor: u16, class: u32) -> Option<Vendor> {
@@ -133,12 +150,12 @@ impl Backend for Gpu {
         let cfg: Config = toml::from_str(config).map_err(invalid_config)?;
         let vendors = cfg.vendors.unwrap_or_else(|| vec![Vendor::Nvidia, Vendor::Amd, Vendor::Intel]);
         let pci = PciCache::default();
+        let driver = DriverFacts::default();
         let nvidia_minors = if vendors.contains(&Vendor::Nvidia) {
-            let driver = driver_info(sys);
-            let order = gpus(&pci, sys, Vendor::Nvidia).into_iter().enumerate();
-            order
-                .map(|(i, d)| (d.address.clone(), driver.get(&d.address).and_then(|i| i.minor).unwrap_or(i as u32)))
-                .collect()
+            let list = gpus(&pci, sys, Vendor::Nvidia);
+            let said = driver.of(sys, &list);
+            let minor = |i: usize, d: &PciDevice| said.get(&d.address).and_then(|f| f.minor).unwrap_or(i as u32);
+            list.iter().enumerate().map(|(i, d)| (d.address.clone(), minor(i, d))).collect()
         } else {
             BTreeMap::new()
         };
@@ -154,7 +171,7 @@ impl Backend for Gpu {
             }
         }
         let info = Info { name: "gpu".into(), version: env!("CARGO_PKG_VERSION").into(), resources };
-        Ok((Gpu { vendors, names: cfg.names, nvidia_minors: RefCell::new(nvidia_minors), pci }, info))
+        Ok((Gpu { vendors, names: cfg.names, nvidia_minors: RefCell::new(nvidia_minors), driver, pci }, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
@@ -207,7 +224,7 @@ impl Backend for Gpu {
 impl Gpu {
     fn nvidia(&self, sys: &dyn Sys) -> Resource {
         let list = gpus(&self.pci, sys, Vendor::Nvidia);
-        let driver = driver_info(sys);
+        let driver = self.driver.of(sys, &list);
         let mut minors = self.nvidia_minors.borrow_mut();
         for d in &list {
             let said = driver.get(&d.address).and_then(|i| i.minor);

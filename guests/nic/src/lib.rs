@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use devplug_sdk::pci::{PciCache, PciDevice, is_pci_address};
-use devplug_sdk::sys::each;
+use devplug_sdk::sys::{each, last_component};
 use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
@@ -110,9 +110,7 @@ impl Nic {
         // A function bound to vfio-pci has no kernel children to look for.
         let kernel = |p: &PciDevice| p.driver.as_deref().is_some_and(|d| d != "vfio-pci");
         let vfio = |p: &PciDevice| p.driver.as_deref() == Some("vfio-pci");
-        let link_name = |r: Option<Result<String, _>>| {
-            r.and_then(|r| r.ok()).and_then(|t| t.rsplit('/').next().map(str::to_owned)).filter(|n| !n.is_empty())
-        };
+        let link_name = |r: Option<Result<String, _>>| r.and_then(|r| r.ok()).and_then(|t| last_component(&t));
         let physfns = each(fresh, |p| Some(p.attr("physfn")), |paths| sys.read_link_many(paths));
         let types = each(fresh, |p| netdev(p).map(|(_, dir)| format!("{dir}/type")), |paths| sys.read_many(paths));
         let verbs = each(fresh, |p| kernel(p).then(|| p.attr("infiniband_verbs")), |paths| sys.list_many(paths));

@@ -1,6 +1,6 @@
 //! PCI devices as sysfs shows them under `bus/pci/devices/<domain:bus:dev.fn>`.
 
-use crate::sys::each;
+use crate::sys::{each, last_component};
 use crate::{FsError, Sys};
 
 /// What every PCI backend needs to know about a function.
@@ -239,7 +239,7 @@ impl PciCache {
             .collect();
         let paths: Vec<String> = out.iter().map(|d| d.attr("driver")).collect();
         for (d, link) in out.iter_mut().zip(sys.read_link_many(&paths)) {
-            d.driver = link.ok().and_then(|t| t.rsplit('/').next().map(str::to_owned)).filter(|n| !n.is_empty());
+            d.driver = link.ok().and_then(|t| last_component(&t));
         }
         Ok(out)
     }

@@ -47,9 +47,14 @@ pub trait Sys {
 
     /// The last path component of a symlink's target (`driver` → `nvidia`), if it is a link.
     fn link_name(&self, path: &str) -> Option<String> {
-        let target = self.read_link(path).ok()?;
-        target.rsplit('/').next().map(str::to_owned).filter(|s| !s.is_empty())
+        last_component(&self.read_link(path).ok()?)
     }
+}
+
+/// The last component of a symlink's target (`../../../bus/pci/drivers/nvidia` → `nvidia`), the
+/// form [`Sys::link_name`] gives, for targets read in a batch.
+pub fn last_component(target: &str) -> Option<String> {
+    target.rsplit('/').next().map(str::to_owned).filter(|s| !s.is_empty())
 }
 
 /// One batched call over the paths `path_of` gives for `items` (an item without one gets `None`

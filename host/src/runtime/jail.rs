@@ -141,6 +141,24 @@ impl Jail {
         self
     }
 
+    /// The checks of the name asked for: syntax, then requested ∩ granted.
+    fn admit<'a>(&self, rel: &'a str) -> Result<Vec<&'a str>, FsError> {
+        let comps = validate(rel)?;
+        if !self.rule.allows(rel) {
+            return Err(FsError::Denied(not_granted(&self.rule, rel)));
+        }
+        Ok(comps)
+    }
+
+    /// `rel` opened beneath the root with `flags`, after checking both the name asked for and
+    /// where it really is; the descriptor and that real path.
+    fn open_admitted(&self, b: &Beneath, rel: &str, flags: OFlag) -> Result<(OwnedFd, String), FsError> {
+        self.admit(rel)?;
+        let (fd, canonical) = b.open(rel, flags)?;
+        self.check_canonical(rel, &canonical)?;
+        Ok((fd, canonical))
+    }
+
     fn check_canonical(&self, rel: &str, canonical: &str) -> Result<(), FsError> {
         if canonical != rel && !self.rule.allows(canonical) {
             return Err(FsError::Denied(format!(
@@ -161,10 +179,7 @@ impl Jail {
     /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
     /// (for `read-link`).
     pub fn resolve(&self, rel: &str, follow_last: bool) -> Result<Resolved, FsError> {
-        let comps = validate(rel)?;
-        if !self.rule.allows(rel) {
-            return Err(FsError::Denied(not_granted(&self.rule, rel)));
-        }
+        let comps = self.admit(rel)?;
         let canonical = match &self.beneath {
             Some(b) if follow_last => b.open(rel, OFlag::O_PATH)?.1,
             Some(b) => match rel.rsplit_once('/') {
@@ -221,15 +236,7 @@ impl Jail {
     pub fn read(&self, rel: &str) -> Result<String, FsError> {
         let file = match &self.beneath {
             // One open resolves and checks; O_NONBLOCK so a FIFO cannot hang the host.
-            Some(b) => {
-                validate(rel)?;
-                if !self.rule.allows(rel) {
-                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
-                }
-                let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
-                self.check_canonical(rel, &canonical)?;
-                fs::File::from(fd)
-            }
+            Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?.0),
             None => {
                 let r = self.resolve(rel, true)?;
                 fs::OpenOptions::new()
@@ -252,13 +259,7 @@ impl Jail {
                 let (fd, canonical) = if rel.is_empty() {
                     (b.open(".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)?.0, String::new())
                 } else {
-                    validate(rel)?;
-                    if !self.rule.allows(rel) {
-                        return Err(FsError::Denied(not_granted(&self.rule, rel)));
-                    }
-                    let (fd, canonical) = b.open(rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-                    self.check_canonical(rel, &canonical)?;
-                    (fd, canonical)
+                    self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?
                 };
                 let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
                 let names: Vec<String> = dir
@@ -300,10 +301,7 @@ impl Jail {
         let target = match (&self.beneath, rel.rsplit_once('/')) {
             // Read the link relative to its already-open parent: no second walk from `/`.
             (Some(b), Some((parent, last))) => {
-                validate(rel)?;
-                if !self.rule.allows(rel) {
-                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
-                }
+                self.admit(rel)?;
                 let (dir, canonical_parent) = b.open(parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
                 self.check_canonical(rel, format!("{canonical_parent}/{last}").trim_start_matches('/'))?;
                 nix::fcntl::readlinkat(&dir, last)
@@ -457,15 +455,7 @@ impl Jail {
         // Stat the descriptor the check opened: no second lookup by name that a rename could
         // redirect.
         let meta = match &self.beneath {
-            Some(b) => {
-                validate(rel)?;
-                if !self.rule.allows(rel) {
-                    return Err(FsError::Denied(not_granted(&self.rule, rel)));
-                }
-                let (fd, canonical) = b.open(rel, OFlag::O_PATH)?;
-                self.check_canonical(rel, &canonical)?;
-                fs::File::from(fd).metadata().map_err(io_error)?
-            }
+            Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_PATH)?.0).metadata().map_err(io_error)?,
             None => fs::metadata(self.resolve(rel, true)?.real).map_err(io_error)?,
         };
         let ft = meta.file_type();

@@ -16,7 +16,7 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, openat, readlinkat};
 use nix::sys::stat::Mode;
 
-use super::{FsError, Jail, not_granted, read_attribute, validate};
+use super::{FsError, Jail, read_attribute};
 
 /// Paths a single batched call may name.
 pub const MAX_BATCH: usize = 4096;
@@ -87,10 +87,7 @@ impl Jail {
             // Only `list` takes it (the root); the single route says so.
             return Ok(None);
         }
-        validate(rel)?;
-        if !self.rule.allows(rel) {
-            return Err(FsError::Denied(not_granted(&self.rule, rel)));
-        }
+        self.admit(rel)?;
         Ok(rel.rsplit_once('/'))
     }
 
