@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use devplug::config::BackendSettings;
+use devplug::config::{BackendSettings, Config};
+use devplug::kubelet::RegistrationMode;
 use devplug::kubelet::Strategy;
 use devplug::proto::deviceplugin as pb;
 use notify::Watcher;
@@ -114,6 +115,62 @@ fn generated_specs_validate_against_the_cdi_schema_for_every_fixture() {
     for k in ["nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "devplug.io/sriov_rdma", "devplug.io/kvm"] {
         assert!(kinds_seen.contains_key(k), "no spec for {k} on any fixture: {kinds_seen:?}");
     }
+}
+
+/// Issue 17: with `cdi_device_names = "nvidia-ctk"` the spec holds the names NVIDIA's toolkit
+/// writes (`0`, `GPU-<uuid>` per GPU, `all`), time-sliced replicas share their GPU's entry, and
+/// an Allocate of two replicas of one GPU asks the runtime for that GPU once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvidia_ctk_names_and_replicas_share_one_entry_per_gpu() {
+    let gpu = "cdi_device_names = \"nvidia-ctk\"\n[sharing]\nreplicas = 2\n";
+    let root = repo().join("tests/fixtures/sysfs/dgx-h100");
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("devplug.toml");
+    std::fs::write(&file, format!("[backends.gpu]\nconfig = \'\'\'\n{gpu}\'\'\'\n")).unwrap();
+    let out = work.path().join("cdi");
+    let args = ["--out", &out.display().to_string(), "--config", &file.display().to_string()];
+    on_machine(&["cdi", "generate"], &root, &cache_dir(), &args);
+    let spec_path = out.join("devplug-nvidia.com_gpu.json");
+    let spec = read_json(&spec_path);
+    check_schema(&validator(), &spec_path, &spec);
+    let names: Vec<&str> = spec["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    assert_eq!(names.len(), 8 * 2 + 1, "{names:?}");
+    assert_eq!(names[0], "0");
+    assert!(names[1].starts_with("GPU-") && names[2] == "1", "{names:?}");
+    assert_eq!(names.last(), Some(&"all"));
+    let all = &spec["devices"][16]["containerEdits"]["deviceNodes"];
+    assert_eq!(all.as_array().unwrap().len(), 8, "all = every GPU's node once: {all}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let cfg = Config {
+        kubelet_dir: dir.path().to_owned(),
+        registration: RegistrationMode::KubeletSocket,
+        sysfs_root: root.join("sys"),
+        dev_root: root.join("dev"),
+        proc_root: root.join("proc"),
+        dev_fixtures: true,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        cdi_dir: dir.path().join("cdi"),
+        allocate: vec![Strategy::CdiCri],
+        cache_dir: Some(cache_dir()),
+        backends: [(
+            "gpu".to_owned(),
+            BackendSettings { enabled: true, config: gpu.into(), grant: None, replace_embedded: false },
+        )]
+        .into(),
+        ..Config::default()
+    };
+    let daemon = Daemon::start(cfg);
+    let plugin = kubelet.wait_plugin("nvidia.com/gpu", T).await.unwrap();
+    kubelet.wait_devices("nvidia.com/gpu", T, |l| l.len() == 16).await.unwrap();
+    assert_eq!(read_json(&dir.path().join("cdi/devplug-nvidia.com_gpu.json")), spec, "run writes what generate does");
+    let ids = ["0000:2a:00.0::0", "0000:2a:00.0::1", "0000:3a:00.0::1"].map(String::from).to_vec();
+    let req = pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids }] };
+    let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+    let got: Vec<&str> = resp.container_responses[0].cdi_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(got, ["nvidia.com/gpu=1", "nvidia.com/gpu=2"]);
+    daemon.stop().await.unwrap();
 }
 
 /// Resource → device IDs, from `devplug discover`.

@@ -17,7 +17,7 @@ use devplug::proto::deviceplugin as pb;
 use support::Kubelet;
 use support::binary::on_machine;
 use support::daemon::Daemon;
-use support::hardware::{Func, MACHINES, Tree, build, chain, nvidia_information, snapshot};
+use support::hardware::{Func, MACHINES, Tree, build, chain, mig_geometry, nvidia_information, snapshot};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -132,48 +132,195 @@ fn response_json(r: &pb::ContainerAllocateResponse) -> serde_json::Value {
     serde_json::json!({ "envs": envs, "devices": devices, "mounts": mounts })
 }
 
+/// Allocate the first two healthy devices of every resource `discovered` lists (generic-backend
+/// resources only on the plain box) through the kubelet stand-in; the answers by resource.
+async fn allocate_answers(name: &str, cfg: Config, discovered: &serde_json::Value) -> serde_json::Value {
+    let kubelet = Kubelet::start(&cfg.kubelet_dir).await;
+    let daemon = Daemon::start(cfg);
+    let mut answers = serde_json::Map::new();
+    for r in discovered["resources"].as_array().unwrap() {
+        let rname = r["name"].as_str().unwrap();
+        let healthy: Vec<String> = r["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["health"] == "Healthy")
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect();
+        // The generic backend's defaults are on every box: check them once, on the plain one.
+        let generic = ["devplug.io/kvm", "devplug.io/fuse", "devplug.io/tun"].contains(&rname);
+        if healthy.is_empty() || (generic && name != "plain") {
+            continue;
+        }
+        let plugin = kubelet.wait_plugin(rname, T).await.unwrap();
+        kubelet.wait_devices(rname, T, |l| !l.is_empty()).await.unwrap();
+        let ids: Vec<String> = healthy.iter().take(2).cloned().collect();
+        let resp = plugin
+            .client
+            .clone()
+            .allocate(pb::AllocateRequest {
+                container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids.clone() }],
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{name} {rname}: {e}"))
+            .into_inner();
+        answers.insert(
+            rname.to_owned(),
+            serde_json::json!({ "ids": ids, "response": response_json(&resp.container_responses[0]) }),
+        );
+    }
+    daemon.stop().await.unwrap();
+    serde_json::Value::Object(answers)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allocate_on_every_fixture_hands_out_the_right_nodes_and_env() {
     for name in MACHINES {
         let dir = tempfile::tempdir().unwrap();
-        let kubelet = Kubelet::start(dir.path()).await;
-        let daemon = Daemon::start(daemon_config(dir.path(), &fixture(name)));
         let expected = discover_json(&fixture(name));
-        let mut answers = serde_json::Map::new();
-        for r in expected["resources"].as_array().unwrap() {
-            let rname = r["name"].as_str().unwrap();
-            let healthy: Vec<String> = r["devices"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|d| d["health"] == "Healthy")
-                .map(|d| d["id"].as_str().unwrap().to_owned())
-                .collect();
-            // The generic backend's defaults are on every box: check them once, on the plain one.
-            let generic = ["devplug.io/kvm", "devplug.io/fuse", "devplug.io/tun"].contains(&rname);
-            if healthy.is_empty() || (generic && *name != "plain") {
-                continue;
-            }
-            let plugin = kubelet.wait_plugin(rname, T).await.unwrap();
-            kubelet.wait_devices(rname, T, |l| !l.is_empty()).await.unwrap();
-            let ids: Vec<String> = healthy.iter().take(2).cloned().collect();
-            let resp = plugin
-                .client
-                .clone()
-                .allocate(pb::AllocateRequest {
-                    container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids.clone() }],
-                })
-                .await
-                .unwrap_or_else(|e| panic!("{name} {rname}: {e}"))
-                .into_inner();
-            answers.insert(
-                rname.to_owned(),
-                serde_json::json!({ "ids": ids, "response": response_json(&resp.container_responses[0]) }),
-            );
-        }
-        daemon.stop().await.unwrap();
-        check_golden(name, "allocate", serde_json::Value::Object(answers));
+        let answers = allocate_answers(name, daemon_config(dir.path(), &fixture(name)), &expected).await;
+        check_golden(name, "allocate", answers);
     }
+}
+
+/// The MIG geometry of `dgx-a100-mig`, as `nvidia-smi mig -lgi` would list it.
+const A100_PROFILES: &str = "[mig.profiles]\n\
+    \"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\
+    \"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\n\
+    \"0000:47:00.0\" = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+
+/// The GPU backend's options as NVIDIA's plugin has them (issue 17): (golden file, machine,
+/// gpu config). Each gets golden discover and Allocate answers through the kubelet stand-in.
+fn gpu_scenarios() -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        ("gpu-time-slicing", "dgx-h100", "[sharing]\nreplicas = 4\n".into()),
+        (
+            "gpu-uuid-nvidia-ctk",
+            "dgx-h100",
+            "device_id_strategy = \"uuid\"\ncdi_device_names = \"nvidia-ctk\"\n".into(),
+        ),
+        ("gpu-mig-mixed", "dgx-a100-mig", format!("[mig]\nstrategy = \"mixed\"\n{A100_PROFILES}")),
+        ("gpu-mig-single", "dgx-a100-mig", format!("[mig]\nstrategy = \"single\"\n{A100_PROFILES}")),
+    ]
+}
+
+/// A config file giving the gpu backend `gpu` as its config (and the other backends nothing
+/// new).
+fn gpu_config_file(dir: &Path, gpu: &str) -> PathBuf {
+    let file = dir.join("devplug.toml");
+    std::fs::write(&file, format!("[backends.gpu]\nconfig = \'\'\'\n{gpu}\'\'\'\n")).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_sharing_mig_and_naming_options_match_their_golden_files() {
+    for (golden, machine, gpu) in gpu_scenarios() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = gpu_config_file(dir.path(), &gpu);
+        let out = on_machine(
+            &["discover"],
+            &fixture(machine),
+            &cache_dir(),
+            &["--format", "json", "--config", &file.display().to_string()],
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["errors"], serde_json::json!([]), "{golden}");
+        let gpu_only = serde_json::json!({ "resources": v["resources"].as_array().unwrap().iter()
+            .filter(|r| r["name"].as_str().unwrap().starts_with("nvidia.com/")).cloned().collect::<Vec<_>>() });
+        check_golden(golden, "discover", gpu_only["resources"].clone());
+        let mut cfg = daemon_config(dir.path(), &fixture(machine));
+        cfg.backends.insert("gpu".into(), gpu_settings(&gpu));
+        check_golden(golden, "allocate", allocate_answers(golden, cfg, &gpu_only).await);
+    }
+}
+
+/// Machine `m` served to a kubelet stand-in in a dir of its own, the gpu backend configured with
+/// `gpu`.
+async fn serve_with_gpu(m: &Path, gpu: &str) -> (tempfile::TempDir, Kubelet, Daemon) {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let mut cfg = daemon_config(dir.path(), m);
+    cfg.backends.insert("gpu".into(), gpu_settings(gpu));
+    (dir, kubelet, Daemon::start(cfg))
+}
+
+fn gpu_settings(config: &str) -> devplug::config::BackendSettings {
+    devplug::config::BackendSettings { enabled: true, config: config.to_owned(), grant: None, replace_embedded: false }
+}
+
+/// MIG `single` on a node where every GPU is in MIG mode with one profile: the instances are
+/// `nvidia.com/gpu`, each handed out with its parent GPU and its two caps. Then a GPU instance
+/// is destroyed (`nvidia-smi mig -dgi`): it leaves the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_single_serves_uniform_instances_as_gpus_and_follows_the_geometry() {
+    const GPU: &str = "nvidia.com/gpu";
+    let copy = copy_fixture("dgx-a100-mig");
+    let m = copy.path().join("m");
+    std::fs::remove_dir_all(m.join("proc/driver/nvidia/capabilities")).unwrap();
+    let t = Tree::new(&m);
+    for minor in 0..8 {
+        mig_geometry(&t, minor, &[7, 8, 9, 10, 11, 12, 13]);
+    }
+    let gpu = "[mig]\nstrategy = \"single\"\n[mig.profiles]\nall = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+    let (_dir, kubelet, daemon) = serve_with_gpu(&m, gpu).await;
+    let plugin = kubelet.wait_plugin(GPU, T).await.unwrap();
+    let list = kubelet.wait_devices(GPU, T, |l| l.len() == 56).await.unwrap();
+    assert!(list.iter().all(|d| d.health == "Healthy"), "{list:?}");
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["0000:90:00.0-gi9-ci0".into()] }],
+    };
+    let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+    let nodes: Vec<&str> = resp.container_responses[0].devices.iter().map(|d| d.container_path.as_str()).collect();
+    // GPU 5: gi 9's cap minor is 3 + 5 * 135 + 9 * 9 = 759, its ci0's 760.
+    assert_eq!(
+        nodes[3..],
+        ["/dev/nvidia5", "/dev/nvidia-caps/nvidia-cap759", "/dev/nvidia-caps/nvidia-cap760"],
+        "{nodes:?}"
+    );
+    assert!(resp.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"].ends_with("/9/0"));
+
+    std::fs::remove_dir_all(m.join("proc/driver/nvidia/capabilities/gpu5/mig/gi9")).unwrap();
+    // No uevent for a MIG change: the poll notices.
+    let list = kubelet.wait_devices(GPU, T, |l| l.len() == 55).await.unwrap();
+    assert!(!list.iter().any(|d| d.id == "0000:90:00.0-gi9-ci0"));
+    daemon.stop().await.unwrap();
+}
+
+/// Time-slicing through kubelet: two replicas of one GPU are that GPU once; with
+/// `fail_requests_greater_than_one` the same request is refused with the reason, one replica
+/// is fine, and replicas follow their GPU's health.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_of_one_gpu_are_that_gpu_once_or_refused_when_the_operator_says_so() {
+    const SHARED: &str = "nvidia.com/gpu.shared";
+    let copy = copy_fixture("dgx-h100");
+    let m = copy.path().join("m");
+    let strict = "[sharing]\nreplicas = 4\nrename_by_default = true\nfail_requests_greater_than_one = true\n";
+    let (_dir, kubelet, daemon) = serve_with_gpu(&m, strict).await;
+    let plugin = kubelet.wait_plugin(SHARED, T).await.unwrap();
+    kubelet.wait_devices(SHARED, T, |l| l.len() == 32).await.unwrap();
+    let ask = |ids: &[&str]| pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }],
+    };
+    let err = plugin.client.clone().allocate(ask(&["0000:2a:00.0::0", "0000:2a:00.0::2"])).await.unwrap_err();
+    assert!(
+        err.message().contains("fail_requests_greater_than_one") && err.message().contains("asked for 2"),
+        "{err:?}"
+    );
+    let ok = plugin.client.clone().allocate(ask(&["0000:2a:00.0::2"])).await.unwrap().into_inner();
+    assert_eq!(ok.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"], "1");
+
+    // Health follows the GPU: all four replicas of a GPU whose driver goes away turn Unhealthy.
+    std::fs::remove_file(pci_dir(&m, "0000:2a:00.0").join("driver")).unwrap();
+    kubelet
+        .wait_devices(SHARED, T, |l| {
+            l.iter().filter(|d| d.health == "Unhealthy").map(|d| d.id.as_str()).collect::<Vec<_>>()
+                == ["0000:2a:00.0::0", "0000:2a:00.0::1", "0000:2a:00.0::2", "0000:2a:00.0::3"]
+        })
+        .await
+        .unwrap();
+    daemon.stop().await.unwrap();
 }
 
 /// A writable copy of a fixture (symlinks kept as they are).

@@ -12,6 +12,7 @@
 //!
 //! [resources."nvidia.com/gpu"]
 //! allocate = ["cdi-cri"]            # per resource, overrides the default
+//! write_cdi = true                  # false: no spec for this resource (NVIDIA's toolkit has one)
 //!
 //! [limits]
 //! discover_timeout = "2s"
@@ -58,6 +59,9 @@ pub enum DefaultGrant {
 pub struct ResourceSettings {
     /// How Allocate answers reach the runtime; `None` → the top-level `allocate`.
     pub allocate: Option<Vec<Strategy>>,
+    /// `false`: write no CDI spec for this resource, e.g. where NVIDIA's toolkit already keeps
+    /// one of the same kind (two specs naming one device conflict); `None` → `write_cdi`.
+    pub write_cdi: Option<bool>,
 }
 
 /// Per-backend settings.
@@ -193,6 +197,10 @@ impl Config {
                 r.allocate.as_ref().is_none_or(|a| !a.is_empty()),
                 "resources.{name:?}.allocate needs at least one strategy (device-specs, cdi-cri, cdi-annotations)"
             );
+            anyhow::ensure!(
+                cfg.writes_cdi(name) || !cfg.strategies(name).iter().any(|s| s.is_cdi()),
+                "resources.{name:?}: a cdi-* allocate strategy needs its CDI spec; drop write_cdi = false or use allocate = [\"device-specs\"]"
+            );
         }
         anyhow::ensure!(
             cfg.write_cdi || !cfg.all_strategies().any(Strategy::is_cdi),
@@ -206,6 +214,11 @@ impl Config {
         self.pod_resources_socket
             .clone()
             .unwrap_or_else(|| self.kubelet_dir.parent().unwrap_or(Path::new("/")).join("pod-resources/kubelet.sock"))
+    }
+
+    /// Whether devplug writes a CDI spec for `resource`.
+    pub fn writes_cdi(&self, resource: &str) -> bool {
+        self.write_cdi && self.resources.get(resource).and_then(|r| r.write_cdi) != Some(false)
     }
 
     /// Allocate strategies for `resource`.
@@ -281,6 +294,12 @@ mod tests {
         assert!(e.contains("poll_interval"), "{e}");
         let e = Config::parse("allocate = []").unwrap_err().to_string();
         assert!(e.contains("at least one strategy"), "{e}");
+        let c = Config::parse("[resources.\"nvidia.com/gpu\"]\nwrite_cdi = false\n").unwrap();
+        assert!(!c.writes_cdi("nvidia.com/gpu") && c.writes_cdi("amd.com/gpu"));
+        let e = Config::parse("allocate = [\"cdi-cri\"]\n[resources.\"nvidia.com/gpu\"]\nwrite_cdi = false\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nvidia.com/gpu") && e.contains("device-specs"), "{e}");
         let e = Config::parse("allocate = [\"cdi\"]").unwrap_err().to_string();
         assert!(e.contains("cdi-cri"), "{e}");
         let e = Config::parse("write_cdi = false\n[resources.\"a.io/b\"]\nallocate = [\"cdi-cri\"]")

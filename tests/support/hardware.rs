@@ -18,8 +18,17 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 /// Every committed fixture machine, by directory name.
-pub const MACHINES: &[&str] =
-    &["dgx-h100", "amd-mi300x", "intel-gpu-max", "cx6dx-sriov", "e810-sriov", "alveo-u250", "intel-dfl", "plain"];
+pub const MACHINES: &[&str] = &[
+    "dgx-h100",
+    "dgx-a100-mig",
+    "amd-mi300x",
+    "intel-gpu-max",
+    "cx6dx-sriov",
+    "e810-sriov",
+    "alveo-u250",
+    "intel-dfl",
+    "plain",
+];
 
 /// Writes one machine: `<root>/sys` and `<root>/dev`.
 pub struct Tree {
@@ -190,6 +199,7 @@ pub fn build(name: &str, root: &Path) {
     let mut t = Tree::new(root);
     match name {
         "dgx-h100" => dgx_h100(&mut t),
+        "dgx-a100-mig" => dgx_a100_mig(&mut t),
         "amd-mi300x" => amd_mi300x(&mut t),
         "intel-gpu-max" => intel_gpu_max(&mut t),
         "cx6dx-sriov" => cx6dx(&mut t, 1, 8),
@@ -258,9 +268,84 @@ fn dgx_h100(t: &mut Tree) {
     t.node("nvidia-uvm-tools", 510, 1);
 }
 
+/// DGX A100-like, 8× A100 SXM4 80GB (10de:20b2) with three of them in MIG mode, in a mixed
+/// geometry as `nvidia-smi mig -cgi` leaves it (GPU instance IDs as the driver assigns them):
+/// GPU 0: 3g.40gb (GI 1) + 2g.20gb (GI 5) + 1g.10gb (GI 13, 14); GPU 1: 2× 3g.40gb (GI 1, 2);
+/// GPU 2: 7× 1g.10gb (GI 7..13). GPUs 3–7 are whole. Each live GPU and compute instance has its
+/// `/proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access` and its `/dev/nvidia-caps` node,
+/// with the minors of the driver's fixed table (`/proc/driver/nvidia-caps/mig-minors`: `config`
+/// 1, `monitor` 2, then 9 per GPU instance slot, 15 slots per GPU).
+fn dgx_a100_mig(t: &mut Tree) {
+    base(t);
+    let buses = [0x07u32, 0x0f, 0x47, 0x4e, 0x87, 0x90, 0xb7, 0xbd];
+    let geometry: [&[u32]; 3] = [&[1, 5, 13, 14], &[1, 2], &[7, 8, 9, 10, 11, 12, 13]];
+    for (i, bus) in buses.iter().enumerate() {
+        let pair = i / 2;
+        let first = buses[pair * 2];
+        let rc = format!("pci0000:{:02x}", first - 4);
+        let up = format!("0000:{:02x}:00.0", first - 3);
+        let down = format!("0000:{:02x}:{:02x}.0", first - 2, i % 2);
+        let addr = format!("0000:{bus:02x}:00.0");
+        t.pci(Func {
+            parents: chain(&rc, &[&format!("0000:{:02x}:01.1", first - 4), &up, &down]),
+            addr: &addr,
+            vendor: 0x10de,
+            device: 0x20b2,
+            class: 0x030200,
+            numa: (i / 4) as i32,
+            driver: Some("nvidia"),
+        });
+        let minor = i as u32;
+        t.node(&format!("nvidia{minor}"), 195, minor);
+        t.file(
+            &format!("proc/driver/nvidia/gpus/{addr}/information"),
+            &nvidia_information_of("NVIDIA A100-SXM4-80GB", "92.00.45.00.03", &addr, minor, 0),
+        );
+        if let Some(gis) = geometry.get(i) {
+            mig_geometry(t, minor, gis);
+        }
+    }
+    for (name, minor) in [("config", 1), ("monitor", 2)] {
+        t.file(&format!("proc/driver/nvidia/capabilities/mig/{name}"), &caps_access(minor));
+        t.node(&format!("nvidia-caps/nvidia-cap{minor}"), CAPS_MAJOR, minor);
+    }
+    t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.08  Mon Oct 28 15:46:28 UTC 2024\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n");
+    t.node("nvidiactl", 195, 255);
+    t.node("nvidia-uvm", 510, 0);
+    t.node("nvidia-uvm-tools", 510, 1);
+}
+
+/// GPU `minor` in MIG mode with one compute instance in each of GPU instances `gis`: the
+/// driver's `/proc` capabilities and the `/dev/nvidia-caps` nodes.
+pub fn mig_geometry(t: &Tree, minor: u32, gis: &[u32]) {
+    let base = format!("proc/driver/nvidia/capabilities/gpu{minor}/mig");
+    t.dir(&base);
+    for gi in gis {
+        let gi_minor = 3 + minor * 135 + gi * 9;
+        t.file(&format!("{base}/gi{gi}/access"), &caps_access(gi_minor));
+        t.node(&format!("nvidia-caps/nvidia-cap{gi_minor}"), CAPS_MAJOR, gi_minor);
+        t.file(&format!("{base}/gi{gi}/ci0/access"), &caps_access(gi_minor + 1));
+        t.node(&format!("nvidia-caps/nvidia-cap{}", gi_minor + 1), CAPS_MAJOR, gi_minor + 1);
+    }
+}
+
+/// The (dynamic) major of `/dev/nvidia-caps` nodes on the fixture machines.
+const CAPS_MAJOR: u32 = 237;
+
+/// An `access` file of the driver's capabilities: the minor of its `/dev/nvidia-caps` node and
+/// the node's mode (0444).
+fn caps_access(minor: u32) -> String {
+    format!("DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+}
+
 /// `/proc/driver/nvidia/gpus/<addr>/information` as the driver (570.x) writes it for an H100
 /// SXM, with a UUID derived from the address and `seed`.
 pub fn nvidia_information(addr: &str, minor: u32, seed: u32) -> String {
+    nvidia_information_of("NVIDIA H100 80GB HBM3", "96.00.99.00.01", addr, minor, seed)
+}
+
+/// The `information` file of a GPU of `model` with video BIOS `vbios`.
+fn nvidia_information_of(model: &str, vbios: &str, addr: &str, minor: u32, seed: u32) -> String {
     let bus = u32::from_str_radix(&addr[5..7], 16).unwrap_or(0);
     let uuid = format!(
         "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
@@ -271,7 +356,7 @@ pub fn nvidia_information(addr: &str, minor: u32, seed: u32) -> String {
         0x1e2d_3c4b_5a00u64 + u64::from(bus)
     );
     format!(
-        "Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:   \t\t {irq}\nGPU UUID: \t {uuid}\nVideo BIOS: \t 96.00.99.00.01\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {addr}\nDevice Minor: \t {minor}\nGPU Firmware: \t 570.124.06\nGPU Excluded:\t No\n",
+        "Model: \t\t {model}\nIRQ:   \t\t {irq}\nGPU UUID: \t {uuid}\nVideo BIOS: \t {vbios}\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {addr}\nDevice Minor: \t {minor}\nGPU Firmware: \t 570.124.06\nGPU Excluded:\t No\n",
         irq = 250 + minor
     )
 }

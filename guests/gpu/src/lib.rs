@@ -3,124 +3,38 @@
 //! | vendor | functions | resource | per-device nodes | shared nodes |
 //! |---|---|---|---|---|
 //! | NVIDIA | `10de`, class `03xx` | `nvidia.com/gpu` | `/dev/nvidiaN` | `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools` |
+//! | NVIDIA MIG | instances in `/proc/driver/nvidia/capabilities` | `nvidia.com/gpu` or `nvidia.com/mig-<profile>` | `/dev/nvidiaN` + 2 `nvidia-caps/nvidia-capM` | as above |
 //! | AMD | `1002`, class `03xx`/`12xx` | `amd.com/gpu` | its `dri/cardN` + `dri/renderDN` | `/dev/kfd` |
 //! | Intel | `8086`, class `03xx` | `gpu.intel.com/i915` or `gpu.intel.com/xe` by driver | its `dri/cardN` + `dri/renderDN` | — |
 //!
-//! Device IDs are PCI addresses (`0000:18:00.0`): stable across reboots, unlike probe-order
-//! indices. DRM nodes are read from the function's own `drm/` directory, never guessed from an
-//! index (a BMC's VGA often holds `card0`). NVIDIA minors (`/dev/nvidiaN`) are not in sysfs: the
-//! driver says them in `/proc/driver/nvidia/gpus/<pci>/information` (`Device Minor:`, with the
-//! `GPU UUID:`), which the backend reads where its `procfs` grant allows. Without it, the backend
-//! assumes the driver's PCI-order numbering when it starts (`init`) and keeps it, which stays
-//! right when a GPU drops off the bus; a GPU that appears later takes the next free minor. Either
-//! way `allocate` knows every GPU `discover` has listed.
+//! Device IDs are PCI addresses (`0000:18:00.0`; MIG instances `0000:07:00.0-gi1-ci0`; replicas
+//! of a time-sliced GPU `0000:18:00.0::3`): stable across reboots, unlike probe-order indices. DRM
+//! nodes are read from the function's own `drm/` directory, never guessed from an index (a BMC's
+//! VGA often holds `card0`). NVIDIA minors, UUIDs and MIG: see [`nvidia`] and [`mig`].
 //!
 //! Health: Unhealthy when no driver (or the wrong one) is bound, when the function has seen fatal
 //! AER errors since boot, or when its device node is missing. A function that disappears from
-//! the bus disappears from the list.
+//! the bus disappears from the list. Replicas and MIG instances follow their GPU.
 //!
-//! Config (TOML, all optional):
-//! ```toml
-//! vendors = ["nvidia", "amd", "intel"]   # which vendors to serve
-//! [names]                                 # resource name overrides
-//! nvidia = "nvidia.com/gpu"
-//! ```
+//! Config: see [`config`].
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
+pub mod config;
+pub mod mig;
+pub mod nvidia;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
+use devplug_sdk::sharing::Sharing;
 use devplug_sdk::sys::each;
-use devplug_sdk::topology::pack_pci;
-use devplug_sdk::{
-    Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
-};
-use serde::Deserialize;
+use devplug_sdk::topology::{Placed, pack};
+use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Vendor {
-    Nvidia,
-    Amd,
-    Intel,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct Config {
-    vendors: Option<Vec<Vendor>>,
-    #[serde(default)]
-    names: Names,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, default)]
-struct Names {
-    nvidia: String,
-    amd: String,
-    intel_i915: String,
-    intel_xe: String,
-}
-
-impl Default for Names {
-    fn default() -> Self {
-        Names {
-            nvidia: "nvidia.com/gpu".into(),
-            amd: "amd.com/gpu".into(),
-            intel_i915: "gpu.intel.com/i915".into(),
-            intel_xe: "gpu.intel.com/xe".into(),
-        }
-    }
-}
+use config::{Config, MigStrategy, Vendor};
 
 pub struct Gpu {
+    cfg: Config,
     vendors: Vec<Vendor>,
-    names: Names,
-    /// NVIDIA PCI address → `/dev/nvidiaN` minor (see the module docs): the driver's word where
-    /// it can be read, else the PCI order at init, then the next free minor for later arrivals.
-    nvidia_minors: RefCell<BTreeMap<String, u32>>,
-    driver: DriverFacts,
+    nvidia: nvidia::Nvidia,
     pci: PciCache,
-}
-
-/// What the NVIDIA driver says about one GPU in `/proc/driver/nvidia/gpus/<pci>/information`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DriverInfo {
-    pub minor: Option<u32>,
-    pub uuid: Option<String>,
-}
-
-/// The driver's facts of each NVIDIA GPU, read once per binding: a GPU's minor and UUID do not
-/// change while it stays bound, so a health poll reads nothing; a GPU that appears, or is bound
-/// again, is read afresh. Empty facts without a `procfs` grant or without the driver.
-#[derive(Default)]
-struct DriverFacts {
-    /// (PCI address, bound driver) → what the driver said.
-    known: RefCell<BTreeMap<(String, Option<String>), DriverInfo>>,
-}
-
-impl DriverFacts {
-    /// The facts of every GPU in `list`, by PCI address.
-    fn of(&self, sys: &dyn Sys, list: &[PciDevice]) -> BTreeMap<String, DriverInfo> {
-        let key = |d: &PciDevice| (d.address.clone(), d.driver.clone());
-        let mut known = self.known.borrow_mut();
-        let live: Vec<_> = list.iter().map(key).collect();
-        known.retain(|k, _| live.contains(k));
-        for d in list {
-            known.entry(key(d)).or_insert_with(|| read_information(sys, &d.address));
-        }
-        known.iter().map(|((addr, _), info)| (addr.clone(), info.clone())).collect()
-    }
-}
-
-/// `/proc/driver/nvidia/gpus/<pci>/information`, as much as the backend uses.
-fn read_information(sys: &dyn Sys, address: &str) -> DriverInfo {
-    let Ok(text) = sys.proc_read(&format!("driver/nvidia/gpus/{address}/information")) else {
-        return DriverInfo::default();
-    };
-    let field =
-        |name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(|v| v.trim().to_owned()));
-    DriverInfo { minor: field("Device Minor").and_then(|m| m.parse().ok()), uuid: field("GPU UUID") }
 }
 
 fn is_gpu(vendor: u16, class: u32) -> Option<Vendor> {
@@ -145,110 +59,121 @@ fn gpus(cache: &PciCache, sys: &dyn Sys, vendor: Vendor) -> Vec<PciDevice> {
     list
 }
 
-impl Backend for Gpu {
-    fn init(config: &str, sys: &dyn Sys) -> Result<(Self, Info), BackendError> {
-        let cfg: Config = toml::from_str(config).map_err(invalid_config)?;
-        let vendors = cfg.vendors.unwrap_or_else(|| vec![Vendor::Nvidia, Vendor::Amd, Vendor::Intel]);
-        let pci = PciCache::default();
-        let driver = DriverFacts::default();
-        let nvidia_minors = if vendors.contains(&Vendor::Nvidia) {
-            let list = gpus(&pci, sys, Vendor::Nvidia);
-            let said = driver.of(sys, &list);
-            let minor = |i: usize, d: &PciDevice| said.get(&d.address).and_then(|f| f.minor).unwrap_or(i as u32);
-            list.iter().enumerate().map(|(i, d)| (d.address.clone(), minor(i, d))).collect()
-        } else {
-            BTreeMap::new()
-        };
-        let mut resources = Vec::new();
-        for v in &vendors {
-            let names: Vec<&String> = match v {
-                Vendor::Nvidia => vec![&cfg.names.nvidia],
-                Vendor::Amd => vec![&cfg.names.amd],
-                Vendor::Intel => vec![&cfg.names.intel_i915, &cfg.names.intel_xe],
-            };
-            for n in names {
-                resources.push(ResourceInfo { name: n.clone(), preferred_allocation: true, pre_start_required: false });
+impl Gpu {
+    /// Every resource name this backend may serve, unrenamed, for its vendors and MIG strategy.
+    fn resource_names(&self) -> Vec<String> {
+        let n = &self.cfg.names;
+        let mut out = Vec::new();
+        for v in &self.vendors {
+            match v {
+                Vendor::Nvidia => {
+                    out.push(n.nvidia.clone());
+                    if self.cfg.mig.strategy == MigStrategy::Mixed {
+                        out.extend(self.cfg.mig.all_profiles().into_iter().map(|p| n.mig(p)));
+                    }
+                }
+                Vendor::Amd => out.push(n.amd.clone()),
+                Vendor::Intel => out.extend([n.intel_i915.clone(), n.intel_xe.clone()]),
             }
         }
+        out
+    }
+
+    /// The unrenamed resource behind the name kubelet used.
+    fn original(&self, served: &str) -> Result<String, BackendError> {
+        let names = self.resource_names();
+        self.cfg
+            .sharing
+            .original(served, names.iter().map(String::as_str))
+            .map(str::to_owned)
+            .ok_or_else(|| BackendError::UnknownResource(served.to_owned()))
+    }
+
+    fn is_nvidia(&self, resource: &str) -> bool {
+        self.vendors.contains(&Vendor::Nvidia)
+            && (resource == self.cfg.names.nvidia || resource.starts_with(&self.cfg.names.mig("")))
+    }
+}
+
+impl Backend for Gpu {
+    fn init(config: &str, sys: &dyn Sys) -> Result<(Self, Info), BackendError> {
+        let cfg = Config::parse(config)?;
+        let vendors = cfg.vendors.clone().unwrap_or_else(|| vec![Vendor::Nvidia, Vendor::Amd, Vendor::Intel]);
+        let gpu = Gpu { cfg, vendors, nvidia: nvidia::Nvidia::default(), pci: PciCache::default() };
+        if gpu.vendors.contains(&Vendor::Nvidia) {
+            gpu.nvidia.init(sys, &gpu.pci, &gpu.cfg);
+        }
+        let resources = gpu
+            .resource_names()
+            .into_iter()
+            .map(|n| ResourceInfo {
+                name: gpu.cfg.sharing.served_name(&n),
+                preferred_allocation: true,
+                pre_start_required: false,
+            })
+            .collect();
         let info = Info { name: "gpu".into(), version: env!("CARGO_PKG_VERSION").into(), resources };
-        Ok((Gpu { vendors, names: cfg.names, nvidia_minors: RefCell::new(nvidia_minors), driver, pci }, info))
+        Ok((gpu, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
         let mut out = Vec::new();
+        let names = &self.cfg.names;
         for v in &self.vendors {
             match v {
-                Vendor::Nvidia => out.push(self.nvidia(sys)),
+                Vendor::Nvidia => out.extend(self.nvidia.resources(sys, &self.pci, &self.cfg)),
                 Vendor::Amd => {
-                    out.push(drm_resource(sys, &self.names.amd, gpus(&self.pci, sys, Vendor::Amd), "amdgpu", "kfd"))
+                    out.push(drm_resource(sys, &names.amd, gpus(&self.pci, sys, Vendor::Amd), "amdgpu", "kfd"))
                 }
                 Vendor::Intel => {
                     let (xe, i915): (Vec<_>, Vec<_>) = gpus(&self.pci, sys, Vendor::Intel)
                         .into_iter()
                         .partition(|d| d.driver.as_deref() == Some("xe"));
                     // An unbound Intel GPU stays in the i915 pool (its usual driver), as Unhealthy.
-                    out.push(drm_resource(sys, &self.names.intel_i915, i915, "i915", ""));
-                    out.push(drm_resource(sys, &self.names.intel_xe, xe, "xe", ""));
+                    out.push(drm_resource(sys, &names.intel_i915, i915, "i915", ""));
+                    out.push(drm_resource(sys, &names.intel_xe, xe, "xe", ""));
                 }
             }
         }
-        Ok(out)
+        Ok(out.into_iter().map(|r| self.cfg.sharing.expand(r)).collect())
     }
 
     fn preferred_allocation(
         &self,
         sys: &dyn Sys,
-        _resource: &str,
+        resource: &str,
         available: &[String],
         must_include: &[String],
         size: u32,
     ) -> Result<Vec<String>, BackendError> {
-        Ok(pack_pci(sys, available, must_include, size, |d| d.switch(sys)))
+        let original = self.original(resource)?;
+        if self.cfg.sharing.shares(&original) {
+            return Ok(self.cfg.sharing.spread(available, must_include, size));
+        }
+        // MIG instances sit where their GPU sits.
+        let placed: Vec<Placed> = available
+            .iter()
+            .map(|id| match PciDevice::read(sys, mig::parent(id)) {
+                Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: d.switch(sys) },
+                Err(_) => Placed { id: id.clone(), numa: None, switch: None },
+            })
+            .collect();
+        Ok(pack(&placed, must_include, size as usize))
     }
 
     fn allocate(&self, _sys: &dyn Sys, resource: &str, ids: &[String]) -> Result<ContainerEdits, BackendError> {
-        if resource != self.names.nvidia {
+        let original = self.original(resource)?;
+        self.cfg.sharing.check(&original, ids)?;
+        if !self.is_nvidia(&original) {
             return Ok(edits::empty());
         }
         // The NVIDIA container toolkit reads this; with the nodes handed over directly it only
-        // narrows what the toolkit would add.
-        let known = self.nvidia_minors.borrow();
-        let minors: Result<Vec<String>, BackendError> = ids
-            .iter()
-            .map(|id| known.get(id).map(|m| m.to_string()).ok_or_else(|| BackendError::UnknownDevice(id.clone())))
-            .collect();
-        Ok(edits::env("NVIDIA_VISIBLE_DEVICES", &minors?.join(",")))
-    }
-}
-
-impl Gpu {
-    fn nvidia(&self, sys: &dyn Sys) -> Resource {
-        let list = gpus(&self.pci, sys, Vendor::Nvidia);
-        let driver = self.driver.of(sys, &list);
-        let mut minors = self.nvidia_minors.borrow_mut();
-        for d in &list {
-            let said = driver.get(&d.address).and_then(|i| i.minor);
-            let next = minors.values().max().map_or(0, |m| m + 1);
-            let minor = said.or_else(|| minors.get(&d.address).copied()).unwrap_or(next);
-            minors.insert(d.address.clone(), minor);
-        }
-        let sick = PciDevice::sickness_many(sys, &list, |drv| drv == "nvidia");
-        let mut devices = Vec::new();
-        for (d, mut problem) in list.iter().zip(sick) {
-            let minor = minors.get(&d.address).copied().unwrap_or_default();
-            let node = format!("nvidia{minor}");
-            if problem.is_none() && sys.dev_stat(&node).is_err() {
-                problem = Some(format!("/dev/{node} is missing"));
-            }
-            let mut attrs = attributes(sys, d, problem.as_deref());
-            attrs.push(("minor".into(), minor.to_string()));
-            if let Some(uuid) = driver.get(&d.address).and_then(|i| i.uuid.clone()) {
-                attrs.push(("uuid".into(), uuid));
-            }
-            devices.push(device(d, problem.is_none(), attrs, edits::nodes([node.as_str()])));
-        }
-        let common = present(sys, &["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]);
-        Resource { name: self.names.nvidia.clone(), devices, common_edits: common }
+        // narrows what the toolkit would add. Two replicas of one GPU name it once.
+        let physical = Sharing::physical_set(ids);
+        Ok(match self.nvidia.visible_devices(&physical)? {
+            Some(v) => edits::env("NVIDIA_VISIBLE_DEVICES", &v),
+            None => edits::empty(),
+        })
     }
 }
 
@@ -274,15 +199,15 @@ fn drm_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>, driver: &str, s
             }
         }
         let attrs = attributes(sys, d, problem.as_deref());
-        devices.push(device(d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
+        devices.push(device(&d.address, d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
     }
     let common = if shared.is_empty() { edits::empty() } else { present(sys, &[shared]) };
     Resource { name: name.to_owned(), devices, common_edits: common }
 }
 
-fn device(d: &PciDevice, healthy: bool, attributes: Vec<(String, String)>, edits: ContainerEdits) -> Device {
+fn device(id: &str, d: &PciDevice, healthy: bool, attributes: Vec<(String, String)>, edits: ContainerEdits) -> Device {
     Device {
-        id: d.address.clone(),
+        id: id.to_owned(),
         health: if healthy { Health::Healthy } else { Health::Unhealthy },
         numa_nodes: d.numa_node.into_iter().collect(),
         attributes,
@@ -367,7 +292,7 @@ mod tests {
     fn preferred_allocation_packs_by_numa_then_switch() {
         let sys = fixture("dgx-h100");
         let (b, _) = Gpu::init("", &sys).unwrap();
-        let all: Vec<String> = b.nvidia(&sys).devices.iter().map(|d| d.id.clone()).collect();
+        let all: Vec<String> = b.discover(&sys).unwrap()[0].devices.iter().map(|d| d.id.clone()).collect();
         let numa = |ids: &[String]| {
             let mut n: Vec<u32> =
                 ids.iter().map(|id| PciDevice::read(&sys, id).unwrap().numa_node.unwrap()).collect::<Vec<_>>();
@@ -403,6 +328,122 @@ mod tests {
             b.allocate(&sys, "nvidia.com/gpu", &["0000:99:00.0".into()]),
             Err(BackendError::UnknownDevice(_))
         ));
+    }
+
+    fn attr<'a>(d: &'a Device, key: &str) -> Option<&'a str> {
+        d.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| (*x).to_owned()).collect()
+    }
+
+    #[test]
+    fn uuids_name_the_devices_when_asked() {
+        let sys = fixture("dgx-h100");
+        let (b, _) = Gpu::init("device_id_strategy = \"uuid\"", &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        let uuid = attr(&res[0].devices[1], "uuid").unwrap().to_owned();
+        assert!(uuid.starts_with("GPU-"), "{uuid}");
+        let e = b.allocate(&sys, "nvidia.com/gpu", &s(&["0000:2a:00.0"])).unwrap();
+        assert_eq!(e.env, [("NVIDIA_VISIBLE_DEVICES".to_owned(), uuid.clone())]);
+        let (ctk, _) = Gpu::init("cdi_device_names = \"nvidia-ctk\"", &sys).unwrap();
+        let d = &ctk.discover(&sys).unwrap()[0].devices[1];
+        assert_eq!(attr(d, "cdi-name"), Some(format!("1,{uuid}").as_str()));
+    }
+
+    #[test]
+    fn time_slicing_advertises_replicas_that_map_back_to_one_gpu() {
+        let sys = fixture("dgx-h100");
+        let cfg = "[sharing]\nreplicas = 4\nrename_by_default = true\nresources = [\"nvidia.com/gpu\"]";
+        let (b, info) = Gpu::init(cfg, &sys).unwrap();
+        assert_eq!(info.resources[0].name, "nvidia.com/gpu.shared");
+        assert_eq!(info.resources[1].name, "amd.com/gpu", "only the listed resource is shared");
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res[0].name, "nvidia.com/gpu.shared");
+        assert_eq!(res[0].devices.len(), 32);
+        assert_eq!(res[0].devices[5].id, "0000:2a:00.0::1");
+        let e = b.allocate(&sys, "nvidia.com/gpu.shared", &s(&["0000:2a:00.0::1", "0000:2a:00.0::3"])).unwrap();
+        assert_eq!(e.env, [("NVIDIA_VISIBLE_DEVICES".to_owned(), "1".to_owned())], "one GPU, named once");
+        let all: Vec<String> = res[0].devices.iter().map(|d| d.id.clone()).collect();
+        let got = b.preferred_allocation(&sys, "nvidia.com/gpu.shared", &all, &[], 2).unwrap();
+        assert_ne!(Sharing::physical(&got[0]), Sharing::physical(&got[1]), "spread over GPUs: {got:?}");
+        assert!(matches!(
+            b.allocate(&sys, "nvidia.com/gpu", &s(&["0000:2a:00.0"])),
+            Err(BackendError::UnknownResource(_))
+        ));
+        let strict = format!("{cfg}\nfail_requests_greater_than_one = true");
+        let (b, _) = Gpu::init(&strict, &sys).unwrap();
+        let e = b.allocate(&sys, "nvidia.com/gpu.shared", &s(&["0000:2a:00.0::1", "0000:2a:00.0::3"])).unwrap_err();
+        assert!(matches!(&e, BackendError::Other(m) if m.contains("fail_requests_greater_than_one")), "{e:?}");
+        assert!(b.allocate(&sys, "nvidia.com/gpu.shared", &s(&["0000:2a:00.0::1"])).is_ok());
+    }
+
+    #[test]
+    fn amd_and_intel_gpus_share_the_same_way() {
+        let sys = fixture("amd-mi300x");
+        let (b, _) = Gpu::init("vendors = [\"amd\"]\n[sharing]\nreplicas = 2", &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res[0].devices.len(), 16);
+        assert_eq!(res[0].devices[0].edits, res[0].devices[1].edits);
+    }
+
+    const MIXED: &str = "[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\nall = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+
+    #[test]
+    fn mig_mixed_lists_whole_gpus_and_each_profile_apart() {
+        let sys = fixture("dgx-a100-mig");
+        let (b, info) = Gpu::init(&format!("vendors = [\"nvidia\"]\n{MIXED}"), &sys).unwrap();
+        let names: Vec<&str> = info.resources.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-3g.40gb"]
+        );
+        let res = b.discover(&sys).unwrap();
+        let count: Vec<usize> = res.iter().map(|r| r.devices.len()).collect();
+        assert_eq!(count, [5, 9, 1, 3]);
+        let two = &res[2].devices[0];
+        assert_eq!(two.id, "0000:07:00.0-gi5-ci0");
+        let nodes: Vec<&str> = two.edits.device_nodes.iter().map(|n| n.container_path.as_str()).collect();
+        assert_eq!(nodes, ["/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap48", "/dev/nvidia-caps/nvidia-cap49"]);
+        assert!(res.iter().all(|r| r.devices.iter().all(|d| d.health == Health::Healthy)));
+        let uuid = attr(two, "uuid").unwrap();
+        let e = b.allocate(&sys, "nvidia.com/mig-2g.20gb", &s(&["0000:07:00.0-gi5-ci0"])).unwrap();
+        assert_eq!(e.env, [("NVIDIA_VISIBLE_DEVICES".to_owned(), format!("MIG-{uuid}/5/0"))]);
+        assert!(matches!(
+            b.allocate(&sys, "nvidia.com/mig-2g.20gb", &s(&["0000:07:00.0-gi6-ci0"])),
+            Err(BackendError::UnknownDevice(_))
+        ));
+        // Same NUMA node as the GPU: both 1g slices of GPU 0 before any of GPU 2's.
+        let ids: Vec<String> = res[1].devices.iter().map(|d| d.id.clone()).collect();
+        let got = b.preferred_allocation(&sys, "nvidia.com/mig-1g.10gb", &ids, &[], 2).unwrap();
+        assert!(got.iter().all(|id| mig::parent(id) == mig::parent(&got[0])), "{got:?}");
+    }
+
+    #[test]
+    fn mig_instances_without_a_profile_are_shown_unhealthy_not_dropped() {
+        let sys = fixture("dgx-a100-mig");
+        let (b, _) = Gpu::init("vendors = [\"nvidia\"]\n[mig]\nstrategy = \"mixed\"", &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res.len(), 1);
+        let sick: Vec<&Device> = res[0].devices.iter().filter(|d| d.health == Health::Unhealthy).collect();
+        assert_eq!(sick.len(), 13);
+        assert!(attr(sick[0], "unhealthy").unwrap().contains("[mig.profiles]"));
+    }
+
+    #[test]
+    fn mig_single_refuses_a_mixed_geometry_and_none_ignores_mig() {
+        let sys = fixture("dgx-a100-mig");
+        let single = MIXED.replace("mixed", "single");
+        let (b, info) = Gpu::init(&format!("vendors = [\"nvidia\"]\n{single}"), &sys).unwrap();
+        assert_eq!(info.resources.len(), 1);
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res[0].devices.len(), 18);
+        assert!(res[0].devices.iter().all(|d| d.health == Health::Unhealthy));
+        assert!(attr(&res[0].devices[0], "unhealthy").unwrap().contains("not in MIG mode"));
+        let (b, _) = Gpu::init("vendors = [\"nvidia\"]", &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(ids(&res[0]).len(), 8);
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod edits;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fixture;
 pub mod pci;
+pub mod sharing;
 pub mod sys;
 pub mod topology;
 
@@ -26,6 +27,7 @@ pub mod bindings {
         pub_export_macro: true,
         default_bindings_module: "devplug_sdk::bindings",
         generate_all,
+        additional_derives: [PartialEq],
     });
 }
 

@@ -8,6 +8,6 @@ pub mod names;
 pub mod spec;
 pub mod store;
 
-pub use names::{Kind, device_name};
+pub use names::{CDI_NAME_ATTRIBUTE, Kind, Naming, device_name};
 pub use spec::Spec;
 pub use store::{CdiError, SpecDir};

@@ -1,7 +1,11 @@
 //! CDI names: a resource's `vendor/class` kind and its devices' names, by the rules of the CDI
 //! parser (`pkg/parser` in cncf-tags/container-device-interface), and the spec file's name.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
+
+use crate::model::{Device, Resource};
 
 /// A resource's CDI kind: `nvidia.com/gpu` → vendor `nvidia.com`, class `gpu`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -28,9 +32,14 @@ impl Kind {
         format!("{}/{}", self.vendor, self.class)
     }
 
-    /// `vendor/class=name`, what a runtime is asked for.
+    /// `vendor/class=name` for a device ID, what a runtime is asked for.
     pub fn qualified(&self, device_id: &str) -> String {
-        format!("{}/{}={}", self.vendor, self.class, device_name(device_id))
+        self.qualified_name(&device_name(device_id))
+    }
+
+    /// `vendor/class=name` for a CDI device name (see [`Naming`]).
+    pub fn qualified_name(&self, name: &str) -> String {
+        format!("{}/{}={}", self.vendor, self.class, name)
     }
 
     /// The spec file devplug owns for this kind: `devplug-nvidia.com_gpu.json`.
@@ -71,6 +80,89 @@ pub fn device_name(id: &str) -> String {
     if core.is_empty() { format!("d{hash}") } else { format!("{core}-{hash}") }
 }
 
+/// The device attribute through which a backend names a device's CDI entries itself:
+/// comma-separated names, the first used in Allocate answers (`0,GPU-<uuid>` for the names
+/// `nvidia-ctk cdi generate` writes; a time-sliced GPU's replicas all name their GPU).
+pub const CDI_NAME_ATTRIBUTE: &str = "cdi-name";
+
+/// The name every device of a resource answers to when its backend names devices itself, as
+/// `nvidia-ctk` writes it.
+pub const ALL: &str = "all";
+
+/// Whether CDI accepts `name` as a device name as it is.
+fn is_cdi_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 255 && device_name(name) == name
+}
+
+/// The CDI entries of one resource: which names its spec holds, which device's edits each
+/// carries, and the name an Allocate answer uses for each device ID.
+///
+/// A device's names are its `cdi-name` attribute where the backend gave one (each checked like
+/// any untrusted input: a name CDI would refuse is dropped), else its ID's [`device_name`]. Two
+/// devices may share a name only with equal edits (replicas of one GPU): a name first claimed by
+/// a device with other edits falls back to the ID's name, so a container never gets another
+/// device's nodes through a shared name. When any device names itself, an [`ALL`] entry with
+/// every device's edits is added (unless a device took that name), as `nvidia-ctk` does.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Naming<'a> {
+    /// (name, device) in spec order; the device provides the entry's edits.
+    pub entries: Vec<(String, &'a Device)>,
+    /// Device ID → the name Allocate answers with.
+    primary: BTreeMap<&'a str, String>,
+    /// Whether an `all` entry belongs in the spec.
+    pub all: bool,
+}
+
+impl<'a> Naming<'a> {
+    pub fn of(resource: &'a Resource) -> Naming<'a> {
+        let mut n = Naming::default();
+        let mut owner: BTreeMap<String, &Device> = BTreeMap::new();
+        let mut declared = false;
+        for d in &resource.devices {
+            let asked: Vec<String> = d
+                .attributes
+                .iter()
+                .find(|(k, _)| k == CDI_NAME_ATTRIBUTE)
+                .map(|(_, v)| v.split(',').map(str::trim).filter(|x| is_cdi_name(x)).map(str::to_owned).collect())
+                .unwrap_or_default();
+            declared |= !asked.is_empty();
+            let mut mine: Vec<String> = Vec::new();
+            for name in asked {
+                match owner.get(&name) {
+                    Some(o) if o.edits != d.edits => {}
+                    Some(_) => mine.push(name),
+                    None => {
+                        owner.insert(name.clone(), d);
+                        n.entries.push((name.clone(), d));
+                        mine.push(name);
+                    }
+                }
+            }
+            if mine.is_empty() {
+                let own = device_name(&d.id);
+                if !owner.contains_key(&own) {
+                    owner.insert(own.clone(), d);
+                    n.entries.push((own.clone(), d));
+                }
+                mine.push(own);
+            }
+            n.primary.insert(&d.id, mine.swap_remove(0));
+        }
+        n.all = declared && !owner.contains_key(ALL);
+        n
+    }
+
+    /// The name Allocate answers with for device `id` (its own ID's name if it is not listed).
+    pub fn name_of(&self, id: &str) -> String {
+        self.primary.get(id).cloned().unwrap_or_else(|| device_name(id))
+    }
+
+    /// Whether the spec holds an entry called `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.iter().any(|(n, _)| n == name) || (self.all && name == ALL)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,5 +192,39 @@ mod tests {
                 n.chars().next().unwrap().is_ascii_alphanumeric() && n.chars().last().unwrap().is_ascii_alphanumeric()
             );
         }
+    }
+
+    fn dev(id: &str, node: &str, cdi: Option<&str>) -> Device {
+        Device {
+            id: id.into(),
+            health: crate::model::Health::Healthy,
+            numa_nodes: vec![],
+            attributes: cdi.map(|c| vec![(CDI_NAME_ATTRIBUTE.to_owned(), c.to_owned())]).unwrap_or_default(),
+            edits: crate::model::ContainerEdits {
+                device_nodes: vec![crate::model::DeviceNode { container_path: node.into(), ..Default::default() }],
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn devices_named_by_their_backend_share_entries_only_with_equal_edits() {
+        let r = Resource {
+            name: "nvidia.com/gpu".into(),
+            devices: vec![
+                dev("a::0", "/dev/nvidia0", Some("0,GPU-aaa")),
+                dev("a::1", "/dev/nvidia0", Some("0,GPU-aaa")),
+                dev("b::0", "/dev/nvidia1", Some("0")), // claims a name with other edits
+                dev("c", "/dev/nvidia2", Some("bad name!,")), // nothing usable
+            ],
+            common_edits: Default::default(),
+        };
+        let n = Naming::of(&r);
+        let names: Vec<&str> = n.entries.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["0", "GPU-aaa", "b::0", "c"]);
+        assert_eq!((n.name_of("a::1"), n.name_of("b::0"), n.name_of("c")), ("0".into(), "b::0".into(), "c".into()));
+        assert!(n.all && n.has("all") && !n.has("1"));
+        let plain = Resource { devices: vec![dev("x", "/dev/x", None)], ..r.clone() };
+        assert!(!Naming::of(&plain).all, "no all entry unless the backend names devices");
     }
 }

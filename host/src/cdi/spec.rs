@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::names::{Kind, device_name};
+use super::names::{ALL, Kind, Naming};
 use crate::model::{self, ContainerEdits, Resource};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,24 +69,37 @@ pub struct Mount {
     pub kind: Option<String>,
 }
 
-/// The spec for `resource`: one CDI device per device (all of them, healthy or not: a
-/// container already running with a device that turned unhealthy must still restart), the
-/// resource's common edits at spec level. Device node types and numbers are the ones the host
+/// The spec for `resource`: one CDI device per device, or per name its backend gave (see
+/// [`Naming`]; all devices, healthy or not: a container already running with a device that
+/// turned unhealthy must still restart), the resource's common edits at spec level. Device node types and numbers are the ones the host
 /// read when it checked the node against the backend's grants; a node without them (none
 /// reach here from a backend) is left for the runtime to stat.
 pub fn build(resource: &Resource, kind: &Kind) -> Spec {
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: kind.kind(),
-        devices: resource
-            .devices
-            .iter()
-            .map(|d| SpecDevice { name: device_name(&d.id), container_edits: edits(&d.edits) })
-            .collect(),
+        devices: naming_entries(resource),
         container_edits: edits(&resource.common_edits),
     };
     spec.cdi_version = min_version(&spec).to_owned();
     spec
+}
+
+fn naming_entries(resource: &Resource) -> Vec<SpecDevice> {
+    let naming = Naming::of(resource);
+    let mut out: Vec<SpecDevice> = naming
+        .entries
+        .iter()
+        .map(|(name, d)| SpecDevice { name: name.clone(), container_edits: edits(&d.edits) })
+        .collect();
+    if naming.all {
+        let mut every = ContainerEdits::default();
+        for d in &resource.devices {
+            every.merge(&d.edits);
+        }
+        out.push(SpecDevice { name: ALL.to_owned(), container_edits: edits(&every) });
+    }
+    out
 }
 
 fn edits(e: &ContainerEdits) -> Edits {

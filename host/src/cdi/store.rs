@@ -85,13 +85,15 @@ impl SpecDir {
         Ok(true)
     }
 
-    /// Whether the spec on disk names every device in `ids`. Only checks: specs are written
-    /// before a device list is published (see `Registry::with_publish_hook`), never on the
-    /// Allocate path.
-    pub fn covers(&self, resource: &str, ids: &[String]) -> bool {
-        self.written.lock().unwrap_or_else(|p| p.into_inner()).get(resource).is_some_and(|w| {
-            w.file.exists() && ids.iter().all(|id| w.spec.devices.iter().any(|d| d.name == super::device_name(id)))
-        })
+    /// Whether the spec on disk has an entry of every name in `names`. Only checks: specs are
+    /// written before a device list is published (see `Registry::with_publish_hook`), never on
+    /// the Allocate path.
+    pub fn covers(&self, resource: &str, names: &[String]) -> bool {
+        self.written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(resource)
+            .is_some_and(|w| w.file.exists() && names.iter().all(|n| w.spec.devices.iter().any(|d| &d.name == n)))
     }
 
     /// Remove the resource's spec file, if devplug wrote one.

@@ -44,7 +44,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let specs = specs::open_cdi(&cfg);
     let mut registry = Registry::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant);
     if let Some(s) = &specs {
-        registry = registry.with_publish_hook(specs::writer(s.clone()));
+        registry = registry.with_publish_hook(specs::writer(s.clone(), &cfg));
     }
     let registry = Arc::new(registry);
     let (srcs, problems) = sources(&cfg);
@@ -202,7 +202,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
             if let Some(specs) = &specs
                 && polled.load(Ordering::Acquire)
             {
-                specs::sweep_once(specs, &registry, &mut first);
+                specs::sweep_once(specs, &registry, &cfg, &mut first);
             }
         };
         tokio::select! {

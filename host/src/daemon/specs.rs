@@ -27,11 +27,16 @@ pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
     }
 }
 
-/// The registry's publish hook: write a resource's spec from the list about to be published.
-/// Errors are logged once per resource and message (and said again once fixed).
-pub fn writer(specs: Arc<SpecDir>) -> crate::backends::PublishHook {
+/// The registry's publish hook: write a resource's spec from the list about to be published
+/// (none for the resources the config says `write_cdi = false`). Errors are logged once per
+/// resource and message (and said again once fixed).
+pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook {
     let errors: Mutex<HashMap<String, String>> = Mutex::default();
+    let cfg = cfg.clone();
     Arc::new(move |r: &Resource| {
+        if !cfg.writes_cdi(&r.name) {
+            return;
+        }
         let outcome = specs.sync(r).map_err(|e| e.to_string());
         let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
         match outcome {
@@ -51,12 +56,12 @@ pub fn writer(specs: Arc<SpecDir>) -> crate::backends::PublishHook {
 }
 
 /// After the first round of discovers: remove specs an earlier, killed devplug left for
-/// resources that no longer exist.
-pub fn sweep_once(specs: &SpecDir, registry: &Registry, first: &mut bool) {
+/// resources that no longer exist (or that the config no longer writes).
+pub fn sweep_once(specs: &SpecDir, registry: &Registry, cfg: &Config, first: &mut bool) {
     if !std::mem::take(first) {
         return;
     }
-    let live: Vec<String> = registry.snapshot().iter().map(|r| r.name.clone()).collect();
+    let live: Vec<String> = registry.snapshot().iter().map(|r| r.name.clone()).filter(|r| cfg.writes_cdi(r)).collect();
     for gone in specs.sweep(&live) {
         tracing::info!(file = %gone.display(), "removed a stale CDI spec");
     }
@@ -64,7 +69,7 @@ pub fn sweep_once(specs: &SpecDir, registry: &Registry, first: &mut bool) {
 
 /// How `resource` answers Allocate, from the config.
 pub fn delivery(cfg: &Config, resource: &str, specs: Option<&Arc<SpecDir>>) -> Delivery {
-    let cdi = specs.and_then(|s| match Kind::for_resource(resource) {
+    let cdi = specs.filter(|_| cfg.writes_cdi(resource)).and_then(|s| match Kind::for_resource(resource) {
         Ok(kind) => Some(CdiTarget { kind, specs: s.clone() }),
         Err(e) => {
             tracing::warn!(resource, "no CDI spec for this resource: {e}");

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cdi::{Kind, SpecDir};
+use crate::cdi::{Kind, Naming, SpecDir};
 use crate::model::{ContainerEdits, Resource};
 use crate::proto::deviceplugin as pb;
 
@@ -70,7 +70,18 @@ impl Delivery {
     /// One container's answer. `extra` is what the backend's `allocate` returned for `ids`.
     pub fn answer(&self, resource: &Resource, ids: &[String], extra: &ContainerEdits) -> pb::ContainerAllocateResponse {
         let wants_cdi = self.strategies.iter().any(|s| s.is_cdi());
-        let cdi = if wants_cdi { self.usable_cdi(resource, ids) } else { None };
+        // Two replicas of one device share its CDI name: the runtime is asked for it once.
+        let mut cdi_names: Vec<String> = Vec::new();
+        if wants_cdi {
+            let naming = Naming::of(resource);
+            for id in ids {
+                let n = naming.name_of(id);
+                if !cdi_names.contains(&n) {
+                    cdi_names.push(n);
+                }
+            }
+        }
+        let cdi = if wants_cdi { self.usable_cdi(resource, &cdi_names) } else { None };
         let classic = self.has(Strategy::DeviceSpecs) || (wants_cdi && cdi.is_none());
         let mut edits = ContainerEdits::default();
         if classic {
@@ -84,7 +95,7 @@ impl Delivery {
         edits.merge(extra);
         let mut out = to_container_response(&edits);
         if let Some(kind) = cdi {
-            let names: Vec<String> = ids.iter().map(|id| kind.qualified(id)).collect();
+            let names: Vec<String> = cdi_names.iter().map(|n| kind.qualified_name(n)).collect();
             if self.has(Strategy::CdiCri) {
                 out.cdi_devices = names.iter().map(|n| pb::CdiDevice { name: n.clone() }).collect();
             }
@@ -95,10 +106,10 @@ impl Delivery {
         out
     }
 
-    fn usable_cdi(&self, resource: &Resource, ids: &[String]) -> Option<Kind> {
+    fn usable_cdi(&self, resource: &Resource, names: &[String]) -> Option<Kind> {
         let failure = match &self.cdi {
             None => "no CDI spec can be written for it (see the log line at startup)".to_owned(),
-            Some(t) if t.specs.covers(&resource.name, ids) => return Some(t.kind.clone()),
+            Some(t) if t.specs.covers(&resource.name, names) => return Some(t.kind.clone()),
             Some(_) => {
                 "its CDI spec on disk does not name these devices (it could not be written: see the log)".to_owned()
             }
