@@ -156,7 +156,7 @@ async fn nvidia_ctk_names_and_replicas_share_one_entry_per_gpu() {
         cache_dir: Some(cache_dir()),
         backends: [(
             "gpu".to_owned(),
-            BackendSettings { enabled: true, config: gpu.into(), grant: None, replace_embedded: false },
+            BackendSettings { enabled: true, config: gpu.into(), grant: None, replace_embedded: false, image: None },
         )]
         .into(),
         ..Config::default()
@@ -229,12 +229,18 @@ async fn podman_runs_containers_with_the_cdi_devices_allocate_names() {
     for off in ["gpu", "nic", "fpga"] {
         cfg.backends.insert(
             off.into(),
-            BackendSettings { enabled: false, config: String::new(), grant: None, replace_embedded: false },
+            BackendSettings {
+                enabled: false,
+                config: String::new(),
+                grant: None,
+                replace_embedded: false,
+                image: None,
+            },
         );
     }
     cfg.backends.insert(
         "generic".into(),
-        BackendSettings { enabled: true, config: generic, grant: None, replace_embedded: false },
+        BackendSettings { enabled: true, config: generic, grant: None, replace_embedded: false, image: None },
     );
     let spec_file = |r: &str| system_cdi.dir().join(format!("devplug-{}.json", r.replace('/', "_")));
     let daemon = Daemon::start(cfg);

@@ -250,7 +250,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // A file named like an embedded backend, without the operator's consent.
     backend(dir.path(), "gpu", "devices=1");
     let cfg = Config { backends_dir: Some(dir.path().to_owned()), ..Config::default() };
-    let (srcs, problems) = devplug::backends::sources(&cfg);
+    let (srcs, problems) = devplug::backends::sources(&cfg, &[]);
     let all = problems.join("\n");
     assert!(all.contains("cannot take another backend's name"), "{all}");
     assert!(all.contains("set [backends.gpu] replace_embedded = true"), "{all}");
@@ -260,7 +260,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // With consent, the file replaces the embedded one.
     let cfg =
         Config::parse(&format!("backends_dir = {:?}\n[backends.gpu]\nreplace_embedded = true\n", dir.path())).unwrap();
-    let (srcs, _) = devplug::backends::sources(&cfg);
+    let (srcs, _) = devplug::backends::sources(&cfg, &[]);
     let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
 }

@@ -245,7 +245,13 @@ async fn serve_with_gpu(m: &Path, gpu: &str) -> (tempfile::TempDir, Kubelet, Dae
 }
 
 fn gpu_settings(config: &str) -> devplug::config::BackendSettings {
-    devplug::config::BackendSettings { enabled: true, config: config.to_owned(), grant: None, replace_embedded: false }
+    devplug::config::BackendSettings {
+        enabled: true,
+        config: config.to_owned(),
+        grant: None,
+        replace_embedded: false,
+        image: None,
+    }
 }
 
 /// MIG `single` on a node where every GPU is in MIG mode with one profile: the instances are

@@ -6,15 +6,14 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use devplug::proto::deviceplugin as pb;
 use support::Kubelet;
 use support::binary::{Devplug, run_args};
 use support::daemon::{WIDGET, chaos_build as build, chaos_manifest as manifest, chaos_paths};
 use support::fixtures::Machine;
+use support::load::{alloc, start_load};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -115,46 +114,6 @@ fn spawn(kubelet_dir: &Path, backends: &Path, m: &Machine, cache: &Path, extra_c
     let s = |p: &Path| p.display().to_string();
     args.extend(["--config".into(), s(&cfg), "--poll-interval".into(), "1s".into(), "--cache-dir".into(), s(cache)]);
     Devplug::spawn(&args)
-}
-
-struct Load {
-    stop: Arc<AtomicBool>,
-    calls: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<Result<Vec<String>, String>>>,
-}
-
-/// Four clients calling Allocate back to back on the four devices every version has, each
-/// checking every answer: right IDs, and a backend version that never goes backwards.
-fn start_load(plugin: &support::Plugin) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let calls = Arc::new(AtomicU64::new(0));
-    let tasks = (0..4)
-        .map(|i| {
-            let (stop, calls, mut client) = (stop.clone(), calls.clone(), plugin.client.clone());
-            tokio::spawn(async move {
-                let id = format!("widget-{i}");
-                let mut versions: Vec<String> = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let resp = client.allocate(alloc(&id)).await.map_err(|e| format!("Allocate {id} failed: {e}"))?;
-                    let envs = &resp.get_ref().container_responses[0].envs;
-                    if envs.get("CHAOS_IDS") != Some(&id) {
-                        return Err(format!("wrong answer for {id}: {envs:?}"));
-                    }
-                    let v = envs.get("CHAOS_VERSION").cloned().unwrap_or_default();
-                    if versions.last() != Some(&v) {
-                        versions.push(v);
-                    }
-                    calls.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(versions)
-            })
-        })
-        .collect();
-    Load { stop, calls, tasks }
-}
-
-fn alloc(id: &str) -> pb::AllocateRequest {
-    pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.to_owned()] }] }
 }
 
 /// A temp root with a kubelet dir, an empty backends dir and a compile cache dir.

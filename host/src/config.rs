@@ -27,6 +27,13 @@
 //! paths = ["kvm"]
 //! '''
 //! grant = { dev = ["kvm"], resources = ["devplug.io/*"] }
+//!
+//! [backends.acme]
+//! image = "registry.example.com/acme/devplug-backend:1.2"   # followed; @sha256:… pins
+//!
+//! [registry]                          # see oci::settings
+//! poll = "1m"
+//! public_key = "/etc/devplug/cosign.pub"
 //! ```
 //!
 //! A grant has the manifest's request kinds: `sysfs`, `dev`, `mounts` (absolute host paths),
@@ -80,6 +87,10 @@ pub struct BackendSettings {
     /// first-party backend's place, or its grant, by its name alone.
     #[serde(default)]
     pub replace_embedded: bool,
+    /// Take this backend from a registry: `registry/repo:tag` (followed) or `registry/repo@sha256:…`
+    /// (pinned). See `[registry]`.
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 fn yes() -> bool {
@@ -146,6 +157,8 @@ pub struct Config {
     pub default_grant: DefaultGrant,
     pub limits: Limits,
     pub backends: BTreeMap<String, BackendSettings>,
+    /// How backends with an `image` are pulled, verified and followed.
+    pub registry: crate::oci::RegistrySettings,
 }
 
 impl Default for Config {
@@ -173,6 +186,7 @@ impl Default for Config {
             default_grant: DefaultGrant::None,
             limits: Limits::default(),
             backends: BTreeMap::new(),
+            registry: crate::oci::RegistrySettings::default(),
         }
     }
 }
@@ -206,6 +220,14 @@ impl Config {
             cfg.write_cdi || !cfg.all_strategies().any(Strategy::is_cdi),
             "a cdi-* allocate strategy needs write_cdi = true"
         );
+        for (name, b) in &cfg.backends {
+            if let Some(image) = &b.image {
+                image
+                    .parse::<oci_client::Reference>()
+                    .map_err(|e| anyhow::anyhow!("backends.{name}.image {image:?} is not an image reference: {e}"))?;
+            }
+        }
+        cfg.registry.validate().map_err(|e| anyhow::anyhow!("[registry]: {e:#}"))?;
         Ok(cfg)
     }
 

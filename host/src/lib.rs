@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod kubelet;
 pub mod model;
 pub mod observe;
+pub mod oci;
 pub mod pack;
 pub mod proto;
 pub mod runtime;

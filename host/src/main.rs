@@ -86,6 +86,18 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             println!("{} {}", layout.manifest_digest, names.join(" "));
             Ok(())
         }
+        Command::Push(args) => {
+            println!("{}", serde_json::to_string_pretty(&cli::push(args).await?)?);
+            Ok(())
+        }
+        Command::Pull(args) => {
+            println!("{}", serde_json::to_string_pretty(&cli::pull(args).await?)?);
+            Ok(())
+        }
+        Command::Sign(args) => {
+            println!("{}", serde_json::to_string_pretty(&cli::sign(args).await?)?);
+            Ok(())
+        }
         Command::Status(args) => {
             let (code, body) = cli::http_get(&args.addr, "/status").await?;
             anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);

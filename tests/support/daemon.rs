@@ -66,7 +66,13 @@ pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_conf
     };
     c.backends.insert(
         "chaos".into(),
-        BackendSettings { enabled: true, config: chaos_config.into(), grant: None, replace_embedded: false },
+        BackendSettings {
+            enabled: true,
+            config: chaos_config.into(),
+            grant: None,
+            replace_embedded: false,
+            image: None,
+        },
     );
     c
 }

@@ -14,8 +14,10 @@ pub mod binary;
 pub mod daemon;
 pub mod fixtures;
 pub mod hardware;
+pub mod load;
 pub mod podman;
 pub mod podresources;
+pub mod registry;
 pub mod wasm;
 
 use std::collections::HashMap;

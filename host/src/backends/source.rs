@@ -11,6 +11,8 @@ pub enum Origin {
     Embedded,
     /// A `.wasm` file (with an optional `NAME.toml` manifest beside it).
     File(PathBuf),
+    /// Pulled from a registry: the reference as configured and the digest it resolved to.
+    Registry { reference: String, digest: String },
 }
 
 impl std::fmt::Display for Origin {
@@ -18,6 +20,7 @@ impl std::fmt::Display for Origin {
         match self {
             Origin::Embedded => f.write_str("embedded"),
             Origin::File(p) => write!(f, "{}", p.display()),
+            Origin::Registry { reference, digest } => write!(f, "{reference}@{digest}"),
         }
     }
 }
@@ -105,6 +108,32 @@ impl BackendSource {
             manifest,
             origin: Origin::File(path.to_owned()),
             file_version,
+        })
+    }
+}
+
+impl BackendSource {
+    /// Backend `name` as pulled from `reference`. Its manifest, when it carries one, must parse
+    /// and may not name another backend (the operator's config and grant are keyed by `name`).
+    pub fn from_registry(name: &str, reference: &str, pulled: crate::oci::Pulled) -> anyhow::Result<BackendSource> {
+        let manifest = if pulled.manifest.is_empty() {
+            Manifest::default()
+        } else {
+            Manifest::parse(&pulled.manifest).map_err(|e| anyhow::anyhow!("{reference}: its manifest: {e}"))?
+        };
+        if let Some(claimed) = manifest.name.as_deref().filter(|n| *n != name) {
+            anyhow::bail!(
+                "{reference}: its manifest says name = {:?}, but the config serves it as backend {name:?}; a manifest cannot take another backend's name (and grants)",
+                crate::untrusted::clip(claimed)
+            );
+        }
+        Ok(BackendSource {
+            name: name.to_owned(),
+            key: source_key(&pulled.component, &pulled.manifest),
+            bytes: Cow::Owned(pulled.component),
+            manifest,
+            origin: Origin::Registry { reference: reference.to_owned(), digest: pulled.digest },
+            file_version: None,
         })
     }
 }

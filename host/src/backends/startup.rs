@@ -1,5 +1,6 @@
-//! Which backends to load at start and after every change of the backends directory (the
-//! embedded first-party set plus the directory's files), and loading them.
+//! Which backends to load at start and after every change of the backends directory or a
+//! registry reference (the embedded first-party set, the directory's files, the pulled images),
+//! and loading them.
 //!
 //! Rules: a directory backend replaces the embedded one of the same name only with the
 //! operator's consent (`replace_embedded`; removing the file brings the embedded one back); of
@@ -16,25 +17,31 @@ use crate::config::Config;
 /// embedded one of the same name only where the operator allowed it
 /// (`[backends.NAME] replace_embedded = true`), so a vendor can ship a newer first-party backend
 /// without a new host, but no file takes a first-party backend's place (and grant) unasked.
-pub fn sources(cfg: &Config) -> (Vec<BackendSource>, Vec<String>) {
+///
+/// `pulled` are the registry versions of the backends with an `image`: they take the place of a
+/// directory file of the same name, and of an embedded backend under the same consent rule.
+pub fn sources(cfg: &Config, pulled: &[BackendSource]) -> (Vec<BackendSource>, Vec<String>) {
     let embedded = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
     let mut problems = Vec::new();
     let mut out = embedded.clone();
+    let mut found = Vec::new();
     if let Some(dir) = &cfg.backends_dir {
-        let (found, errors) = load_dir(dir);
+        let (files, errors) = load_dir(dir);
         problems.extend(errors.into_iter().map(|e| format!("{e:#}")));
-        for src in found {
-            let consent = cfg.backends.get(&src.name).is_some_and(|s| s.replace_embedded);
-            if embedded.iter().any(|e| e.name == src.name) && !consent {
-                problems.push(format!(
-                    "{} not loaded: {:?} is an embedded backend; set [backends.{}] replace_embedded = true to let this file replace it",
-                    src.origin, src.name, src.name
-                ));
-                continue;
-            }
-            out.retain(|s| s.name != src.name);
-            out.push(src);
+        found = files;
+    }
+    // Directory files first, then images: an image takes a file's place.
+    for src in found.into_iter().chain(pulled.iter().cloned()) {
+        let consent = cfg.backends.get(&src.name).is_some_and(|s| s.replace_embedded);
+        if embedded.iter().any(|e| e.name == src.name) && !consent {
+            problems.push(format!(
+                "{} not loaded: {:?} is an embedded backend; set [backends.{}] replace_embedded = true to let it be replaced",
+                src.origin, src.name, src.name
+            ));
+            continue;
         }
+        out.retain(|s| s.name != src.name);
+        out.push(src);
     }
     (out, problems)
 }

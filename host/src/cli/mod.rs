@@ -1,6 +1,7 @@
 //! The command line: every subcommand's arguments (clap), and where each command's work lives:
 //! [`commands`] (discover, allocate, cdi generate on a fixture or this machine), [`tables`]
-//! (output for people), [`http`] (talking to a running devplug for `status`). `inspect` is
+//! (output for people), [`http`] (talking to a running devplug for `status`), [`registry`]
+//! (`push`, `pull`, `sign`). `inspect` is
 //! [`crate::inspect`], shared with `pack`.
 
 use std::net::SocketAddr;
@@ -38,6 +39,12 @@ pub enum Command {
     Cdi(CdiCommand),
     /// Pack backends into an OCI image (layout dir or oci-archive tar) for an image volume.
     Pack(PackArgs),
+    /// Publish a backend to a registry as a Wasm OCI artifact (its manifest in an annotation).
+    Push(PushArgs),
+    /// What a registry reference resolves to, whether its signature verifies, and what it holds.
+    Pull(PullArgs),
+    /// Sign a pushed backend the way `cosign sign --key` does (ECDSA P-256, PKCS#8 PEM key).
+    Sign(SignArgs),
     /// Ask a running devplug (its --metrics-addr) what it serves, in a table.
     Status(StatusArgs),
     /// Start a new project.
@@ -90,6 +97,78 @@ pub struct PackArgs {
     /// NAME.wasm is taken along.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
+}
+
+/// How to reach a registry: a config file's `[registry]`, with flags on top.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct RegistryArgs {
+    /// A devplug config file whose `[registry]` section to use (auth, CA, plain HTTP, key).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Speak plain HTTP to this registry (`host:port`; repeatable). Never a fallback.
+    #[arg(long = "plain-http")]
+    pub plain_http: Vec<String>,
+    /// A docker config.json with the registry's credentials.
+    #[arg(long)]
+    pub auth_file: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    pub fn settings(&self) -> anyhow::Result<crate::oci::RegistrySettings> {
+        let mut s = match &self.config {
+            Some(p) => Config::from_file(p)?.registry,
+            None => crate::oci::RegistrySettings::default(),
+        };
+        s.plain_http.extend(self.plain_http.iter().cloned());
+        if self.auth_file.is_some() {
+            s.auth_file = self.auth_file.clone();
+        }
+        Ok(s)
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PushArgs {
+    /// Where to push: `registry/repository:tag`.
+    pub reference: String,
+    /// The backend component (`NAME.wasm`; NAME is the backend's name).
+    pub wasm: PathBuf,
+    /// Its manifest (default: NAME.toml or devplug.toml beside it).
+    #[arg(long)]
+    pub manifest: Option<PathBuf>,
+    /// Also sign what was pushed with this key (as `devplug sign`).
+    #[arg(long)]
+    pub sign_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PullArgs {
+    /// `registry/repository:tag` or `registry/repository@sha256:…`.
+    pub reference: String,
+    /// The backend's name, for an image holding several (default: the repository's last part).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Verify the signature against this public key (cosign.pub); fail when it does not verify.
+    #[arg(long)]
+    pub public_key: Option<PathBuf>,
+    /// Write NAME.wasm and NAME.toml into this directory.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SignArgs {
+    /// The pushed backend: `registry/repository:tag` or `@sha256:…`.
+    pub reference: String,
+    /// The private key: unencrypted PKCS#8 PEM, ECDSA P-256.
+    #[arg(long)]
+    pub key: PathBuf,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
 }
 
 #[derive(clap::Args, Debug, Default)]
@@ -270,9 +349,11 @@ pub struct InspectArgs {
 
 mod commands;
 mod http;
+mod registry;
 mod tables;
 
 pub use crate::inspect::inspect;
 pub use commands::{allocate, cdi_generate, discover};
 pub use http::http_get;
+pub use registry::{pull, push, sign};
 pub use tables::{discover_table, status_table};

@@ -18,6 +18,7 @@ use crate::backends::{Registry, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
+use crate::oci::Follower;
 use crate::runtime::Runtime;
 
 /// Why the control loop woke up.
@@ -47,7 +48,20 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         registry = registry.with_publish_hook(specs::writer(s.clone(), &cfg));
     }
     let registry = Arc::new(registry);
-    let (srcs, problems) = sources(&cfg);
+    // Backends from registries: the cached versions at once, then one look at each registry
+    // (bounded by registry.timeout), so a node that can pull starts with the newest.
+    let mut follower = Follower::new(&cfg)?;
+    let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
+    let (pulled_tx, pulled_rx) = tokio::sync::watch::channel(Vec::new());
+    if let Some(f) = follower.as_mut() {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => return Ok(()),
+            _ = f.start() => {}
+        }
+        pulled_tx.send_replace(f.sources());
+    }
+    let (srcs, problems) = sources(&cfg, &pulled_rx.borrow());
     for p in &problems {
         tracing::error!("backends dir: {p}");
     }
@@ -80,6 +94,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         pods,
         polled: polled.clone(),
         heartbeat: heartbeat.clone(),
+        sources: statuses.clone(),
     };
     observe::serve(cfg.metrics_addr, health, stop.clone()).await?;
 
@@ -96,7 +111,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         },
         None => None,
     };
-    let mut hot = Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), refused);
+    let mut hot = Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), refused)
+        .with_registry_sources(pulled_rx.clone(), statuses);
+    let mut pulled_rx = pulled_rx;
+    // The follower polls the registries on its own task: a slow registry never holds up the loop.
+    let following = follower.map(|f| f.spawn(pulled_tx));
     let mut next_poll = tokio::time::Instant::now();
     let mut beat = tokio::time::interval(BEAT);
     // Discovers under way, one per backend at most: each backend keeps its own cadence, and one
@@ -133,6 +152,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
             biased;
             _ = &mut shutdown => break,
             _ = tick => Wake::Swap,
+            Ok(()) = pulled_rx.changed(), if following.is_some() => Wake::Swap,
             _ = tokio::time::sleep_until(next_poll) => Wake::Poll,
             Some(done) = polls.join_next(), if !polls.is_empty() => match done {
                 Ok(done) => Wake::Polled(done),
@@ -213,6 +233,9 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     }
     tracing::info!("shutting down: closing sockets");
     stop.cancel();
+    if let Some(f) = following {
+        f.abort();
+    }
     endpoints.shutdown().await;
     if let Some(specs) = &specs {
         specs.remove_all();

@@ -1,7 +1,8 @@
 //! Bringing the running host in line with its backend sources when the backends directory
 //! changes: new or changed files are swapped in (and their resources served), removed files
 //! unloaded (and their resources stopped), every refusal logged once, naming the file and the
-//! reason. Which sources there are is [`crate::backends::sources`]'s business.
+//! reason; a registry version that fails is noted in its source's status. Which sources there are
+//! is [`crate::backends::sources`]'s business.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use crate::backends::{BackendSource, Registry, Retired, sources};
 use crate::cdi::SpecDir;
 use crate::config::Config;
 use crate::kubelet::{Endpoints, ResourceHandle};
+use crate::oci::follow::Statuses;
 
 /// Keeps the running set of backends in line with the sources.
 pub struct Reconciler {
@@ -23,6 +25,9 @@ pub struct Reconciler {
     refused: HashMap<String, String>,
     /// Directory problems already logged (logged again only after they went away).
     noted: HashSet<String>,
+    /// The registry versions on offer (see [`crate::oci::Follower`]).
+    pulled: Option<tokio::sync::watch::Receiver<Vec<BackendSource>>>,
+    statuses: Arc<Statuses>,
 }
 
 impl Reconciler {
@@ -33,7 +38,27 @@ impl Reconciler {
         specs: Option<Arc<SpecDir>>,
         refused: HashMap<String, String>,
     ) -> Self {
-        Reconciler { cfg, registry, endpoints, specs, refused, noted: HashSet::new() }
+        Reconciler {
+            cfg,
+            registry,
+            endpoints,
+            specs,
+            refused,
+            noted: HashSet::new(),
+            pulled: None,
+            statuses: Arc::default(),
+        }
+    }
+
+    /// Also reconcile against the registry versions `pulled` offers; refusals go to `statuses`.
+    pub fn with_registry_sources(
+        mut self,
+        pulled: tokio::sync::watch::Receiver<Vec<BackendSource>>,
+        statuses: Arc<Statuses>,
+    ) -> Self {
+        self.pulled = Some(pulled);
+        self.statuses = statuses;
+        self
     }
 
     /// Start serving resources that have devices for the first time.
@@ -64,7 +89,8 @@ impl Reconciler {
 
     /// Look at the sources again and swap, load or unload what changed.
     pub async fn reconcile(&mut self) {
-        let (sources, problems) = sources(&self.cfg);
+        let pulled = self.pulled.as_mut().map(|p| p.borrow_and_update().clone()).unwrap_or_default();
+        let (sources, problems) = sources(&self.cfg, &pulled);
         let now: HashSet<String> = problems.into_iter().collect();
         for p in now.difference(&self.noted) {
             tracing::error!("backends dir: {p}");
@@ -111,6 +137,7 @@ impl Reconciler {
                 self.registry.metrics().swap(&name, false);
                 let keeps = if had_one { "the old version keeps serving" } else { "nothing was loaded" };
                 tracing::error!(backend = %name, file = %origin, "backend refused, {keeps}: {e}");
+                self.statuses.refused(&name, &format!("{origin}: {e}"));
                 self.refused.insert(name, key);
             }
             Err(e) => {

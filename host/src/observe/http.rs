@@ -28,6 +28,8 @@ pub struct Health {
     pub polled: Arc<AtomicBool>,
     /// Beaten by the control loop on every turn.
     pub heartbeat: Arc<Heartbeat>,
+    /// The backends from registries: reference, digest, signature, last check and error.
+    pub sources: Arc<crate::oci::follow::Statuses>,
 }
 
 /// A control loop that has not turned for this long is stalled: `/healthz` fails, so kubelet's
@@ -81,7 +83,7 @@ async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Health>) -> impl IntoResponse {
-    let body = h.registry.metrics().render(&h.registry, &h.pods.get());
+    let body = h.registry.metrics().render(&h.registry, &h.pods.get(), &h.sources.all());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
@@ -106,6 +108,7 @@ async fn status(State(h): State<Health>) -> Json<serde_json::Value> {
         "resources": resources,
         "backends": h.registry.summaries(),
         "allocations": *h.pods.get(),
+        "sources": h.sources.all(),
     }))
 }
 

@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use crate::backends::Registry as Backends;
 use crate::kubelet::podresources::Assignment;
 use crate::model::Health;
+use crate::oci::SourceStatus;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabel {
@@ -78,6 +79,15 @@ struct InfoLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    backend: String,
+    reference: String,
+    digest: String,
+    signature: String,
+    from_cache: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AllocLabels {
     resource: String,
     device: String,
@@ -107,6 +117,9 @@ pub struct Metrics {
     swaps: Family<SwapLabels, Counter>,
     backend_info: Family<InfoLabels, Gauge>,
     allocated: Family<AllocLabels, Gauge>,
+    registry_source: Family<SourceLabels, Gauge>,
+    registry_source_failing: Family<BackendLabel, Gauge>,
+    registry_source_checked: Family<BackendLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -130,6 +143,9 @@ impl Metrics {
             swaps: Family::default(),
             backend_info: Family::default(),
             allocated: Family::default(),
+            registry_source: Family::default(),
+            registry_source_failing: Family::default(),
+            registry_source_checked: Family::default(),
         };
         {
             let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -151,6 +167,21 @@ impl Metrics {
                 "device_allocated",
                 "1 for each device assigned to a container (from kubelet's pod resources API)",
                 m.allocated.clone(),
+            );
+            r.register(
+                "registry_source",
+                "Each backend from a registry: reference, digest on offer, signature state (value 1)",
+                m.registry_source.clone(),
+            );
+            r.register(
+                "registry_source_failing",
+                "1 while a registry source's last check, pull or swap failed",
+                m.registry_source_failing.clone(),
+            );
+            r.register(
+                "registry_source_last_check_seconds",
+                "Unix time of a registry source's last successful check",
+                m.registry_source_checked.clone(),
             );
         }
         m
@@ -184,7 +215,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text, with state read from `backends` and `pods` now.
-    pub fn render(&self, backends: &Backends, pods: &[Assignment]) -> String {
+    pub fn render(&self, backends: &Backends, pods: &[Assignment], sources: &[SourceStatus]) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
         // scrape clearing them in between would hand out a half-filled set.
         let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -235,6 +266,27 @@ impl Metrics {
                 })
                 .set(1);
         }
+        self.registry_source.clear();
+        self.registry_source_failing.clear();
+        self.registry_source_checked.clear();
+        for src in sources {
+            let backend = BackendLabel { backend: src.backend.clone() };
+            self.registry_source
+                .get_or_create(&SourceLabels {
+                    backend: src.backend.clone(),
+                    reference: src.reference.clone(),
+                    digest: src.digest.clone().unwrap_or_default(),
+                    signature: src.signature.label().to_owned(),
+                    from_cache: src.from_cache.to_string(),
+                })
+                .set(1);
+            self.registry_source_failing
+                .get_or_create(&backend)
+                .set(i64::from(src.last_error.is_some() || src.swap_error.is_some()));
+            self.registry_source_checked
+                .get_or_create(&backend)
+                .set(src.last_check.map_or(0, |t| i64::try_from(t).unwrap_or(i64::MAX)));
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &r);
@@ -271,7 +323,7 @@ mod tests {
             .map(|_| {
                 let r = registry.clone();
                 std::thread::spawn(move || {
-                    (0..300).filter(|_| !r.metrics().render(&r, &[]).contains("devplug_devices{")).count()
+                    (0..300).filter(|_| !r.metrics().render(&r, &[], &[]).contains("devplug_devices{")).count()
                 })
             })
             .collect();

@@ -1,0 +1,95 @@
+//! `devplug push`, `pull` and `sign`: what an operator or a vendor's CI does with a registry,
+//! through the same code `devplug run` pulls and verifies with.
+
+use oci_client::Reference;
+
+use super::{PullArgs, PushArgs, SignArgs};
+use crate::backends::{BackendSource, manifest_for, split_version};
+use crate::oci::{artifact, signature};
+
+fn reference(text: &str) -> anyhow::Result<Reference> {
+    text.parse().map_err(|e| anyhow::anyhow!("{text:?} is not an image reference: {e}"))
+}
+
+/// Push a backend; the digest it got (and the signature's reference when signed).
+pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
+    let settings = args.registry.settings()?;
+    let client = settings.client()?;
+    let r = reference(&args.reference)?;
+    let auth = settings.auth_for(&r)?;
+    // The same checks `run` makes before loading: a component this host serves, a manifest that
+    // parses and names this backend.
+    let manifest = manifest_for(&args.wasm, args.manifest.as_deref());
+    let src = BackendSource::from_file_with(&args.wasm, manifest.as_deref())?;
+    crate::inspect::inspect(&args.wasm, manifest.as_deref())?;
+    let text = match &manifest {
+        Some(m) => Some(std::fs::read_to_string(m).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?),
+        None => None,
+    };
+    let stem = args.wasm.file_stem().and_then(|s| s.to_str()).unwrap_or("backend");
+    let name = split_version(stem).0.to_owned();
+    anyhow::ensure!(name == src.name, "backend name mismatch");
+    let digest = artifact::push(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
+    let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
+    if let Some(key) = &args.sign_key {
+        let key = signature::load_private_key(key)?;
+        let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
+        out["signature"] = serde_json::json!(sig.whole());
+    }
+    Ok(out)
+}
+
+/// Resolve, verify and fetch a reference; fails when a given key does not verify it.
+pub async fn pull(args: PullArgs) -> anyhow::Result<serde_json::Value> {
+    let mut settings = args.registry.settings()?;
+    if args.public_key.is_some() {
+        settings.public_key = args.public_key.clone();
+    }
+    let client = settings.client()?;
+    let r = reference(&args.reference)?;
+    let auth = settings.auth_for(&r)?;
+    let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
+    let guess = args.name.clone().unwrap_or_else(|| r.repository().rsplit('/').next().unwrap_or("backend").to_owned());
+    let digest = artifact::resolve(&client, &auth, &r).await?;
+    let pinned = Reference::with_digest(r.registry().to_owned(), r.repository().to_owned(), digest.clone());
+    let state = signature::verify(&client, &auth, &pinned, &digest, key.as_ref()).await?;
+    let pulled = artifact::pull(&client, &auth, &pinned, &guess).await?;
+    // A Wasm artifact says its backend's name; `--name` wins, as the config key does in `run`.
+    let name = args.name.clone().or_else(|| pulled.name.clone()).unwrap_or(guess);
+    let src = BackendSource::from_registry(&name, &args.reference, pulled.clone())?;
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(format!("{name}.wasm")), &pulled.component)?;
+        if !pulled.manifest.is_empty() {
+            std::fs::write(dir.join(format!("{name}.toml")), &pulled.manifest)?;
+        }
+    }
+    let out = serde_json::json!({
+        "reference": args.reference,
+        "digest": digest,
+        "name": name,
+        "layout": pulled.layout,
+        "size": pulled.component.len(),
+        "signature": state,
+        "requests": src.manifest.requests,
+    });
+    anyhow::ensure!(
+        state.accepted(),
+        "{}: {state}; devplug run with this public key refuses it\n{}",
+        args.reference,
+        serde_json::to_string_pretty(&out)?
+    );
+    Ok(out)
+}
+
+/// Sign what a reference resolves to; the signature's reference.
+pub async fn sign(args: SignArgs) -> anyhow::Result<serde_json::Value> {
+    let settings = args.registry.settings()?;
+    let client = settings.client()?;
+    let r = reference(&args.reference)?;
+    let auth = settings.auth_for(&r)?;
+    let key = signature::load_private_key(&args.key)?;
+    let digest = artifact::resolve(&client, &auth, &r).await?;
+    let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
+    Ok(serde_json::json!({ "reference": args.reference, "digest": digest, "signature": sig.whole() }))
+}

@@ -1,0 +1,187 @@
+//! One backend in a registry, pulled or pushed. Two layouts are read:
+//!
+//! - the **Wasm OCI artifact** (CNCF TAG Runtime's layout, as `wkg`, wasmtime and Spin use it,
+//!   written with `oci-wasm`): config `application/vnd.wasm.config.v0+json`, one
+//!   `application/wasm` layer; devplug's manifest (`NAME.toml`) travels base64-encoded in the
+//!   manifest annotation [`MANIFEST_ANNOTATION`] (base64 because oci-client writes canonical JSON,
+//!   which leaves newlines raw, and registries refuse those), so every Wasm tool still sees a
+//!   plain component;
+//! - the **image `devplug pack` writes** (pushed with skopeo or any registry client): tar layers
+//!   (`+gzip` or not) with `NAME.wasm` and `NAME.toml` at the root.
+//!
+//! Every byte is checked against its digest (the manifest against the digest it was resolved to
+//! or pinned at, each blob against its descriptor) before anything else looks at it.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+
+use base64::Engine;
+
+use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use oci_wasm::{WASM_LAYER_MEDIA_TYPE, WASM_MANIFEST_CONFIG_MEDIA_TYPE, WasmClient, WasmConfig};
+
+/// The manifest annotation carrying the backend's `NAME.toml`, base64 (standard alphabet).
+pub const MANIFEST_ANNOTATION: &str = "io.devplug.backend.manifest";
+/// The annotation naming the backend.
+pub const NAME_ANNOTATION: &str = "io.devplug.backend.name";
+
+/// The largest layer devplug pulls (the Python example backend is 18 MB).
+pub const MAX_LAYER: i64 = 64 << 20;
+
+/// A backend as pulled.
+#[derive(Clone, Debug)]
+pub struct Pulled {
+    /// The manifest digest (`sha256:…`) the reference resolved to.
+    pub digest: String,
+    pub component: Vec<u8>,
+    /// `NAME.toml`, empty when the artifact carries none (the backend then gets no capabilities).
+    pub manifest: String,
+    /// `wasm-artifact` or `devplug-pack`.
+    pub layout: &'static str,
+    /// The backend's name as the artifact states it ([`NAME_ANNOTATION`]), if it does.
+    pub name: Option<String>,
+}
+
+/// Whether a registry error means "no such manifest".
+pub fn is_not_found(e: &OciDistributionError) -> bool {
+    match e {
+        OciDistributionError::ImageManifestNotFoundError(_) => true,
+        OciDistributionError::RegistryError { envelope, .. } => {
+            envelope.errors.iter().any(|x| matches!(x.code, OciErrorCode::ManifestUnknown | OciErrorCode::NotFound))
+        }
+        OciDistributionError::ServerError { code, .. } => *code == 404,
+        _ => false,
+    }
+}
+
+/// What `reference` resolves to now, without pulling anything else.
+pub async fn resolve(client: &Client, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
+    let (_, digest) = client
+        .pull_manifest_raw(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
+        .await
+        .map_err(|e| anyhow::anyhow!("{reference}: {e}"))?;
+    Ok(digest)
+}
+
+/// Pull backend `name` from `reference`.
+pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, name: &str) -> anyhow::Result<Pulled> {
+    let (raw, digest) = client
+        .pull_manifest_raw(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
+        .await
+        .map_err(|e| anyhow::anyhow!("{reference}: {e}"))?;
+    let manifest: OciImageManifest =
+        serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{reference}: not an image manifest: {e}"))?;
+    // Blobs are fetched by digest from the same repository: what the manifest names is what is read.
+    let pinned =
+        Reference::with_digest(reference.registry().to_owned(), reference.repository().to_owned(), digest.clone());
+    for l in &manifest.layers {
+        anyhow::ensure!(
+            (0..=MAX_LAYER).contains(&l.size),
+            "{reference}: layer {} is {} bytes, more than devplug pulls ({MAX_LAYER})",
+            l.digest,
+            l.size
+        );
+    }
+    if manifest.config.media_type == WASM_MANIFEST_CONFIG_MEDIA_TYPE {
+        let layer = match manifest.layers.as_slice() {
+            [l] if l.media_type == WASM_LAYER_MEDIA_TYPE => l,
+            _ => anyhow::bail!("{reference}: a Wasm artifact must have exactly one {WASM_LAYER_MEDIA_TYPE} layer"),
+        };
+        let component = blob(client, &pinned, layer).await?;
+        let text = match manifest.annotations.as_ref().and_then(|a| a.get(MANIFEST_ANNOTATION)) {
+            Some(b64) => {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|e| anyhow::anyhow!("{reference}: annotation {MANIFEST_ANNOTATION} is not base64: {e}"))?;
+                String::from_utf8(raw)
+                    .map_err(|_| anyhow::anyhow!("{reference}: annotation {MANIFEST_ANNOTATION} is not UTF-8 TOML"))?
+            }
+            None => String::new(),
+        };
+        let stated = manifest.annotations.as_ref().and_then(|a| a.get(NAME_ANNOTATION)).cloned();
+        return Ok(Pulled { digest, component, manifest: text, layout: "wasm-artifact", name: stated });
+    }
+    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    for l in &manifest.layers {
+        let gz = l.media_type.ends_with("+gzip") || l.media_type.ends_with(".tar.gzip");
+        anyhow::ensure!(
+            l.media_type.contains(".tar") || l.media_type.contains("layer.v1"),
+            "{reference}: layer {} has media type {}, neither a Wasm artifact nor an image layer",
+            l.digest,
+            l.media_type
+        );
+        let data = blob(client, &pinned, l).await?;
+        untar(&data, gz, &mut files).map_err(|e| anyhow::anyhow!("{reference}: layer {}: {e}", l.digest))?;
+    }
+    let wasm_name = format!("{name}.wasm");
+    let component = match files.remove(&wasm_name) {
+        Some(c) => c,
+        None => {
+            let all: Vec<&String> = files.keys().filter(|k| k.ends_with(".wasm")).collect();
+            anyhow::bail!("{reference}: the image has no {wasm_name} at its root (it has {all:?})")
+        }
+    };
+    let text = match files.remove(&format!("{name}.toml")) {
+        Some(t) => String::from_utf8(t).map_err(|_| anyhow::anyhow!("{reference}: {name}.toml is not UTF-8"))?,
+        None => String::new(),
+    };
+    Ok(Pulled { digest, component, manifest: text, layout: "devplug-pack", name: Some(name.to_owned()) })
+}
+
+async fn blob(client: &Client, reference: &Reference, layer: &OciDescriptor) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(usize::try_from(layer.size).unwrap_or(0));
+    // oci-client checks the bytes against the descriptor's digest (and the registry's header).
+    client
+        .pull_blob(reference, layer, &mut out)
+        .await
+        .map_err(|e| anyhow::anyhow!("{reference}: blob {}: {e}", layer.digest))?;
+    Ok(out)
+}
+
+/// The regular files at the root of a tar layer (later layers win, as in an image).
+fn untar(data: &[u8], gz: bool, into: &mut BTreeMap<String, Vec<u8>>) -> anyhow::Result<()> {
+    let reader: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(data)) } else { Box::new(data) };
+    let mut ar = tar::Archive::new(reader.take(4 * MAX_LAYER as u64));
+    for entry in ar.entries()? {
+        let mut entry = entry?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_owned();
+        if path.contains('/') || !(path.ends_with(".wasm") || path.ends_with(".toml")) {
+            continue;
+        }
+        let mut buf = Vec::new();
+        entry.read_to_end(&mut buf)?;
+        into.insert(path, buf);
+    }
+    Ok(())
+}
+
+/// Push `component` (with its manifest text) as a Wasm OCI artifact; the digest it got.
+pub async fn push(
+    client: &Client,
+    auth: &RegistryAuth,
+    reference: &Reference,
+    name: &str,
+    component: Vec<u8>,
+    manifest: Option<&str>,
+) -> anyhow::Result<String> {
+    let (config, layer) = WasmConfig::from_raw_component(component, None)
+        .map_err(|e| anyhow::anyhow!("{name}: not a Wasm component oci-wasm can describe: {e}"))?;
+    let mut annotations = BTreeMap::from([
+        (NAME_ANNOTATION.to_owned(), name.to_owned()),
+        ("org.opencontainers.image.title".to_owned(), format!("{name}.wasm")),
+    ]);
+    if let Some(m) = manifest {
+        annotations.insert(MANIFEST_ANNOTATION.to_owned(), base64::engine::general_purpose::STANDARD.encode(m));
+    }
+    WasmClient::new(client.clone())
+        .push(reference, auth, layer, config, Some(annotations))
+        .await
+        .map_err(|e| anyhow::anyhow!("pushing {reference}: {e}"))?;
+    resolve(client, auth, reference).await
+}

@@ -1,0 +1,120 @@
+//! The node's cache of verified backends, by content: `<cache>/oci/sha256/<manifest digest>/`
+//! holds `component.wasm` and `manifest.toml`; `<cache>/oci/refs/<backend>.json` names the digest
+//! last verified for that backend's reference. Only verified content is written, each file
+//! atomically, so a restart with the registry down serves what was last accepted, never a
+//! half-written or unverified blob.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::artifact::Pulled;
+
+/// What the cache says about one backend's reference.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CachedRef {
+    pub reference: String,
+    pub digest: String,
+    pub layout: String,
+    /// sha256 of `component.wasm`, checked again on every read.
+    pub component_sha256: String,
+    /// Unix seconds of the pull.
+    pub pulled_at: u64,
+}
+
+pub struct Cache {
+    root: PathBuf,
+}
+
+impl Cache {
+    pub fn new(cache_dir: &Path) -> Cache {
+        Cache { root: cache_dir.join("oci") }
+    }
+
+    fn blob_dir(&self, digest: &str) -> PathBuf {
+        self.root.join(digest.replace(':', "/"))
+    }
+
+    fn ref_file(&self, backend: &str) -> PathBuf {
+        self.root.join("refs").join(format!("{backend}.json"))
+    }
+
+    /// Remember `pulled` as `backend`'s verified version of `reference`.
+    pub fn store(&self, backend: &str, reference: &str, pulled: &Pulled) -> anyhow::Result<()> {
+        let dir = self.blob_dir(&pulled.digest);
+        std::fs::create_dir_all(&dir)?;
+        write(&dir, "component.wasm", &pulled.component)?;
+        write(&dir, "manifest.toml", pulled.manifest.as_bytes())?;
+        let entry = CachedRef {
+            reference: reference.to_owned(),
+            digest: pulled.digest.clone(),
+            layout: pulled.layout.to_owned(),
+            component_sha256: hex::encode(Sha256::digest(&pulled.component)),
+            pulled_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        let refs = self.root.join("refs");
+        std::fs::create_dir_all(&refs)?;
+        write(&refs, &format!("{backend}.json"), &serde_json::to_vec_pretty(&entry)?)?;
+        Ok(())
+    }
+
+    /// `backend`'s last verified version of `reference`, if the cache has it whole.
+    pub fn load(&self, backend: &str, reference: &str) -> anyhow::Result<Option<(CachedRef, Pulled)>> {
+        let file = self.ref_file(backend);
+        let text = match std::fs::read(&file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => anyhow::bail!("{}: {e}", file.display()),
+        };
+        let entry: CachedRef = serde_json::from_slice(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+        if entry.reference != reference {
+            // The operator pointed the backend elsewhere: what is cached is not what is asked for.
+            return Ok(None);
+        }
+        let dir = self.blob_dir(&entry.digest);
+        let component = std::fs::read(dir.join("component.wasm"))?;
+        anyhow::ensure!(
+            hex::encode(Sha256::digest(&component)) == entry.component_sha256,
+            "{}: cached component does not match its checksum (disk corruption?); it will be pulled again",
+            dir.display()
+        );
+        let manifest = std::fs::read_to_string(dir.join("manifest.toml"))?;
+        let layout = if entry.layout == "devplug-pack" { "devplug-pack" } else { "wasm-artifact" };
+        let pulled =
+            Pulled { digest: entry.digest.clone(), component, manifest, layout, name: Some(backend.to_owned()) };
+        Ok(Some((entry, pulled)))
+    }
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    crate::durable::write_file(dir, &dir.join(name), bytes, ".devplug-", 0o644)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_versions_come_back_and_corruption_is_caught() {
+        let d = tempfile::tempdir().unwrap();
+        let c = Cache::new(d.path());
+        let p = Pulled {
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            component: b"\0asm-ish".to_vec(),
+            manifest: "name = \"x\"\n".into(),
+            layout: "wasm-artifact",
+            name: None,
+        };
+        c.store("x", "r.io/x:1", &p).unwrap();
+        let (entry, back) = c.load("x", "r.io/x:1").unwrap().unwrap();
+        assert_eq!((entry.digest.as_str(), back.component.as_slice()), (p.digest.as_str(), p.component.as_slice()));
+        assert!(c.load("x", "r.io/x:2").unwrap().is_none(), "another reference is not served from cache");
+        assert!(c.load("y", "r.io/x:1").unwrap().is_none());
+        std::fs::write(d.path().join("oci/sha256").join("ab".repeat(32)).join("component.wasm"), b"evil").unwrap();
+        assert!(c.load("x", "r.io/x:1").unwrap_err().to_string().contains("checksum"));
+    }
+}

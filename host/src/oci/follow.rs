@@ -1,0 +1,314 @@
+//! Following the backends' references: at start the cached version of each is served at once,
+//! then every `registry.poll` each followed tag is resolved again; a new digest is pulled,
+//! checked (blob digests, the manifest, the signature policy) and cached, and becomes that
+//! backend's source. A digest that fails any step is remembered and not pulled again; the
+//! version serving stays. What each reference is doing is kept for `/status` and `/metrics`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oci_client::{Client, Reference};
+use p256::ecdsa::VerifyingKey;
+use serde::Serialize;
+
+use super::artifact::{self, Pulled};
+use super::cache::Cache;
+use super::settings::RegistrySettings;
+use super::signature::{self, SignatureState};
+use crate::backends::BackendSource;
+use crate::config::Config;
+
+/// One reference as `devplug status` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SourceStatus {
+    pub backend: String,
+    pub reference: String,
+    /// Pinned by digest (never re-resolved) rather than a followed tag.
+    pub pinned: bool,
+    /// The digest of the version offered to the host.
+    pub digest: Option<String>,
+    pub signature: SignatureState,
+    /// The version offered came from the node's cache (the registry has not answered since start).
+    pub from_cache: bool,
+    /// Unix seconds of the last successful look at the registry.
+    pub last_check: Option<u64>,
+    /// Looks at the registry so far, successful or not.
+    pub checks: u64,
+    /// Why the last look, pull or verification failed (cleared by the next good look).
+    pub last_error: Option<String>,
+    /// Why the host refused the version on offer (its init or first discover failed); stays
+    /// until another version is offered.
+    pub swap_error: Option<String>,
+}
+
+/// The statuses, shared with the HTTP endpoints and the swap path.
+#[derive(Default)]
+pub struct Statuses(Mutex<BTreeMap<String, SourceStatus>>);
+
+impl Statuses {
+    pub fn all(&self) -> Vec<SourceStatus> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    fn update(&self, backend: &str, f: impl FnOnce(&mut SourceStatus)) {
+        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).get_mut(backend) {
+            f(s);
+        }
+    }
+
+    /// The host refused the version offered (its init or first discover failed).
+    pub fn refused(&self, backend: &str, why: &str) {
+        self.update(backend, |s| s.swap_error = Some(format!("not swapped in: {why}")));
+    }
+}
+
+struct Entry {
+    backend: String,
+    reference: Reference,
+    text: String,
+    current: Option<BackendSource>,
+    /// Digests that failed a check, with why: not pulled again.
+    refused: BTreeMap<String, String>,
+}
+
+pub struct Follower {
+    pub settings: RegistrySettings,
+    client: Client,
+    key: Option<VerifyingKey>,
+    cache: Option<Cache>,
+    entries: Vec<Entry>,
+    statuses: Arc<Statuses>,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+impl Follower {
+    /// A follower for every backend with an `image`, or `None` when there is none.
+    pub fn new(cfg: &Config) -> anyhow::Result<Option<Follower>> {
+        let mut entries = Vec::new();
+        let statuses = Arc::new(Statuses::default());
+        for (name, b) in &cfg.backends {
+            let Some(image) = &b.image else { continue };
+            if !b.enabled {
+                continue;
+            }
+            let reference: Reference =
+                image.parse().map_err(|e| anyhow::anyhow!("backends.{name}.image {image:?}: {e}"))?;
+            statuses.0.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                name.clone(),
+                SourceStatus {
+                    backend: name.clone(),
+                    reference: image.clone(),
+                    pinned: reference.digest().is_some(),
+                    digest: None,
+                    signature: SignatureState::NotRequired,
+                    from_cache: false,
+                    last_check: None,
+                    checks: 0,
+                    last_error: None,
+                    swap_error: None,
+                },
+            );
+            entries.push(Entry {
+                backend: name.clone(),
+                reference,
+                text: image.clone(),
+                current: None,
+                refused: BTreeMap::new(),
+            });
+        }
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let settings = cfg.registry.clone();
+        let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
+        let client = settings.client()?;
+        let cache = cfg.cache_dir.as_deref().map(Cache::new);
+        Ok(Some(Follower { settings, client, key, cache, entries, statuses }))
+    }
+
+    pub fn statuses(&self) -> Arc<Statuses> {
+        self.statuses.clone()
+    }
+
+    /// The version of every reference on offer.
+    pub fn sources(&self) -> Vec<BackendSource> {
+        self.entries.iter().filter_map(|e| e.current.clone()).collect()
+    }
+
+    /// Serve what the cache has, then look at the registry once.
+    pub async fn start(&mut self) {
+        for i in 0..self.entries.len() {
+            let Some(cache) = &self.cache else { break };
+            let e = &self.entries[i];
+            match cache.load(&e.backend, &e.text) {
+                Ok(Some((_, pulled))) => {
+                    let state = if self.key.is_some() { SignatureState::Verified } else { SignatureState::NotRequired };
+                    if let Err(why) = self.offer(i, pulled, state, true) {
+                        tracing::warn!(backend = %self.entries[i].backend, "cached version unusable: {why}");
+                    }
+                }
+                Ok(None) => {}
+                Err(err) => tracing::warn!(backend = %e.backend, "cache: {err:#}"),
+            }
+        }
+        self.check_all().await;
+    }
+
+    /// Look at every reference once; true when any offered version changed.
+    pub async fn check_all(&mut self) -> bool {
+        let mut changed = false;
+        for i in 0..self.entries.len() {
+            let e = &self.entries[i];
+            let span = tracing::info_span!("registry", backend = %e.backend, reference = %e.text);
+            let timeout = self.settings.timeout;
+            let outcome = tokio::time::timeout(timeout, self.check(i)).await;
+            let _g = span.enter();
+            match outcome {
+                Ok(Ok(c)) => changed |= c,
+                Ok(Err(err)) => self.failed(i, format!("{err:#}")),
+                Err(_) => self.failed(i, format!("the registry took longer than {timeout:?}")),
+            }
+            self.statuses.update(&self.entries[i].backend, |s| s.checks += 1);
+        }
+        changed
+    }
+
+    fn failed(&mut self, i: usize, why: String) {
+        let e = &self.entries[i];
+        let serving = match &e.current {
+            Some(s) => format!("serving {}", origin_digest(s)),
+            None => "nothing to serve yet".to_owned(),
+        };
+        let from_cache =
+            self.statuses.0.lock().unwrap_or_else(|p| p.into_inner()).get(&e.backend).is_some_and(|s| s.from_cache);
+        let note = if from_cache { " from the node's cache" } else { "" };
+        tracing::warn!(backend = %e.backend, reference = %e.text, "registry check failed ({serving}{note}): {why}");
+        self.statuses.update(&e.backend, |s| s.last_error = Some(why));
+    }
+
+    async fn check(&mut self, i: usize) -> anyhow::Result<bool> {
+        let e = &self.entries[i];
+        let auth = self.settings.auth_for(&e.reference)?;
+        let current = e.current.as_ref().map(origin_digest);
+        if e.reference.digest().is_some() && current.is_some() {
+            // Pinned and already here: a digest never changes.
+            self.statuses.update(&e.backend, |s| s.last_check = Some(now()));
+            return Ok(false);
+        }
+        let digest = artifact::resolve(&self.client, &auth, &e.reference).await?;
+        if current.as_deref() == Some(digest.as_str()) {
+            self.statuses.update(&e.backend, |s| {
+                s.last_check = Some(now());
+                s.last_error = None;
+                s.from_cache = false;
+            });
+            return Ok(false);
+        }
+        if let Some(why) = e.refused.get(&digest) {
+            let why = why.clone();
+            self.statuses.update(&e.backend, |s| {
+                s.last_check = Some(now());
+                s.last_error = Some(format!("{digest} refused: {why}"));
+            });
+            return Ok(false);
+        }
+        let pinned = Reference::with_digest(
+            e.reference.registry().to_owned(),
+            e.reference.repository().to_owned(),
+            digest.clone(),
+        );
+        let state = signature::verify(&self.client, &auth, &pinned, &digest, self.key.as_ref()).await?;
+        if !state.accepted() {
+            let why = format!("{state} (registry.public_key requires a valid signature)");
+            self.refuse(i, &digest, &why, state);
+            return Ok(false);
+        }
+        let pulled = match artifact::pull(&self.client, &auth, &pinned, &e.backend).await {
+            Ok(p) => p,
+            Err(err) => {
+                // A blob that does not match its digest is the artifact's fault, not the network's:
+                // remember it. Anything else (a timeout, a 500) is tried again next poll.
+                let msg = format!("{err:#}");
+                if msg.contains("Digest error") || msg.contains("digest") && msg.contains("expected") {
+                    self.refuse(i, &digest, &msg, state);
+                    return Ok(false);
+                }
+                return Err(err);
+            }
+        };
+        let backend = self.entries[i].backend.clone();
+        if let Err(why) = self.offer(i, pulled.clone(), state.clone(), false) {
+            self.refuse(i, &digest, &why, state);
+            return Ok(false);
+        }
+        if let Some(cache) = &self.cache
+            && let Err(err) = cache.store(&backend, &self.entries[i].text, &pulled)
+        {
+            tracing::warn!(backend = %backend, "could not cache {digest}: {err:#}; a restart without the registry will not have it");
+        }
+        tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "pulled a new version");
+        Ok(true)
+    }
+
+    fn refuse(&mut self, i: usize, digest: &str, why: &str, state: SignatureState) {
+        let e = &mut self.entries[i];
+        tracing::error!(backend = %e.backend, reference = %e.text, %digest, "refused: {why}; the version serving stays");
+        e.refused.insert(digest.to_owned(), why.to_owned());
+        self.statuses.update(&e.backend, |s| {
+            s.last_check = Some(now());
+            s.last_error = Some(format!("{digest} refused: {why}"));
+            if s.digest.is_none() {
+                s.signature = state;
+            }
+        });
+    }
+
+    /// Make `pulled` the version offered for entry `i`.
+    fn offer(&mut self, i: usize, pulled: Pulled, state: SignatureState, from_cache: bool) -> Result<(), String> {
+        let e = &mut self.entries[i];
+        let digest = pulled.digest.clone();
+        let src = BackendSource::from_registry(&e.backend, &e.text, pulled).map_err(|err| format!("{err:#}"))?;
+        e.current = Some(src);
+        if from_cache {
+            tracing::info!(backend = %e.backend, reference = %e.text, %digest, "running from cache until the registry answers");
+        }
+        self.statuses.update(&e.backend, |s| {
+            s.digest = Some(digest);
+            s.signature = state;
+            s.from_cache = from_cache;
+            s.swap_error = None;
+            if !from_cache {
+                s.last_check = Some(now());
+                s.last_error = None;
+            }
+        });
+        Ok(())
+    }
+
+    /// Check every `poll` until the receiver is gone, sending the sources whenever they change.
+    pub fn spawn(mut self, tx: tokio::sync::watch::Sender<Vec<BackendSource>>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let poll: Duration = self.settings.poll;
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(poll) => {}
+                }
+                if self.check_all().await && tx.send(self.sources()).is_err() {
+                    return;
+                }
+            }
+        })
+    }
+}
+
+fn origin_digest(s: &BackendSource) -> String {
+    match &s.origin {
+        crate::backends::Origin::Registry { digest, .. } => digest.clone(),
+        _ => String::new(),
+    }
+}

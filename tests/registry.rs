@@ -1,0 +1,345 @@
+//! Backends from a real OCI registry (Debian's `docker-registry`, distribution 2.8, on
+//! 127.0.0.1): `devplug push`/`pull`/`sign` cross-checked with skopeo and openssl, and `devplug
+//! run` following a tag under Allocate load, refusing what fails or does not verify, serving
+//! from its cache with the registry down, and pulling through basic auth.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+
+use support::Kubelet;
+use support::binary::{BIN, Devplug, run_args};
+use support::daemon::{WIDGET, chaos_build, chaos_manifest};
+use support::fixtures::Machine;
+use support::load::{alloc, start_load};
+use support::registry::{Registry, openssl_keypair};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Write version `k` of the chaos backend (mode `mode`) as `dir/chaos.wasm` + `dir/chaos.toml`.
+fn version(dir: &Path, k: u32, mode: &str) -> PathBuf {
+    let v = dir.join(format!("v{k}-{mode}"));
+    std::fs::create_dir_all(&v).unwrap();
+    std::fs::write(v.join("chaos.wasm"), chaos_build(k)).unwrap();
+    std::fs::write(v.join("chaos.toml"), chaos_manifest(k, mode)).unwrap();
+    v.join("chaos.wasm")
+}
+
+/// `devplug ARGS`: (success, stdout JSON or null, stderr).
+fn devplug(args: &[&str]) -> (bool, serde_json::Value, String) {
+    let out = Command::new(BIN).args(args).env("RUST_LOG", "warn").output().unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.success(), json, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn push(reg: &Registry, reference: &str, wasm: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["push", reference, wasm.to_str().unwrap(), "--plain-http", &reg.addr];
+    args.extend(extra);
+    let (ok, v, err) = devplug(&args);
+    assert!(ok, "push {reference}: {err}");
+    v["digest"].as_str().unwrap().to_owned()
+}
+
+fn refs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn skopeo(args: &[&str]) -> std::process::Output {
+    Command::new("skopeo").args(args).output().expect("skopeo (scripts/test installs it)")
+}
+
+#[test]
+fn push_pull_sign_agree_with_skopeo_and_openssl_and_bad_artifacts_are_refused() {
+    let reg = Registry::start(false);
+    let work = tempfile::tempdir().unwrap();
+    let (key, pubkey) = openssl_keypair(work.path(), "ops");
+    let (_, other_pub) = openssl_keypair(work.path(), "other");
+    let r1 = reg.reference("chaos", "1.0.1");
+    let d1 = push(&reg, &r1, &version(work.path(), 1, "ok"), &[]);
+
+    // skopeo (containers/image) sees the same manifest, in the Wasm OCI artifact layout.
+    let out = skopeo(&["inspect", "--raw", "--tls-verify=false", &format!("docker://{r1}")]);
+    assert!(out.status.success(), "skopeo: {}", String::from_utf8_lossy(&out.stderr));
+    let raw = out.stdout;
+    assert_eq!(format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&raw))), d1);
+    let m: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    assert_eq!(m["config"]["mediaType"], "application/vnd.wasm.config.v0+json");
+    assert_eq!(m["layers"][0]["mediaType"], "application/wasm");
+    let toml = base64::engine::general_purpose::STANDARD
+        .decode(m["annotations"]["io.devplug.backend.manifest"].as_str().unwrap())
+        .unwrap();
+    assert!(String::from_utf8(toml).unwrap().contains("version=1.0.1"));
+
+    // Unsigned: fine without a key, refused with one.
+    let pull = |r: &str, extra: &[&str]| {
+        let mut args = vec!["pull", r, "--plain-http", &reg.addr];
+        args.extend(extra);
+        devplug(&args)
+    };
+    let (ok, v, err) = pull(&r1, &[]);
+    assert!(ok, "{err}");
+    assert_eq!((v["digest"].as_str(), v["layout"].as_str()), (Some(d1.as_str()), Some("wasm-artifact")));
+    let (ok, _, err) = pull(&r1, &["--public-key", pubkey.to_str().unwrap()]);
+    assert!(!ok && err.contains("missing"), "an unsigned artifact verifies: {err}");
+
+    // Signed with openssl's key: verifies with its public key, not with another.
+    let (ok, _, err) = devplug(&["sign", &r1, "--key", key.to_str().unwrap(), "--plain-http", &reg.addr]);
+    assert!(ok, "{err}");
+    let (ok, v, err) = pull(&r1, &["--public-key", pubkey.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(v["signature"]["state"], "verified");
+    let (ok, _, err) = pull(&r1, &["--public-key", other_pub.to_str().unwrap()]);
+    assert!(!ok && err.contains("does not match the key"), "{err}");
+
+    // openssl, not devplug, checks the signature devplug pushed (cosign's layout: the payload
+    // blob, its base64 DER signature in the layer annotation).
+    let sig_tag = format!("{}/devplug/chaos:{}.sig", reg.addr, d1.replace(':', "-"));
+    let out = skopeo(&["inspect", "--raw", "--tls-verify=false", &format!("docker://{sig_tag}")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sm: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let layer = &sm["layers"][0];
+    assert_eq!(layer["mediaType"], "application/vnd.dev.cosign.simplesigning.v1+json");
+    let sig_dir = work.path().join("sig");
+    let out = skopeo(&[
+        "copy",
+        "--src-tls-verify=false",
+        &format!("docker://{sig_tag}"),
+        &format!("dir:{}", sig_dir.display()),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let payload = sig_dir.join(layer["digest"].as_str().unwrap().trim_start_matches("sha256:"));
+    let sig_b64 = layer["annotations"]["dev.cosignproject.cosign/signature"].as_str().unwrap();
+    std::fs::write(work.path().join("sig.der"), base64::engine::general_purpose::STANDARD.decode(sig_b64).unwrap())
+        .unwrap();
+    let st = Command::new("openssl")
+        .args(["dgst", "-sha256", "-verify"])
+        .arg(&pubkey)
+        .arg("-signature")
+        .arg(work.path().join("sig.der"))
+        .arg(&payload)
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stdout));
+    let body: serde_json::Value = serde_json::from_slice(&std::fs::read(&payload).unwrap()).unwrap();
+    assert_eq!(body["critical"]["image"]["docker-manifest-digest"], d1.as_str());
+
+    // A blob that no longer matches its digest (tampered in the registry's storage) is refused.
+    let r2 = reg.reference("tampered", "1");
+    let d2 = push(&reg, &r2, &version(work.path(), 2, "ok"), &[]);
+    let (ok, v, _) = pull(&r2, &[]);
+    assert!(ok);
+    assert_eq!(v["digest"].as_str(), Some(d2.as_str()));
+    let wasm_layer = {
+        let out = skopeo(&["inspect", "--raw", "--tls-verify=false", &format!("docker://{r2}")]);
+        let m: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        m["layers"][0]["digest"].as_str().unwrap().to_owned()
+    };
+    let blob = reg.blob_path(&wasm_layer);
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let (ok, _, err) = pull(&r2, &[]);
+    assert!(!ok && err.to_lowercase().contains("digest"), "a tampered blob was accepted: {err}");
+
+    // The image `devplug pack` writes, copied in with skopeo, pulls too.
+    let v3 = version(work.path(), 3, "ok");
+    let layout = work.path().join("layout");
+    let (ok, _, err) = devplug(&["pack", "--out", layout.to_str().unwrap(), "--tag", "3", v3.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let r3 = reg.reference("packed", "3");
+    let out =
+        skopeo(&["copy", "--dest-tls-verify=false", &format!("oci:{}:3", layout.display()), &format!("docker://{r3}")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, v, err) = pull(&r3, &["--name", "chaos"]);
+    assert!(ok, "{err}");
+    assert_eq!(v["layout"], "devplug-pack");
+    assert!(v["size"].as_u64().unwrap() > 1000);
+}
+
+/// `devplug run` following `reference` (config `extra` added), with its log.
+fn run(kdir: &Path, work: &Path, m: &Machine, reg: &Registry, reference: &str, extra: &str) -> Devplug {
+    let backends = work.join("empty");
+    std::fs::create_dir_all(&backends).unwrap();
+    let cfg = work.join("devplug.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[backends.chaos]\nimage = \"{reference}\"\n[registry]\npoll = \"1s\"\ntimeout = \"5s\"\nplain_http = [\"{}\"]\n{extra}",
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let mut args = run_args(kdir, &backends, m);
+    let s = |p: &Path| p.display().to_string();
+    args.extend(["--config".into(), s(&cfg), "--cache-dir".into(), s(&work.join("cache"))]);
+    Devplug::spawn(&args)
+}
+
+/// The `--metrics-addr` the daemon bound, from its log.
+fn metrics_addr(d: &Devplug) -> String {
+    d.wait_log("serving /healthz", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned()
+}
+
+/// The first registry source in `/status`.
+async fn source_status(addr: &str) -> serde_json::Value {
+    let (code, body) = devplug::cli::http_get(addr, "/status").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["sources"][0].clone()
+}
+
+/// Poll `/status` until the first source satisfies `pred`, bounded.
+async fn wait_status(addr: &str, what: &str, pred: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + T;
+    loop {
+        let s = source_status(addr).await;
+        if pred(&s) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(d: &Devplug, needle: &str) -> usize {
+    d.log().matches(needle).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_tag_moves_under_allocate_load_and_bad_versions_are_refused_once() {
+    let reg = Registry::start(false);
+    let work = tempfile::tempdir().unwrap();
+    let stable = reg.reference("chaos", "stable");
+    push(&reg, &stable, &version(work.path(), 1, "ok"), &[]);
+    let m = Machine::generic_box();
+    let kdir = work.path().join("k");
+    let kubelet = Kubelet::start(&kdir).await;
+    let d = run(&kdir, work.path(), &m, &reg, &stable, "");
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 5).await.unwrap();
+    let addr = metrics_addr(&d);
+
+    // The tag moves while four clients allocate.
+    let load = start_load(&plugin);
+    let started = Instant::now();
+    push(&reg, &stable, &version(work.path(), 2, "ok"), &[]);
+    let t0 = Instant::now();
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 6).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    eprintln!("tag moved → new list on the stream: {:?} (poll 1s)", t0.elapsed());
+
+    // A version whose init traps: refused once, the old one serves on, and the polls after it
+    // see the same digest and leave it alone.
+    let d2 = source_status(&addr).await["digest"].as_str().unwrap().to_owned();
+    push(&reg, &stable, &version(work.path(), 3, "trap-init"), &[]);
+    d.wait_log("backend refused", T).unwrap();
+    let at_refusal = source_status(&addr).await["checks"].as_u64().unwrap();
+    wait_status(&addr, "two more polls", |s| s["checks"].as_u64().unwrap() >= at_refusal + 2).await;
+    let st = source_status(&addr).await;
+    assert!(st["swap_error"].as_str().unwrap().contains("not swapped in"), "{st}");
+    let r = plugin.client.clone().allocate(alloc("widget-1")).await.unwrap();
+    assert_eq!(r.get_ref().container_responses[0].envs["CHAOS_VERSION"], "1.0.2", "the old version serves");
+
+    // Moved back to the good digest (skopeo copies the manifest byte for byte): fine again.
+    let out = skopeo(&[
+        "copy",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        &format!("docker://{}/devplug/chaos@{d2}", reg.addr),
+        &format!("docker://{stable}"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_status(&addr, "the old digest back", |s| {
+        s["digest"] == d2.as_str() && s["last_error"].is_null() && s["swap_error"].is_null()
+    })
+    .await;
+
+    // And on to a new version.
+    push(&reg, &stable, &version(work.path(), 4, "ok"), &[]);
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    load.stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    for t in load.tasks {
+        t.await.unwrap().unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    }
+    let calls = load.calls.load(Ordering::Relaxed);
+    let rate = calls as f64 / elapsed.as_secs_f64();
+    assert!(rate >= 200.0, "the load was only {rate:.0} Allocate/s");
+    assert_eq!(count(&d, "backend refused"), 1, "the failing digest is tried once:\n{}", d.log());
+    assert_eq!(kubelet.registrations(), 1, "no re-registration:\n{}", d.log());
+    eprintln!("{calls} Allocate calls ({rate:.0}/s) across the tag moves, none failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_serves_from_cache() {
+    let mut reg = Registry::start(true);
+    let work = tempfile::tempdir().unwrap();
+    let (key, pubkey) = openssl_keypair(work.path(), "ops");
+    let (other_key, _) = openssl_keypair(work.path(), "other");
+    let auth = reg.auth_file();
+    let auth_s = auth.to_str().unwrap().to_owned();
+    let stable = reg.reference("chaos", "stable");
+    let signed =
+        |k: &Path| vec!["--auth-file".to_owned(), auth_s.clone(), "--sign-key".into(), k.display().to_string()];
+    let with_ops = signed(&key);
+    push(&reg, &stable, &version(work.path(), 1, "ok"), &refs(&with_ops));
+
+    // Without credentials the registry says no, and the error says so.
+    let (ok, _, err) = devplug(&["pull", &stable, "--plain-http", &reg.addr]);
+    assert!(!ok && err.contains("authorized"), "{err}");
+
+    let m = Machine::generic_box();
+    let kdir = work.path().join("k");
+    let kubelet = Kubelet::start(&kdir).await;
+    let policy = format!("public_key = \"{}\"\nauth_file = \"{auth_s}\"\n", pubkey.display());
+    let mut d = run(&kdir, work.path(), &m, &reg, &stable, &policy);
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 5).await.unwrap();
+    let addr = metrics_addr(&d);
+    assert_eq!(source_status(&addr).await["signature"]["state"], "verified");
+
+    // Unsigned, then signed by a key the operator does not trust: refused, 1.0.1 serves on.
+    push(&reg, &stable, &version(work.path(), 2, "ok"), &["--auth-file", &auth_s]);
+    wait_status(&addr, "an unsigned version refused", |s| {
+        s["last_error"].as_str().is_some_and(|e| e.contains("missing"))
+    })
+    .await;
+    push(&reg, &stable, &version(work.path(), 3, "ok"), &refs(&signed(&other_key)));
+    wait_status(&addr, "a foreign signature refused", |s| {
+        s["last_error"].as_str().is_some_and(|e| e.contains("does not match the key"))
+    })
+    .await;
+    let r = plugin.client.clone().allocate(alloc("widget-0")).await.unwrap();
+    assert_eq!(r.get_ref().container_responses[0].envs["CHAOS_VERSION"], "1.0.1");
+    assert_eq!(count(&d, "refused:"), 2, "one log line per refused digest:\n{}", d.log());
+
+    // Signed by the operator's key: it serves.
+    push(&reg, &stable, &version(work.path(), 4, "ok"), &refs(&with_ops));
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+
+    // The registry goes away and devplug restarts: the cached, verified 1.0.4 serves at once.
+    d.terminate(T).unwrap();
+    reg.stop();
+    let d = run(&kdir, work.path(), &m, &reg, &stable, &policy);
+    d.wait_log("running from cache", T).unwrap();
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let addr = metrics_addr(&d);
+    let st = source_status(&addr).await;
+    assert_eq!(st["from_cache"], true, "{st}");
+    assert!(st["last_error"].is_string(), "the unreachable registry is reported: {st}");
+
+    // The registry is back: following resumes.
+    reg.restart();
+    push(&reg, &stable, &version(work.path(), 5, "ok"), &refs(&with_ops));
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 9).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let st = wait_status(&addr, "following again", |s| s["from_cache"] == false && s["last_error"].is_null()).await;
+    assert_eq!(st["signature"]["state"], "verified");
+}

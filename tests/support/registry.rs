@@ -1,0 +1,138 @@
+//! A real OCI registry for the tests: Debian's `docker-registry` (CNCF distribution 2.8) on
+//! 127.0.0.1, storage in a private temp dir, optionally behind htpasswd basic auth. Stopped (and
+//! its data removed) when dropped, so nothing outlives the test.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const USER: &str = "devplug";
+pub const PASSWORD: &str = "s3cret-pass";
+
+pub struct Registry {
+    dir: tempfile::TempDir,
+    pub addr: String,
+    auth: bool,
+    child: Option<Child>,
+}
+
+impl Registry {
+    /// Start a registry; with `auth`, every request needs [`USER`]/[`PASSWORD`].
+    pub fn start(auth: bool) -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A free port: bind, read, release. The registry binds it right after.
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth, child: None };
+        if auth {
+            let out =
+                Command::new("htpasswd").args(["-Bbn", USER, PASSWORD]).output().expect("htpasswd (apache2-utils)");
+            assert!(out.status.success(), "htpasswd: {}", String::from_utf8_lossy(&out.stderr));
+            std::fs::write(r.dir.path().join("htpasswd"), out.stdout).unwrap();
+        }
+        r.run();
+        r
+    }
+
+    fn run(&mut self) {
+        let d = self.dir.path();
+        let mut yml = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {}\n",
+            d.join("data").display(),
+            self.addr
+        );
+        if self.auth {
+            yml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: devplug-tests\n    path: {}\n",
+                d.join("htpasswd").display()
+            ));
+        }
+        std::fs::write(d.join("config.yml"), yml).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(d.join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (Debian package docker-registry; scripts/test installs it)");
+        self.child = Some(child);
+        // Ready once /v2/ answers (401 with auth on).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut s) = std::net::TcpStream::connect(&self.addr) {
+                use std::io::{Read, Write};
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let req = format!("GET /v2/ HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr);
+                let mut buf = String::new();
+                if s.write_all(req.as_bytes()).is_ok()
+                    && s.read_to_string(&mut buf).is_ok()
+                    && buf.starts_with("HTTP/1.1 ")
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "docker-registry did not come up on {}", self.addr);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Stop serving (the data stays, for [`Registry::restart`]).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Serve again on the same address with the same data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.run();
+    }
+
+    /// `127.0.0.1:PORT/devplug/NAME:TAG`.
+    pub fn reference(&self, name: &str, tag: &str) -> String {
+        format!("{}/devplug/{name}:{tag}", self.addr)
+    }
+
+    /// A docker config.json with this registry's credentials.
+    pub fn auth_file(&self) -> PathBuf {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+        let f = self.dir.path().join("auth.json");
+        std::fs::write(&f, format!(r#"{{"auths":{{"{}":{{"auth":"{b64}"}}}}}}"#, self.addr)).unwrap();
+        f
+    }
+
+    /// The registry's blob store (`docker/registry/v2/blobs/sha256/..`), to tamper with.
+    pub fn blob_path(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir.path().join("data/docker/registry/v2/blobs/sha256").join(&hex[..2]).join(hex).join("data")
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An ECDSA P-256 key pair made by openssl (not by devplug): (private PKCS#8 PEM, public PEM).
+pub fn openssl_keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let key = dir.join(format!("{name}.key"));
+    let pubkey = dir.join(format!("{name}.pub"));
+    let st = Command::new("openssl")
+        .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
+        .arg(&key)
+        .status()
+        .expect("openssl");
+    assert!(st.success());
+    let st =
+        Command::new("openssl").args(["pkey", "-pubout", "-in"]).arg(&key).arg("-out").arg(&pubkey).status().unwrap();
+    assert!(st.success());
+    (key, pubkey)
+}
