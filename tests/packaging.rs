@@ -171,9 +171,19 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
         ("init-container", vec!["backends.imageVolume=false"]),
         ("no-backends", vec!["backends.enabled=false", "metrics.service.enabled=false"]),
         ("service-monitor", vec!["metrics.serviceMonitor.enabled=true", "nodeSelector.gpu=true"]),
+        ("registry", vec!["cache.hostPath=/var/lib/devplug/cache"]),
     ] {
         let mut cmd = Command::new(tool("helm"));
         cmd.args(["template", "devplug"]).arg(repo().join("deploy/helm/devplug")).args(["--namespace", "devplug"]);
+        if name == "registry" {
+            let values = rendered.path().join("registry-values.yaml");
+            std::fs::write(
+                &values,
+                "registry:\n  sources:\n    acme: registry.example.com/acme/devplug-backend:1.2\n  grants:\n    acme: '{ dev = [\"acme*\"], resources = [\"acme.com/*\"] }'\n  pullSecret: regcred\n  publicKey: |\n    -----BEGIN PUBLIC KEY-----\n    MFkw\n    -----END PUBLIC KEY-----\n  plainHTTP: [\"mirror.local:5000\"]\n",
+            )
+            .unwrap();
+            cmd.arg("--values").arg(&values);
+        }
         for s in &sets {
             cmd.args(["--set", s]);
         }
@@ -190,9 +200,39 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
             "service-monitor" => {
                 assert!(yaml.contains("kind: ServiceMonitor") && yaml.contains("\"gpu\": \"true\""), "{yaml}")
             }
+            "registry" => {
+                // The rendered devplug.toml is TOML devplug reads, with the source, its grant and
+                // the policy; the pull secret and the cache are mounted.
+                let text = block_scalar(&yaml, "devplug.toml");
+                let cfg: toml::Value = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+                assert_eq!(
+                    cfg["backends"]["acme"]["image"].as_str(),
+                    Some("registry.example.com/acme/devplug-backend:1.2")
+                );
+                assert_eq!(cfg["backends"]["acme"]["grant"]["resources"][0].as_str(), Some("acme.com/*"));
+                assert_eq!(cfg["registry"]["public_key"].as_str(), Some("/etc/devplug/cosign.pub"));
+                assert_eq!(cfg["registry"]["plain_http"][0].as_str(), Some("mirror.local:5000"));
+                assert!(block_scalar(&yaml, "cosign.pub").contains("BEGIN PUBLIC KEY"));
+                assert!(
+                    yaml.contains("secretName: regcred") && yaml.contains("path: /var/lib/devplug/cache"),
+                    "{yaml}"
+                );
+            }
             _ => assert!(yaml.contains("reference: ghcr.io/devplug/backends"), "{yaml}"),
         }
     }
+}
+
+/// The text of a ConfigMap's `key: |` block (its lines indented one level deeper than the key).
+fn block_scalar(yaml: &str, key: &str) -> String {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let head = lines.next().unwrap_or_else(|| panic!("no {key} in\n{yaml}"));
+    let indent = head.len() - head.trim_start().len() + 2;
+    lines
+        .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() >= indent)
+        .map(|l| l.get(indent..).unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Removes the test's container however the test ends.

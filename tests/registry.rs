@@ -305,6 +305,13 @@ async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_ser
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 5).await.unwrap();
     let addr = metrics_addr(&d);
     assert_eq!(source_status(&addr).await["signature"]["state"], "verified");
+    let (_, metrics) = devplug::cli::http_get(&addr, "/metrics").await.unwrap();
+    let line =
+        metrics.lines().find(|l| l.starts_with("devplug_registry_source{")).unwrap_or_else(|| panic!("{metrics}"));
+    assert!(
+        line.contains("backend=\"chaos\"") && line.contains("signature=\"verified\"") && line.contains(&stable),
+        "{line}"
+    );
 
     // Unsigned, then signed by a key the operator does not trust: refused, 1.0.1 serves on.
     push(&reg, &stable, &version(work.path(), 2, "ok"), &["--auth-file", &auth_s]);

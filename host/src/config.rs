@@ -331,4 +331,18 @@ mod tests {
         let e = Config::parse("poll_interval = \"soon\"").unwrap_err().to_string();
         assert!(e.contains("poll_interval") || e.contains("soon"), "{e}");
     }
+
+    #[test]
+    fn registry_settings_are_checked_with_the_key_that_is_wrong() {
+        let e = Config::parse("[backends.acme]\nimage = \"r.io/Acme:1\"\n").unwrap_err().to_string();
+        assert!(e.contains("backends.acme.image") && e.contains("not an image reference"), "{e}");
+        let e = Config::parse("[registry]\npoll = \"10ms\"\n").unwrap_err().to_string();
+        assert!(e.contains("registry.poll"), "{e}");
+        let e = Config::parse("[registry]\npublic_key = \"/nonexistent/cosign.pub\"\n").unwrap_err().to_string();
+        assert!(e.contains("/nonexistent/cosign.pub"), "{e}");
+        let e = Config::parse("[registry]\nplain_http = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("plain_http"), "{e}");
+        let c = Config::parse("[backends.acme]\nimage = \"r.io/acme@sha256:0123456789012345678901234567890123456789012345678901234567890123\"\n").unwrap();
+        assert!(c.backends["acme"].image.is_some());
+    }
 }

@@ -24,6 +24,7 @@ const SDK: &[(&str, &str)] = &[
     ("edits.rs", include_str!("../../guests/sdk/src/edits.rs")),
     ("fixture.rs", include_str!("../../guests/sdk/src/fixture.rs")),
     ("pci.rs", include_str!("../../guests/sdk/src/pci.rs")),
+    ("sharing.rs", include_str!("../../guests/sdk/src/sharing.rs")),
     ("sys.rs", include_str!("../../guests/sdk/src/sys.rs")),
     ("topology.rs", include_str!("../../guests/sdk/src/topology.rs")),
 ];
@@ -133,5 +134,16 @@ mod tests {
         let sdk = std::fs::read_to_string(d.path().join("my-dev/devplug-sdk/src/lib.rs")).unwrap();
         assert!(sdk.contains("path: \"../wit\""), "the vendored SDK points at the project's WIT");
         assert!(files.iter().any(|f| f.ends_with("wit/backend.wit")));
+    }
+
+    #[test]
+    fn the_vendored_sdk_has_every_file_of_the_sdk() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../guests/sdk/src");
+        let mut files: Vec<String> =
+            std::fs::read_dir(dir).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        files.sort();
+        let mut vendored: Vec<String> = SDK.iter().map(|(f, _)| (*f).to_owned()).collect();
+        vendored.sort();
+        assert_eq!(files, vendored, "add the new SDK file to scaffold::SDK (and its deps to sdk-Cargo.toml)");
     }
 }

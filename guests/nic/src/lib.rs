@@ -420,7 +420,7 @@ mod tests {
     use devplug_sdk::FixtureSys;
 
     fn fixture(name: &str) -> FixtureSys {
-        FixtureSys::machine(format!("{}/../../tests/fixtures/sysfs/{name}", env!("CARGO_MANIFEST_DIR")))
+        FixtureSys::repo_machine(name)
     }
 
     fn pool<'a>(res: &'a [Resource], name: &str) -> &'a Resource {

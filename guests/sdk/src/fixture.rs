@@ -22,6 +22,12 @@ impl FixtureSys {
         Self { sys_root: dir.join("sys"), dev_root: dir.join("dev"), proc_root: dir.join("proc") }
     }
 
+    /// One of the fixture machines committed in the devplug repository
+    /// (`tests/fixtures/sysfs/<name>`: `dgx-h100`, `cx6dx-sriov`, …), for backends built in it.
+    pub fn repo_machine(name: &str) -> Self {
+        Self::machine(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/sysfs").join(name))
+    }
+
     /// Sysfs and `/dev` at these roots, and no `/proc`.
     pub fn new(sys_root: impl Into<PathBuf>, dev_root: impl Into<PathBuf>) -> Self {
         Self { sys_root: sys_root.into(), dev_root: dev_root.into(), proc_root: PathBuf::from("/nonexistent") }

@@ -28,6 +28,27 @@ pub fn status_table(v: &serde_json::Value) -> String {
     }
     let _ = writeln!(out);
     out.push_str(&table(&rows, &[false, false, false, false, true, true, false]));
+    let sources = v["sources"].as_array().cloned().unwrap_or_default();
+    if !sources.is_empty() {
+        let mut rows = vec![
+            ["BACKEND", "REFERENCE", "DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"].map(str::to_owned).to_vec(),
+        ];
+        for s in &sources {
+            let digest: String = str_of(&s["digest"]).trim_start_matches("sha256:").chars().take(12).collect();
+            let error = [&s["swap_error"], &s["last_error"]].iter().find_map(|e| e.as_str()).unwrap_or("").to_owned();
+            rows.push(vec![
+                str_of(&s["backend"]),
+                str_of(&s["reference"]),
+                digest,
+                str_of(&s["signature"]["state"]),
+                if s["from_cache"] == true { "cache" } else { "registry" }.to_owned(),
+                str_of(&s["checks"]),
+                error,
+            ]);
+        }
+        let _ = writeln!(out);
+        out.push_str(&table(&rows, &[false, false, false, false, false, true, false]));
+    }
     let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
     if allocs.is_empty() {
         let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
@@ -107,4 +128,28 @@ pub fn discover_table(v: &serde_json::Value) -> String {
         out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("?")));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_sources_get_their_own_table_with_the_error_that_matters() {
+        let v = serde_json::json!({
+            "resources": [], "backends": [], "allocations": [],
+            "sources": [{
+                "backend": "acme", "reference": "r.io/acme:1", "digest": "sha256:0123456789abcdef",
+                "signature": {"state": "verified"}, "from_cache": true, "checks": 7,
+                "last_error": "connection refused", "swap_error": "not swapped in: init trapped",
+            }],
+        });
+        let t = status_table(&v);
+        let row = t.lines().find(|l| l.starts_with("acme")).unwrap();
+        for want in ["r.io/acme:1", "0123456789ab", "verified", "cache", "7", "not swapped in"] {
+            assert!(row.contains(want), "{want} missing: {row}");
+        }
+        let plain = serde_json::json!({ "resources": [], "backends": [], "allocations": [] });
+        assert!(!status_table(&plain).contains("REFERENCE"), "no sources, no table");
+    }
 }

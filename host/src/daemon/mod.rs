@@ -88,7 +88,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     );
     let polled = Arc::new(AtomicBool::new(false));
     let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
-    let health = observe::Health {
+    let probes = observe::Probes {
         endpoints: endpoints.clone(),
         registry: registry.clone(),
         pods,
@@ -96,7 +96,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         heartbeat: heartbeat.clone(),
         sources: statuses.clone(),
     };
-    observe::serve(cfg.metrics_addr, health, stop.clone()).await?;
+    observe::serve(cfg.metrics_addr, probes, stop.clone()).await?;
 
     let mut first = true;
     // Hot swap: watch the backends directory (a missing or unwatchable one is logged; the
@@ -111,7 +111,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         },
         None => None,
     };
-    let mut hot = Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), refused)
+    let mut reconciler = Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), refused)
         .with_registry_sources(pulled_rx.clone(), statuses);
     let mut pulled_rx = pulled_rx;
     // The follower polls the registries on its own task: a slow registry never holds up the loop.
@@ -173,7 +173,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
         };
         let work = async {
             match wake {
-                Wake::Swap => hot.reconcile().await,
+                Wake::Swap => reconciler.reconcile().await,
                 Wake::Poll => {
                     let jobs = registry.start_polls(&busy);
                     if *first_round.get_or_insert(jobs.len()) == 0 {
@@ -207,7 +207,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
                         busy.insert(name);
                         polls.spawn_blocking(move || job.run());
                     }
-                    hot.serve(ready).await;
+                    reconciler.serve(ready).await;
                     if let Some(left) = first_round.as_mut() {
                         *left = left.saturating_sub(1);
                         if *left == 0 {

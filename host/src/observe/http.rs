@@ -18,9 +18,9 @@ use crate::backends::Registry;
 use crate::kubelet::podresources::PodAssignments;
 use crate::kubelet::{EndpointState, Endpoints};
 
-/// What the endpoints look at.
+/// What the HTTP endpoints (probes, metrics, status) look at.
 #[derive(Clone)]
-pub struct Health {
+pub struct Probes {
     pub endpoints: Arc<Endpoints>,
     pub registry: Arc<Registry>,
     pub pods: Arc<PodAssignments>,
@@ -61,20 +61,20 @@ impl Heartbeat {
     }
 }
 
-async fn healthz(State(h): State<Health>) -> (StatusCode, String) {
+async fn healthz(State(h): State<Probes>) -> (StatusCode, String) {
     match h.heartbeat.stalled() {
         None => (StatusCode::OK, "ok\n".into()),
         Some(d) => (StatusCode::SERVICE_UNAVAILABLE, format!("control loop stalled: no turn for {d:.1?}\n")),
     }
 }
 
-async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
+async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
     if !h.polled.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: backends are still starting\n".into());
     }
     let states = h.endpoints.states().await;
     let waiting: Vec<String> =
-        states.iter().filter(|(_, s)| *s != EndpointState::Registered).map(|(n, s)| format!("{n}: {s:?}")).collect();
+        states.iter().filter(|(_, s)| *s != EndpointState::Registered).map(|(n, s)| format!("{n}: {s}")).collect();
     if waiting.is_empty() {
         (StatusCode::OK, format!("ready: {} resources registered\n", states.len()))
     } else {
@@ -82,14 +82,14 @@ async fn readyz(State(h): State<Health>) -> (StatusCode, String) {
     }
 }
 
-async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
     let body = h.registry.metrics().render(&h.registry, &h.pods.get(), &h.sources.all());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
-async fn status(State(h): State<Health>) -> Json<serde_json::Value> {
+async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
     let states: std::collections::BTreeMap<String, String> =
-        h.endpoints.states().await.into_iter().map(|(n, s)| (n, format!("{s:?}"))).collect();
+        h.endpoints.states().await.into_iter().map(|(n, s)| (n, s.to_string())).collect();
     let resources: Vec<serde_json::Value> = h
         .registry
         .snapshot()
@@ -113,13 +113,13 @@ async fn status(State(h): State<Health>) -> Json<serde_json::Value> {
 }
 
 /// Serve the probes until `stop`. Binding errors are returned so a port clash is reported.
-pub async fn serve(addr: SocketAddr, health: Health, stop: CancellationToken) -> anyhow::Result<()> {
+pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
-        .with_state(health);
+        .with_state(probes);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-addr): {e}"))?;

@@ -4,7 +4,7 @@
 mod http;
 mod metrics;
 
-pub use http::{Health, Heartbeat, STALLED_AFTER, serve};
+pub use http::{Heartbeat, Probes, STALLED_AFTER, serve};
 pub use metrics::Metrics;
 
 /// Log output format.

@@ -46,6 +46,9 @@ impl Cache {
         std::fs::create_dir_all(&dir)?;
         write(&dir, "component.wasm", &pulled.component)?;
         write(&dir, "manifest.toml", pulled.manifest.as_bytes())?;
+        write(&dir, "layout", pulled.layout.as_bytes())?;
+        // Last: its presence says the two files above are whole.
+        write(&dir, "component.sha256", hex::encode(Sha256::digest(&pulled.component)).as_bytes())?;
         let entry = CachedRef {
             reference: reference.to_owned(),
             digest: pulled.digest.clone(),
@@ -60,6 +63,23 @@ impl Cache {
         std::fs::create_dir_all(&refs)?;
         write(&refs, &format!("{backend}.json"), &serde_json::to_vec_pretty(&entry)?)?;
         Ok(())
+    }
+
+    /// The content of `digest` if the cache has it whole (a tag moved back to a version pulled
+    /// before needs no download). `None` when absent or damaged.
+    pub fn load_digest(&self, digest: &str) -> Option<Pulled> {
+        let dir = self.blob_dir(digest);
+        let sum = std::fs::read_to_string(dir.join("component.sha256")).ok()?;
+        let component = std::fs::read(dir.join("component.wasm")).ok()?;
+        if hex::encode(Sha256::digest(&component)) != sum.trim() {
+            return None;
+        }
+        let manifest = std::fs::read_to_string(dir.join("manifest.toml")).ok()?;
+        let layout = match std::fs::read_to_string(dir.join("layout")).ok()?.as_str() {
+            "devplug-pack" => "devplug-pack",
+            _ => "wasm-artifact",
+        };
+        Some(Pulled { digest: digest.to_owned(), component, manifest, layout, name: None })
     }
 
     /// `backend`'s last verified version of `reference`, if the cache has it whole.
@@ -114,7 +134,10 @@ mod tests {
         assert_eq!((entry.digest.as_str(), back.component.as_slice()), (p.digest.as_str(), p.component.as_slice()));
         assert!(c.load("x", "r.io/x:2").unwrap().is_none(), "another reference is not served from cache");
         assert!(c.load("y", "r.io/x:1").unwrap().is_none());
+        assert_eq!(c.load_digest(&p.digest).unwrap().component, p.component);
+        assert!(c.load_digest(&format!("sha256:{}", "cd".repeat(32))).is_none());
         std::fs::write(d.path().join("oci/sha256").join("ab".repeat(32)).join("component.wasm"), b"evil").unwrap();
         assert!(c.load("x", "r.io/x:1").unwrap_err().to_string().contains("checksum"));
+        assert!(c.load_digest(&p.digest).is_none(), "a damaged entry is pulled again");
     }
 }

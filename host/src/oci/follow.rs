@@ -227,7 +227,13 @@ impl Follower {
             self.refuse(i, &digest, &why, state);
             return Ok(false);
         }
-        let pulled = match artifact::pull(&self.client, &auth, &pinned, &e.backend).await {
+        // Verified content already on the node (a tag moved back) is not downloaded again.
+        let cached = self.cache.as_ref().and_then(|c| c.load_digest(&digest));
+        let fetched = match cached {
+            Some(p) => Ok(p),
+            None => artifact::pull(&self.client, &auth, &pinned, &e.backend).await,
+        };
+        let pulled = match fetched {
             Ok(p) => p,
             Err(err) => {
                 // A blob that does not match its digest is the artifact's fault, not the network's:

@@ -49,7 +49,7 @@ impl Default for RegistrySettings {
 impl RegistrySettings {
     /// Check what can be checked without a network: poll bounds, the key and CA files parse.
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.poll >= Duration::from_secs(1), "registry.poll must be at least 1s");
+        anyhow::ensure!(self.poll >= Duration::from_millis(100), "registry.poll must be at least 100ms");
         if let Some(k) = &self.public_key {
             crate::oci::signature::load_public_key(k)?;
         }
