@@ -326,9 +326,21 @@ async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_ser
     .await;
     let r = plugin.client.clone().allocate(alloc("widget-0")).await.unwrap();
     assert_eq!(r.get_ref().container_responses[0].envs["CHAOS_VERSION"], "1.0.1");
-    assert_eq!(count(&d, "refused:"), 2, "one log line per refused digest:\n{}", d.log());
+    // Refusals are logged once per digest and reason, not at every poll.
+    let logged = count(&d, "refused:");
+    let checks = source_status(&addr).await["checks"].as_u64().unwrap();
+    wait_status(&addr, "two more polls", |s| s["checks"].as_u64().unwrap() >= checks + 2).await;
+    assert_eq!(count(&d, "refused:"), logged, "a refusal logged again:\n{}", d.log());
+    assert!((2..=3).contains(&logged), "{logged} refusals logged:\n{}", d.log());
 
-    // Signed by the operator's key: it serves.
+    // Signed by the operator's key after the push (as CI pipelines sign): the signature is
+    // looked for again each poll, so the same digest now loads.
+    let (ok, _, err) =
+        devplug(&["sign", &stable, "--key", key.to_str().unwrap(), "--plain-http", &reg.addr, "--auth-file", &auth_s]);
+    assert!(ok, "{err}");
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 7).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+
+    // Pushed and signed in one go: it serves.
     push(&reg, &stable, &version(work.path(), 4, "ok"), &refs(&with_ops));
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
 
@@ -349,4 +361,41 @@ async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_ser
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 9).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let st = wait_status(&addr, "following again", |s| s["from_cache"] == false && s["last_error"].is_null()).await;
     assert_eq!(st["signature"]["state"], "verified");
+}
+
+/// The registry on HTTPS with a CA of its own: nothing is pulled until the operator's
+/// `registry.ca_file` names that CA; a pinned digest pulls exactly that version.
+#[test]
+fn https_registries_are_trusted_through_ca_file_and_digests_pin() {
+    let reg = Registry::start_tls();
+    let work = tempfile::tempdir().unwrap();
+    let cfg = work.path().join("devplug.toml");
+    std::fs::write(&cfg, format!("[registry]\nca_file = \"{}\"\n", reg.ca().display())).unwrap();
+    let cfg_s = cfg.to_str().unwrap();
+    let r = reg.reference("chaos", "1");
+    let wasm = version(work.path(), 1, "ok");
+
+    // Not trusted without the CA (and never downgraded to HTTP).
+    let (ok, _, err) = devplug(&["push", &r, wasm.to_str().unwrap()]);
+    assert!(!ok && err.to_lowercase().contains("certificate"), "pushed to an untrusted registry: {err}");
+    let (ok, v, err) = devplug(&["push", &r, wasm.to_str().unwrap(), "--config", cfg_s]);
+    assert!(ok, "{err}");
+    let d1 = v["digest"].as_str().unwrap().to_owned();
+    let (ok, _, err) = devplug(&["pull", &r]);
+    assert!(!ok && err.to_lowercase().contains("certificate"), "{err}");
+
+    // Pinned: the digest, whatever the tag does later.
+    let (ok, v, err) = devplug(&["push", &r, version(work.path(), 2, "ok").to_str().unwrap(), "--config", cfg_s]);
+    assert!(ok, "{err}");
+    assert_ne!(v["digest"].as_str(), Some(d1.as_str()));
+    let pinned = format!("{}/devplug/chaos@{d1}", reg.addr);
+    let out = work.path().join("pinned");
+    let (ok, v, err) = devplug(&["pull", &pinned, "--config", cfg_s, "--out", out.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(v["digest"].as_str(), Some(d1.as_str()));
+    assert_eq!(std::fs::read(out.join("chaos.wasm")).unwrap(), chaos_build(1), "the bytes pushed, byte for byte");
+    assert!(std::fs::read_to_string(out.join("chaos.toml")).unwrap().contains("version=1.0.1"));
+    let missing = format!("{}/devplug/chaos@sha256:{}", reg.addr, "0".repeat(64));
+    let (ok, _, err) = devplug(&["pull", &missing, "--config", cfg_s]);
+    assert!(!ok && !err.is_empty(), "a digest the registry does not have pulls nothing");
 }

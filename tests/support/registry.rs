@@ -14,6 +14,8 @@ pub struct Registry {
     dir: tempfile::TempDir,
     pub addr: String,
     auth: bool,
+    /// Serving HTTPS with a certificate from a CA of the test's own ([`Registry::ca`]).
+    tls: bool,
     child: Option<Child>,
 }
 
@@ -23,7 +25,7 @@ impl Registry {
         let dir = tempfile::tempdir().expect("tempdir");
         // A free port: bind, read, release. The registry binds it right after.
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth, child: None };
+        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth, tls: false, child: None };
         if auth {
             let out =
                 Command::new("htpasswd").args(["-Bbn", USER, PASSWORD]).output().expect("htpasswd (apache2-utils)");
@@ -34,6 +36,83 @@ impl Registry {
         r
     }
 
+    /// A registry on HTTPS, its certificate (for IP 127.0.0.1) signed by a CA made here: no
+    /// client trusts it unless given [`Registry::ca`].
+    pub fn start_tls() -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let d = dir.path();
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl").args(args).current_dir(d).output().expect("openssl");
+            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=devplug test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(
+            d.join("server.ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+        ]);
+        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth: false, tls: true, child: None };
+        r.run();
+        r
+    }
+
+    /// The CA that signed an HTTPS registry's certificate (PEM).
+    pub fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
     fn run(&mut self) {
         let d = self.dir.path();
         let mut yml = format!(
@@ -41,6 +120,13 @@ impl Registry {
             d.join("data").display(),
             self.addr
         );
+        if self.tls {
+            yml.push_str(&format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                d.join("server.pem").display(),
+                d.join("server.key").display()
+            ));
+        }
         if self.auth {
             yml.push_str(&format!(
                 "auth:\n  htpasswd:\n    realm: devplug-tests\n    path: {}\n",
@@ -56,7 +142,7 @@ impl Registry {
             .spawn()
             .expect("docker-registry (Debian package docker-registry; scripts/test installs it)");
         self.child = Some(child);
-        // Ready once /v2/ answers (401 with auth on).
+        // Ready once it answers on the port (401 with auth on; a 400 to plain HTTP with TLS on).
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(mut s) = std::net::TcpStream::connect(&self.addr) {
@@ -64,9 +150,7 @@ impl Registry {
                 let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
                 let req = format!("GET /v2/ HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr);
                 let mut buf = String::new();
-                if s.write_all(req.as_bytes()).is_ok()
-                    && s.read_to_string(&mut buf).is_ok()
-                    && buf.starts_with("HTTP/1.1 ")
+                if s.write_all(req.as_bytes()).is_ok() && s.read_to_string(&mut buf).is_ok() && buf.starts_with("HTTP/")
                 {
                     return;
                 }

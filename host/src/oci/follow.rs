@@ -68,8 +68,13 @@ struct Entry {
     reference: Reference,
     text: String,
     current: Option<BackendSource>,
-    /// Digests that failed a check, with why: not pulled again.
+    /// Digests that failed a check for good (a blob that does not match its digest, a manifest
+    /// that does not parse), with why: not pulled again.
     refused: BTreeMap<String, String>,
+    /// Digests whose signature did not verify, with why, so each is logged once. Not final: the
+    /// signature is looked at again every poll, since signing usually follows the push (cosign
+    /// pushes the `.sig` after the image) and a missing signature may arrive.
+    unsigned: BTreeMap<String, String>,
 }
 
 pub struct Follower {
@@ -118,6 +123,7 @@ impl Follower {
                 text: image.clone(),
                 current: None,
                 refused: BTreeMap::new(),
+                unsigned: BTreeMap::new(),
             });
         }
         if entries.is_empty() {
@@ -224,7 +230,15 @@ impl Follower {
         let state = signature::verify(&self.client, &auth, &pinned, &digest, self.key.as_ref()).await?;
         if !state.accepted() {
             let why = format!("{state} (registry.public_key requires a valid signature)");
-            self.refuse(i, &digest, &why, state);
+            let e = &mut self.entries[i];
+            if e.unsigned.get(&digest) != Some(&why) {
+                tracing::error!(backend = %e.backend, reference = %e.text, %digest, "refused: {why}; the version serving stays (the signature is looked for again every poll)");
+                e.unsigned.insert(digest.clone(), why.clone());
+            }
+            self.statuses.update(&e.backend, |s| {
+                s.last_check = Some(now());
+                s.last_error = Some(format!("{digest} refused: {why}"));
+            });
             return Ok(false);
         }
         // Verified content already on the node (a tag moved back) is not downloaded again.

@@ -87,7 +87,7 @@ impl RegistrySettings {
         Ok(auths
             .into_iter()
             .find(|(host, _)| host_matches(host, registry))
-            .map(|(_, (user, pass))| RegistryAuth::Basic(user, pass))
+            .map(|(_, cred)| cred)
             .unwrap_or(RegistryAuth::Anonymous))
     }
 }
@@ -110,16 +110,23 @@ struct DockerAuth {
     auth: Option<String>,
     username: Option<String>,
     password: Option<String>,
+    /// A bearer token for the registry itself (what `docker login` stores for token-only logins).
+    registrytoken: Option<String>,
 }
 
-/// A docker `config.json` (the `.dockerconfigjson` of an imagePullSecret): host → (user, pass).
-fn read_auth_file(path: &Path) -> anyhow::Result<Vec<(String, (String, String))>> {
+/// A docker `config.json` (the `.dockerconfigjson` of an imagePullSecret): host → credentials
+/// (user and password, or a registry token).
+fn read_auth_file(path: &Path) -> anyhow::Result<Vec<(String, RegistryAuth)>> {
     let text =
         std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("registry.auth_file {}: {e}", path.display()))?;
     let cfg: DockerConfig = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("registry.auth_file {}: not a docker config.json: {e}", path.display()))?;
     let mut out = Vec::new();
     for (host, a) in cfg.auths {
+        if let Some(token) = a.registrytoken {
+            out.push((host, RegistryAuth::Bearer(token)));
+            continue;
+        }
         let pair = match (a.auth, a.username, a.password) {
             (Some(b64), _, _) => {
                 let raw = base64::engine::general_purpose::STANDARD.decode(b64.trim()).map_err(|e| {
@@ -135,7 +142,7 @@ fn read_auth_file(path: &Path) -> anyhow::Result<Vec<(String, (String, String))>
             (None, Some(u), Some(p)) => (u, p),
             _ => continue,
         };
-        out.push((host, pair));
+        out.push((host, RegistryAuth::Basic(pair.0, pair.1)));
     }
     Ok(out)
 }
@@ -149,12 +156,14 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("config.json");
         let b64 = base64::engine::general_purpose::STANDARD.encode("ann:s3cret");
-        std::fs::write(&f, format!(r#"{{"auths":{{"127.0.0.1:5000":{{"auth":"{b64}"}},"https://other.io/v2/":{{"username":"u","password":"p"}}}}}}"#)).unwrap();
+        std::fs::write(&f, format!(r#"{{"auths":{{"127.0.0.1:5000":{{"auth":"{b64}"}},"https://other.io/v2/":{{"username":"u","password":"p"}},"tok.io":{{"registrytoken":"t0k"}}}}}}"#)).unwrap();
         let s = RegistrySettings { auth_file: Some(f.clone()), ..RegistrySettings::default() };
         let r: Reference = "127.0.0.1:5000/devplug/gpu:1".parse().unwrap();
         assert_eq!(s.auth_for(&r).unwrap(), RegistryAuth::Basic("ann".into(), "s3cret".into()));
         let r: Reference = "other.io/x:1".parse().unwrap();
         assert_eq!(s.auth_for(&r).unwrap(), RegistryAuth::Basic("u".into(), "p".into()));
+        let r: Reference = "tok.io/x:1".parse().unwrap();
+        assert_eq!(s.auth_for(&r).unwrap(), RegistryAuth::Bearer("t0k".into()));
         let r: Reference = "third.io/x:1".parse().unwrap();
         assert_eq!(s.auth_for(&r).unwrap(), RegistryAuth::Anonymous);
         std::fs::write(&f, "{not json").unwrap();
