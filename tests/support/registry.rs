@@ -22,10 +22,7 @@ pub struct Registry {
 impl Registry {
     /// Start a registry; with `auth`, every request needs [`USER`]/[`PASSWORD`].
     pub fn start(auth: bool) -> Registry {
-        let dir = tempfile::tempdir().expect("tempdir");
-        // A free port: bind, read, release. The registry binds it right after.
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth, tls: false, child: None };
+        let mut r = Registry::new(auth, false);
         if auth {
             let out =
                 Command::new("htpasswd").args(["-Bbn", USER, PASSWORD]).output().expect("htpasswd (apache2-utils)");
@@ -39,73 +36,36 @@ impl Registry {
     /// A registry on HTTPS, its certificate (for IP 127.0.0.1) signed by a CA made here: no
     /// client trusts it unless given [`Registry::ca`].
     pub fn start_tls() -> Registry {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        let d = dir.path();
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl").args(args).current_dir(d).output().expect("openssl");
-            assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let mut r = Registry::new(false, true);
+        let d = r.dir.path().to_owned();
+        let openssl = |args: &str| {
+            let out = Command::new("openssl").args(args.split(' ')).current_dir(&d).output().expect("openssl");
+            assert!(out.status.success(), "openssl {args}: {}", String::from_utf8_lossy(&out.stderr));
         };
-        openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=devplug test CA",
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ]);
-        openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=127.0.0.1",
-        ]);
+        let p256 = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+        openssl(&format!(
+            "req -x509 {p256} -keyout ca.key -out ca.pem -days 2 -subj /CN=devplug-test-CA \
+             -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign"
+        ));
+        openssl(&format!("req {p256} -keyout server.key -out server.csr -subj /CN=127.0.0.1"));
         std::fs::write(
             d.join("server.ext"),
             "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
         )
         .unwrap();
-        openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "server.ext",
-        ]);
-        let mut r = Registry { dir, addr: format!("127.0.0.1:{port}"), auth: false, tls: true, child: None };
+        openssl(
+            "x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile server.ext",
+        );
         r.run();
         r
+    }
+
+    /// A registry not started yet, on a free port (bound, read and released: the registry binds
+    /// it right after), its storage in a temp dir of its own.
+    fn new(auth: bool, tls: bool) -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        Registry { dir, addr: format!("127.0.0.1:{port}"), auth, tls, child: None }
     }
 
     /// The CA that signed an HTTPS registry's certificate (PEM).

@@ -4,6 +4,7 @@
 
 mod reconcile;
 mod specs;
+mod trim;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -123,6 +124,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
     let mut polls: tokio::task::JoinSet<crate::backends::PollDone> = tokio::task::JoinSet::new();
     let mut busy: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut first_round: Option<usize> = None;
+    let mut trimmed = false;
     // Backends a uevent asked for while their discover was running: once more when it ends, so
     // the last event of a burst is always seen.
     let mut again: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -175,6 +177,11 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
             match wake {
                 Wake::Swap => reconciler.reconcile().await,
                 Wake::Poll => {
+                    // The poll after the first round: start-up (loading, first lists,
+                    // registration) is over, and what only it needed can go.
+                    if polled.load(Ordering::Acquire) && !std::mem::replace(&mut trimmed, true) {
+                        tokio::task::spawn_blocking(trim::after_start);
+                    }
                     let jobs = registry.start_polls(&busy);
                     if *first_round.get_or_insert(jobs.len()) == 0 {
                         polled.store(true, Ordering::Release);
