@@ -20,4 +20,5 @@ pub mod pack;
 pub mod proto;
 pub mod runtime;
 pub mod scaffold;
+pub mod sync;
 pub mod untrusted;

@@ -2,6 +2,7 @@
 //! resource (health polled through `discover`), and the [`ResourceOps`] that route kubelet's calls
 //! to the backend's current instance.
 
+use crate::sync::Locked;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -242,7 +243,7 @@ impl Registry {
         self.log_loaded(&src, &inst, "backend swapped in");
         let inst = Arc::new(inst);
         let retired = self.install(&src, inst.clone());
-        let slot = self.backends.lock().expect("registry lock").get(&src.name).cloned();
+        let slot = self.backends.locked().get(&src.name).cloned();
         let mut ready = Vec::new();
         if let Some(slot) = slot {
             self.apply(&src.name, &slot, &inst, Ok(found), &mut ready);
@@ -253,20 +254,15 @@ impl Registry {
     /// Stop a backend: its resources stream an empty device list (kubelet has no deregister
     /// call) and are handed back to be stopped.
     pub fn unload(&self, name: &str) -> Vec<Retired> {
-        self.backends.lock().expect("registry lock").remove(name);
-        let mut resources = self.resources.lock().expect("registry lock");
+        self.backends.locked().remove(name);
+        let mut resources = self.resources.locked();
         let names: Vec<String> = resources.iter().filter(|(_, r)| r.backend == name).map(|(n, _)| n.clone()).collect();
         names.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect()
     }
 
     /// Loaded backends: name → (origin, source key).
     pub fn loaded(&self) -> BTreeMap<String, (Origin, String)> {
-        self.backends
-            .lock()
-            .expect("registry lock")
-            .iter()
-            .map(|(n, s)| (n.clone(), (**s.origin.load()).clone()))
-            .collect()
+        self.backends.locked().iter().map(|(n, s)| (n.clone(), (**s.origin.load()).clone())).collect()
     }
 
     /// Put `inst` in the backend's slot and bring resource claims in line with its `init`:
@@ -274,7 +270,7 @@ impl Registry {
     /// are retired.
     fn install(&self, src: &BackendSource, inst: Arc<BackendInstance>) -> Vec<Retired> {
         let info = inst.info().clone();
-        let mut resources = self.resources.lock().expect("registry lock");
+        let mut resources = self.resources.locked();
         for (name, options) in &info.resources {
             if let Some(why) = resource_name_problem(name) {
                 tracing::error!(backend = %src.name, resource = %name, "resource skipped: kubelet would refuse it: {why}");
@@ -318,7 +314,7 @@ impl Registry {
         let retired: Vec<Retired> =
             gone.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect();
         drop(resources);
-        let mut backends = self.backends.lock().expect("registry lock");
+        let mut backends = self.backends.locked();
         match backends.get(&src.name) {
             // Swap in place, so every BackendOps already handed to kubelet's servers routes to
             // the new instance and no resource is re-registered.
@@ -343,8 +339,7 @@ impl Registry {
     /// whole deadline delays no other backend's poll.
     pub fn start_polls(&self, busy: &HashSet<String>) -> Vec<PollJob> {
         self.backends
-            .lock()
-            .expect("registry lock")
+            .locked()
             .iter()
             .filter(|(n, _)| !busy.contains(*n))
             .map(|(n, s)| PollJob { name: n.clone(), slot: s.clone(), inst: s.current.load_full() })
@@ -353,14 +348,14 @@ impl Registry {
 
     /// The discover of backend `name` alone (a uevent asked for it).
     pub fn poll_job(&self, name: &str) -> Option<PollJob> {
-        let backends = self.backends.lock().expect("registry lock");
+        let backends = self.backends.locked();
         let s = backends.get(name)?;
         Some(PollJob { name: name.to_owned(), slot: s.clone(), inst: s.current.load_full() })
     }
 
     /// Backends subscribed to kernel uevents of `subsystem`.
     pub fn subscribers(&self, subsystem: &str) -> Vec<String> {
-        let backends = self.backends.lock().expect("registry lock");
+        let backends = self.backends.locked();
         backends.iter().filter(|(_, s)| s.current.load().subscribes(subsystem)).map(|(n, _)| n.clone()).collect()
     }
 
@@ -400,7 +395,7 @@ impl Registry {
         ready: &mut Vec<ResourceHandle>,
     ) {
         // A discover that raced a swap or unload must not publish over the newer state.
-        let current = self.backends.lock().expect("registry lock").get(name).is_some_and(|s| Arc::ptr_eq(s, slot));
+        let current = self.backends.locked().get(name).is_some_and(|s| Arc::ptr_eq(s, slot));
         if !current || !std::ptr::eq(slot.current.load().as_ref(), inst) {
             return;
         }
@@ -411,7 +406,7 @@ impl Registry {
             Ok(list) => list.into_iter().map(|r| (r.name.clone(), r)).collect(),
             Err(_) => BTreeMap::new(),
         };
-        let mut resources = self.resources.lock().expect("registry lock");
+        let mut resources = self.resources.locked();
         for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
             let prev = rs.tx.borrow().clone();
             let mut next = match found.get(rname) {
@@ -473,7 +468,7 @@ impl Registry {
     }
 
     fn note_error(&self, backend: &str, slot: &Slot, err: Option<&CallError>) {
-        let Ok(mut last) = slot.last_error.lock() else { return };
+        let mut last = slot.last_error.locked();
         let now = err.map(|e| e.to_string());
         if now != *last {
             match &now {
@@ -489,14 +484,13 @@ impl Registry {
 
     /// Current device lists, by resource name.
     pub fn snapshot(&self) -> Vec<Arc<Resource>> {
-        self.resources.lock().expect("registry lock").values().map(|r| r.tx.borrow().clone()).collect()
+        self.resources.locked().values().map(|r| r.tx.borrow().clone()).collect()
     }
 
     pub fn summaries(&self) -> Vec<BackendSummary> {
-        let resources = self.resources.lock().expect("registry lock");
+        let resources = self.resources.locked();
         self.backends
-            .lock()
-            .expect("registry lock")
+            .locked()
             .iter()
             .map(|(name, slot)| {
                 let inst = slot.current.load();
@@ -519,7 +513,7 @@ impl Registry {
                             refused: l(&inst.stats.refused),
                         }
                     },
-                    last_error: slot.last_error.lock().ok().and_then(|e| e.clone()),
+                    last_error: slot.last_error.locked().clone(),
                 }
             })
             .collect()

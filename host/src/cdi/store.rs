@@ -5,6 +5,7 @@
 //! reader loads), fsynced, renamed over the target and the directory fsynced. Files devplug owns
 //! are named `devplug-<vendor>_<class>.json`; nothing else in the directory is ever touched.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -73,7 +74,7 @@ impl SpecDir {
         }
         let spec = spec::build(resource, &kind);
         let file = self.dir.join(kind.file_name());
-        let mut written = self.written.lock().unwrap_or_else(|p| p.into_inner());
+        let mut written = self.written.locked();
         if let Some(w) = written.get(&resource.name)
             && w.spec == spec
             && w.file.exists()
@@ -90,15 +91,14 @@ impl SpecDir {
     /// the Allocate path.
     pub fn covers(&self, resource: &str, names: &[String]) -> bool {
         self.written
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .locked()
             .get(resource)
             .is_some_and(|w| w.file.exists() && names.iter().all(|n| w.spec.devices.iter().any(|d| &d.name == n)))
     }
 
     /// Remove the resource's spec file, if devplug wrote one.
     pub fn remove(&self, resource: &str) {
-        let gone = self.written.lock().unwrap_or_else(|p| p.into_inner()).remove(resource);
+        let gone = self.written.locked().remove(resource);
         if let Some(w) = gone {
             let _ = fs::remove_file(&w.file);
             crate::durable::sync_dir(&self.dir);
@@ -107,7 +107,7 @@ impl SpecDir {
 
     /// Remove every spec this process wrote (clean exit).
     pub fn remove_all(&self) {
-        let all: Vec<String> = self.written.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let all: Vec<String> = self.written.locked().keys().cloned().collect();
         for r in all {
             self.remove(&r);
         }

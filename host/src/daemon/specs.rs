@@ -2,6 +2,7 @@
 //! its device list is published, sweeping stale specs once, and each resource's Allocate
 //! strategies.
 
+use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -38,7 +39,7 @@ pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook
             return;
         }
         let outcome = specs.sync(r).map_err(|e| e.to_string());
-        let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errors = errors.locked();
         match outcome {
             Ok(_) => {
                 if errors.remove(&r.name).is_some() {

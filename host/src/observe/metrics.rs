@@ -6,6 +6,7 @@
 //! served. Backend fault counters belong to the loaded version: a swap starts them at zero again,
 //! which Prometheus's `rate()` reads as a counter reset.
 
+use crate::sync::Locked;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -148,7 +149,7 @@ impl Metrics {
             registry_source_checked: Family::default(),
         };
         {
-            let mut r = m.registry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = m.registry.locked();
             r.register("devices", "Devices of a resource, by health, as kubelet sees them", m.devices.clone());
             r.register("registrations", "First registrations with kubelet", m.registrations.clone());
             r.register("reregistrations", "Registrations after kubelet restarted", m.reregistrations.clone());
@@ -218,7 +219,7 @@ impl Metrics {
     pub fn render(&self, backends: &Backends, pods: &[Assignment], sources: &[SourceStatus]) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
         // scrape clearing them in between would hand out a half-filled set.
-        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.registry.locked();
         self.devices.clear();
         for r in backends.snapshot() {
             for health in [Health::Healthy, Health::Unhealthy] {

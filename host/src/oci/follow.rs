@@ -4,6 +4,7 @@
 //! backend's source. A digest that fails any step is remembered and not pulled again; the
 //! version serving stays. What each reference is doing is kept for `/status` and `/metrics`.
 
+use crate::sync::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,11 +49,11 @@ pub struct Statuses(Mutex<BTreeMap<String, SourceStatus>>);
 
 impl Statuses {
     pub fn all(&self) -> Vec<SourceStatus> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+        self.0.locked().values().cloned().collect()
     }
 
     fn update(&self, backend: &str, f: impl FnOnce(&mut SourceStatus)) {
-        if let Some(s) = self.0.lock().unwrap_or_else(|p| p.into_inner()).get_mut(backend) {
+        if let Some(s) = self.0.locked().get_mut(backend) {
             f(s);
         }
     }
@@ -102,7 +103,7 @@ impl Follower {
             }
             let reference: Reference =
                 image.parse().map_err(|e| anyhow::anyhow!("backends.{name}.image {image:?}: {e}"))?;
-            statuses.0.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            statuses.0.locked().insert(
                 name.clone(),
                 SourceStatus {
                     backend: name.clone(),
@@ -189,8 +190,7 @@ impl Follower {
             Some(s) => format!("serving {}", origin_digest(s)),
             None => "nothing to serve yet".to_owned(),
         };
-        let from_cache =
-            self.statuses.0.lock().unwrap_or_else(|p| p.into_inner()).get(&e.backend).is_some_and(|s| s.from_cache);
+        let from_cache = self.statuses.0.locked().get(&e.backend).is_some_and(|s| s.from_cache);
         let note = if from_cache { " from the node's cache" } else { "" };
         tracing::warn!(backend = %e.backend, reference = %e.text, "registry check failed ({serving}{note}): {why}");
         self.statuses.update(&e.backend, |s| s.last_error = Some(why));

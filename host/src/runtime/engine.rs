@@ -1,6 +1,7 @@
 //! The shared wasmtime engine: configuration, the epoch ticker that enforces deadlines, and the
 //! compile cache keyed by the component's sha256 and the engine's compatibility hash.
 
+use crate::sync::Locked;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -106,7 +107,7 @@ struct Cutoffs(std::sync::Mutex<Vec<(std::time::Instant, std::task::Waker)>>);
 impl Cutoffs {
     fn wake_expired(&self) {
         let now = std::time::Instant::now();
-        let Ok(mut pending) = self.0.lock() else { return };
+        let mut pending = self.0.locked();
         pending.retain(|(at, waker)| {
             if *at <= now {
                 waker.wake_by_ref();
@@ -130,9 +131,7 @@ impl std::future::Future for Cutoff {
         if std::time::Instant::now() >= self.at {
             return std::task::Poll::Ready(());
         }
-        if let Ok(mut pending) = self.cutoffs.0.lock() {
-            pending.push((self.at, cx.waker().clone()));
-        }
+        self.cutoffs.0.locked().push((self.at, cx.waker().clone()));
         std::task::Poll::Pending
     }
 }

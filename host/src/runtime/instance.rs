@@ -9,6 +9,7 @@
 //!
 //! What a call returns is checked by [`super::vet`] before anyone sees it.
 
+use crate::sync::Locked;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -75,7 +76,7 @@ pub struct BackendStats {
 impl BackendStats {
     /// Record one call's outcome; returns the faults now in the window.
     fn record(&self, fault: bool) -> usize {
-        let Ok(mut recent) = self.recent.lock() else { return 0 };
+        let mut recent = self.recent.locked();
         if recent.len() == FAULT_WINDOW {
             recent.pop_front();
         }
@@ -184,9 +185,8 @@ impl BackendInstance {
     }
 
     fn put_back(&self, live: Live) {
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < MAX_IDLE
-        {
+        let mut idle = self.idle.locked();
+        if idle.len() < MAX_IDLE {
             idle.push(live);
         }
     }
@@ -223,7 +223,7 @@ impl BackendInstance {
             CallKind::Init | CallKind::Discover => self.runtime.config.discover_deadline,
             _ => self.runtime.config.call_deadline,
         };
-        let pooled = self.idle.lock().ok().and_then(|mut idle| idle.pop());
+        let pooled = self.idle.locked().pop();
         let mut live = match pooled {
             Some(live) => live,
             None => match self.instantiate() {

@@ -2,6 +2,7 @@
 //! nothing in it (no preopens, env, args, sockets or name lookup), with stdout/stderr sent to
 //! `tracing` under the backend's name, at a bounded rate.
 
+use crate::sync::Locked;
 use std::collections::{HashSet, VecDeque};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +36,7 @@ const MAX_REMEMBERED: usize = 1024;
 impl RefusalLog {
     pub fn refused(&self, sandbox: &Sandbox, call: &str, path: &str, err: &FsError) {
         let backend = &*sandbox.backend;
-        let Ok(mut seen) = self.seen.lock() else { return };
+        let mut seen = self.seen.locked();
         if seen.len() >= MAX_REMEMBERED {
             return;
         }
@@ -54,7 +55,7 @@ impl RefusalLog {
     /// Whether `what` (already clipped) is new for this backend: a refused answer repeated on
     /// every poll is logged once.
     pub fn first_time(&self, what: &str) -> bool {
-        let Ok(mut seen) = self.seen.lock() else { return false };
+        let mut seen = self.seen.locked();
         seen.len() < MAX_REMEMBERED && seen.insert(format!("answer {what}"))
     }
 }
@@ -80,7 +81,7 @@ impl Default for LogBudget {
 impl LogBudget {
     /// Whether one more line of `backend` may be logged now.
     pub fn admit(&self, backend: &str) -> bool {
-        let Ok(mut b) = self.bucket.lock() else { return false };
+        let mut b = self.bucket.locked();
         let (tokens, last, unreported) = &mut *b;
         let now = Instant::now();
         *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * LOG_PER_SECOND).min(LOG_BURST);
@@ -201,13 +202,11 @@ impl HostState {
 impl HostState {
     /// The guest's last stderr lines since [`forget_words`](Self::forget_words), joined.
     pub fn last_words(&self) -> String {
-        self.words.lock().map(|w| w.iter().cloned().collect::<Vec<_>>().join(" | ")).unwrap_or_default()
+        self.words.locked().iter().cloned().collect::<Vec<_>>().join(" | ")
     }
 
     pub fn forget_words(&mut self) {
-        if let Ok(mut w) = self.words.lock() {
-            w.clear();
-        }
+        self.words.locked().clear();
     }
 }
 
@@ -334,8 +333,8 @@ impl LineLogger {
         if let Some(tail) = &self.tail
             && !line.trim().is_empty()
             && !line.starts_with("note: run with")
-            && let Ok(mut t) = tail.lock()
         {
+            let mut t = tail.locked();
             if t.len() == LAST_WORDS {
                 t.pop_front();
             }
