@@ -211,6 +211,14 @@ async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: Option<&Path>) -> bool 
     }
 }
 
+/// Wait out `backoff` (see [`pause`]) and double it for the next failure, up to
+/// [`MAX_BACKOFF`]. Returns false when cancelled.
+async fn back_off(ctx: &mut Ctx, backoff: &mut Duration, kubelet_sock: Option<&Path>) -> bool {
+    let go_on = pause(ctx, *backoff, kubelet_sock).await;
+    *backoff = (*backoff * 2).min(MAX_BACKOFF);
+    go_on
+}
+
 /// How long a sign of a kubelet restart (our stream closed, our socket gone) waits for the new
 /// `kubelet.sock` before devplug registers again anyway (kubelet dropped us without restarting).
 const RESTART_GRACE: Duration = Duration::from_secs(10);
@@ -252,10 +260,9 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
                     Ok(server) => Generation { stop, server, tracker, socket: file_id(&sock_path) },
                     Err(e) => {
                         tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
-                        if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
+                        if !back_off(&mut ctx, &mut backoff, Some(&kubelet_sock)).await {
                             return;
                         }
-                        backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
                 }
@@ -288,10 +295,9 @@ async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
                 Err(e) => {
                     tracing::warn!(resource = %resource, error = %e, retry_in = ?backoff, "registration failed");
                     ctx.state.send_replace(EndpointState::Refused(e.to_string()));
-                    if !pause(&mut ctx, backoff, Some(&kubelet_sock)).await {
+                    if !back_off(&mut ctx, &mut backoff, Some(&kubelet_sock)).await {
                         return finish(&gen_.stop, gen_.server, &sock_path).await;
                     }
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
             }
         };
@@ -377,10 +383,9 @@ async fn watcher_mode(mut ctx: Ctx, handle: ResourceHandle) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(resource = %resource, socket = %sock_path.display(), error = %e, "cannot serve the plugin socket; retrying");
-                if !pause(&mut ctx, backoff, None).await {
+                if !back_off(&mut ctx, &mut backoff, None).await {
                     return;
                 }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
         };
