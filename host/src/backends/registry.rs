@@ -246,7 +246,7 @@ impl Registry {
         let slot = self.backends.locked().get(&src.name).cloned();
         let mut ready = Vec::new();
         if let Some(slot) = slot {
-            self.apply(&src.name, &slot, &inst, Ok(found), &mut ready);
+            self.publish_discovered(&src.name, &slot, &inst, Ok(found), &mut ready);
         }
         Ok(Swapped { ready, retired })
     }
@@ -364,7 +364,7 @@ impl Registry {
         let PollDone { job, result, took } = done;
         self.metrics.backend_call(&job.name, "discover", took);
         let mut ready = Vec::new();
-        self.apply(&job.name, &job.slot, &job.inst, result, &mut ready);
+        self.publish_discovered(&job.name, &job.slot, &job.inst, result, &mut ready);
         ready
     }
 
@@ -386,7 +386,7 @@ impl Registry {
     }
 
     /// Publish one backend's discover result to its resources' streams.
-    fn apply(
+    fn publish_discovered(
         &self,
         name: &str,
         slot: &Arc<Slot>,

@@ -102,7 +102,7 @@ impl Endpoints {
         self.remove(&name).await;
         let cancel = CancellationToken::new();
         let (state_tx, state) = watch::channel(EndpointState::Starting);
-        let ctx = Ctx {
+        let ctx = EndpointCtx {
             paths: self.paths.clone(),
             events: self.watcher.subscribe(),
             cancel: cancel.clone(),
@@ -145,7 +145,9 @@ impl Endpoints {
     }
 }
 
-struct Ctx {
+/// What every endpoint task needs: kubelet's paths, directory events, its cancel token, where it
+/// reports its state and counts registrations.
+struct EndpointCtx {
     paths: KubeletPaths,
     events: broadcast::Receiver<DirEvent>,
     cancel: CancellationToken,
@@ -195,7 +197,7 @@ fn remove_socket(path: &Path) {
 
 /// Sleep for `d`, cut short by `kubelet.sock` appearing (when there is one to wait for).
 /// Returns false when cancelled.
-async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: Option<&Path>) -> bool {
+async fn pause(ctx: &mut EndpointCtx, d: Duration, kubelet_sock: Option<&Path>) -> bool {
     let sleep = tokio::time::sleep(d);
     tokio::pin!(sleep);
     loop {
@@ -213,7 +215,7 @@ async fn pause(ctx: &mut Ctx, d: Duration, kubelet_sock: Option<&Path>) -> bool 
 
 /// Wait out `backoff` (see [`pause`]) and double it for the next failure, up to
 /// [`MAX_BACKOFF`]. Returns false when cancelled.
-async fn back_off(ctx: &mut Ctx, backoff: &mut Duration, kubelet_sock: Option<&Path>) -> bool {
+async fn back_off(ctx: &mut EndpointCtx, backoff: &mut Duration, kubelet_sock: Option<&Path>) -> bool {
     let go_on = pause(ctx, *backoff, kubelet_sock).await;
     *backoff = (*backoff * 2).min(MAX_BACKOFF);
     go_on
@@ -237,7 +239,7 @@ struct Generation {
 /// re-creates `kubelet.sock`). They are taken as one: after the first, devplug waits for the new
 /// `kubelet.sock`, re-serves only if its own socket is really gone (a socket kubelet may be
 /// dialing is never replaced), and registers once, with the server already answering.
-async fn socket_mode(mut ctx: Ctx, handle: ResourceHandle) {
+async fn socket_mode(mut ctx: EndpointCtx, handle: ResourceHandle) {
     let resource = handle.name.clone();
     let sock_name = names::socket_file_name(&resource);
     let sock_path = ctx.paths.device_plugin_dir.join(&sock_name);
@@ -361,7 +363,7 @@ async fn finish(stop: &CancellationToken, server: JoinHandle<()>, sock_path: &Pa
     remove_socket(sock_path);
 }
 
-async fn watcher_mode(mut ctx: Ctx, handle: ResourceHandle) {
+async fn watcher_mode(mut ctx: EndpointCtx, handle: ResourceHandle) {
     let resource = handle.name.clone();
     // Whether the next registration is the first of this endpoint (for the metrics).
     let first = Arc::new(std::sync::atomic::AtomicBool::new(true));

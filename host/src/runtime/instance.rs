@@ -85,7 +85,8 @@ impl BackendStats {
     }
 }
 
-struct Live {
+/// One instantiated component whose `init` has run: its store and bindings, pooled while idle.
+struct InitedInstance {
     store: Store<HostState>,
     bindings: Bindings,
 }
@@ -99,7 +100,7 @@ pub struct BackendInstance {
     pre: Prepared,
     sandbox: Sandbox,
     config: String,
-    idle: Mutex<Vec<Live>>,
+    idle: Mutex<Vec<InitedInstance>>,
     pub stats: BackendStats,
     pub cache: CacheOutcome,
 }
@@ -153,7 +154,7 @@ impl BackendInstance {
     /// A fresh store and instance, with `init` run under the discover deadline. The resources
     /// `init` declares outside the backend's `resources` capability are dropped here, each with
     /// one error line, so nothing else ever sees them.
-    fn instantiate(&self) -> Result<(Live, BackendInfo), CallError> {
+    fn instantiate(&self) -> Result<(InitedInstance, BackendInfo), CallError> {
         let deadline = self.runtime.config.discover_deadline;
         let mut store = Store::new(self.runtime.engine(), HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
@@ -173,7 +174,7 @@ impl BackendInstance {
                         false
                     }
                 });
-                Ok((Live { store, bindings }, info))
+                Ok((InitedInstance { store, bindings }, info))
             }
             Some(Ok((Err(msg), _))) => Err(CallError::Guest(clip(&msg).into_owned())),
             Some(Err(e)) => Err(self.classify(&store, e, deadline)),
@@ -184,7 +185,7 @@ impl BackendInstance {
         }
     }
 
-    fn put_back(&self, live: Live) {
+    fn put_back(&self, live: InitedInstance) {
         let mut idle = self.idle.locked();
         if idle.len() < MAX_IDLE {
             idle.push(live);
@@ -234,7 +235,7 @@ impl BackendInstance {
         live.store.set_epoch_deadline(ticks(deadline));
         live.store.data_mut().limiter.hit = false;
         live.store.data_mut().forget_words();
-        let Live { store, bindings } = &mut live;
+        let InitedInstance { store, bindings } = &mut live;
         let outcome = self.runtime.run_until(deadline, f(bindings, store));
         match outcome {
             Some(Ok(Ok(v))) => {
