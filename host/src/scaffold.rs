@@ -21,6 +21,7 @@ const WIT: &[(&str, &str)] = &[
 
 const SDK: &[(&str, &str)] = &[
     ("lib.rs", include_str!("../../guests/sdk/src/lib.rs")),
+    ("device.rs", include_str!("../../guests/sdk/src/device.rs")),
     ("edits.rs", include_str!("../../guests/sdk/src/edits.rs")),
     ("fixture.rs", include_str!("../../guests/sdk/src/fixture.rs")),
     ("pci.rs", include_str!("../../guests/sdk/src/pci.rs")),

@@ -19,7 +19,7 @@
 //! Config (TOML, optional): `families = ["xilinx", "dfl"]`.
 
 use devplug_sdk::pci::PciDevice;
-use devplug_sdk::{Backend, BackendError, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config};
+use devplug_sdk::{Backend, BackendError, Device, Info, Resource, ResourceInfo, Sys, edits, invalid_config};
 use serde::Deserialize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -96,18 +96,13 @@ fn xilinx(sys: &dyn Sys) -> Vec<Found> {
         if let Some(s) = serial {
             attributes.push(("serial".into(), s.trim().to_owned()));
         }
-        if let Some(p) = &problem {
-            attributes.push(("unhealthy".into(), p.clone()));
-        }
         out.push(Found {
             resource: resource_name("xilinx.com", &format!("fpga-{}-{}", vbnv.trim(), ts.trim())),
-            device: Device {
-                id: user.address.clone(),
-                health: if problem.is_none() { Health::Healthy } else { Health::Unhealthy },
-                numa_nodes: user.numa_node.into_iter().collect(),
-                attributes,
-                edits: edits::nodes(nodes.iter().map(String::as_str)),
-            },
+            device: Device::new(&user.address)
+                .numa(user.numa_node)
+                .attrs(attributes)
+                .edits(edits::nodes(nodes.iter().map(String::as_str)))
+                .problem(problem.as_deref()),
         });
     }
     out
@@ -170,19 +165,14 @@ fn dfl(sys: &dyn Sys) -> Vec<Found> {
             if let Some(c) = &card {
                 attributes.push(("pci".into(), c.clone()));
             }
-            if let Some(p) = &problem {
-                attributes.push(("unhealthy".into(), p.clone()));
-            }
             let short: String = iface.chars().take(8).collect();
             out.push(Found {
                 resource: resource_name("fpga.intel.com", &format!("af-{short}-{afu}")),
-                device: Device {
-                    id,
-                    health: if problem.is_none() { Health::Healthy } else { Health::Unhealthy },
-                    numa_nodes: numa.into_iter().collect(),
-                    attributes,
-                    edits: edits::nodes([port.as_str()]),
-                },
+                device: Device::new(id)
+                    .numa(numa)
+                    .attrs(attributes)
+                    .edits(edits::nodes([port.as_str()]))
+                    .problem(problem.as_deref()),
             });
         }
     }
@@ -244,7 +234,7 @@ devplug_sdk::backend!(Fpga);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devplug_sdk::FixtureSys;
+    use devplug_sdk::{FixtureSys, Health};
 
     fn fixture(name: &str) -> FixtureSys {
         FixtureSys::repo_machine(name)

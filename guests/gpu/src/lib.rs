@@ -26,7 +26,7 @@ use devplug_sdk::pci::{PciCache, PciDevice};
 use devplug_sdk::sharing::Sharing;
 use devplug_sdk::sys::each;
 use devplug_sdk::topology::{Placed, pack};
-use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits};
+use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Info, Resource, ResourceInfo, Sys, edits};
 
 use config::{Config, MigStrategy, Vendor};
 
@@ -198,24 +198,24 @@ fn drm_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>, driver: &str, s
                 problem = Some(format!("/dev/{missing} is missing"));
             }
         }
-        let attrs = attributes(sys, d, problem.as_deref());
-        devices.push(device(&d.address, d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
+        let attrs = attributes(sys, d);
+        devices.push(device(&d.address, d, problem.as_deref(), attrs, edits::nodes(nodes.iter().map(String::as_str))));
     }
     let common = if shared.is_empty() { edits::empty() } else { present(sys, &[shared]) };
     Resource { name: name.to_owned(), devices, common_edits: common }
 }
 
-fn device(id: &str, d: &PciDevice, healthy: bool, attributes: Vec<(String, String)>, edits: ContainerEdits) -> Device {
-    Device {
-        id: id.to_owned(),
-        health: if healthy { Health::Healthy } else { Health::Unhealthy },
-        numa_nodes: d.numa_node.into_iter().collect(),
-        attributes,
-        edits,
-    }
+fn device(
+    id: &str,
+    d: &PciDevice,
+    problem: Option<&str>,
+    attributes: Vec<(String, String)>,
+    edits: ContainerEdits,
+) -> Device {
+    Device::new(id).numa(d.numa_node).attrs(attributes).edits(edits).problem(problem)
 }
 
-fn attributes(sys: &dyn Sys, d: &PciDevice, problem: Option<&str>) -> Vec<(String, String)> {
+fn attributes(sys: &dyn Sys, d: &PciDevice) -> Vec<(String, String)> {
     let mut a = vec![
         ("pci".to_owned(), d.address.clone()),
         ("model".to_owned(), d.vendor_device()),
@@ -223,9 +223,6 @@ fn attributes(sys: &dyn Sys, d: &PciDevice, problem: Option<&str>) -> Vec<(Strin
     ];
     if let Some(sw) = d.switch(sys) {
         a.push(("pcie-switch".into(), sw));
-    }
-    if let Some(p) = problem {
-        a.push(("unhealthy".into(), p.to_owned()));
     }
     a
 }
@@ -240,7 +237,7 @@ devplug_sdk::backend!(Gpu);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use devplug_sdk::FixtureSys;
+    use devplug_sdk::{FixtureSys, Health};
 
     fn fixture(name: &str) -> FixtureSys {
         FixtureSys::repo_machine(name)

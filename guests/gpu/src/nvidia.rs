@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
-use devplug_sdk::{BackendError, Device, Health, Resource, Sys, edits};
+use devplug_sdk::{BackendError, Device, Resource, Sys, edits};
 
 use crate::config::{CdiNames, Config, IdStrategy, MigStrategy, Vendor};
 use crate::mig;
@@ -155,7 +155,7 @@ impl Found {
     ) {
         let node = format!("nvidia{minor}");
         let problem = problem.or_else(|| missing(sys, std::slice::from_ref(&node)));
-        let mut attrs = attributes(sys, d, problem.as_deref());
+        let mut attrs = attributes(sys, d);
         attrs.push(("minor".into(), minor.to_string()));
         if let Some(u) = &uuid {
             attrs.push(("uuid".into(), u.clone()));
@@ -169,7 +169,7 @@ impl Found {
             _ => minor.to_string(),
         };
         self.visible.insert(d.address.clone(), Some(token));
-        self.whole.push(device(&d.address, d, problem.is_none(), attrs, edits::nodes([node.as_str()])));
+        self.whole.push(device(&d.address, d, problem.as_deref(), attrs, edits::nodes([node.as_str()])));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -195,7 +195,7 @@ impl Found {
                     )
                 })
             });
-            let mut attrs = attributes(sys, d, problem.as_deref());
+            let mut attrs = attributes(sys, d);
             attrs.push(("minor".into(), minor.to_string()));
             attrs.push(("mig-gi".into(), inst.gi.to_string()));
             attrs.push(("mig-ci".into(), inst.ci.to_string()));
@@ -206,7 +206,7 @@ impl Found {
             // The toolkit's MIG-<GPU-UUID>/<gi>/<ci> form needs no NVML: the GPU's UUID and the
             // instance IDs are enough.
             self.visible.insert(id.clone(), uuid.map(|u| format!("MIG-{u}/{}/{}", inst.gi, inst.ci)));
-            let dev = device(&id, d, problem.is_none(), attrs, edits::nodes(nodes.iter().map(String::as_str)));
+            let dev = device(&id, d, problem.as_deref(), attrs, edits::nodes(nodes.iter().map(String::as_str)));
             match profile {
                 Some(p) => self.by_profile.entry(p.to_owned()).or_default().push(dev),
                 None => self.unprofiled.push(dev),
@@ -253,7 +253,7 @@ impl Found {
                 if let Some(why) = why {
                     devices.extend(self.whole);
                     for d in &mut devices {
-                        unhealthy(d, &why);
+                        d.fail(&why);
                     }
                 }
                 devices.sort_by(|a, b| a.id.cmp(&b.id));
@@ -266,11 +266,4 @@ impl Found {
 /// The first of `nodes` missing under `/dev`, as a problem.
 fn missing(sys: &dyn Sys, nodes: &[String]) -> Option<String> {
     nodes.iter().find(|n| sys.dev_stat(n).is_err()).map(|n| format!("/dev/{n} is missing"))
-}
-
-fn unhealthy(d: &mut Device, why: &str) {
-    if d.health == Health::Healthy {
-        d.health = Health::Unhealthy;
-        d.attributes.push(("unhealthy".into(), why.to_owned()));
-    }
 }

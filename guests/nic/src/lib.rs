@@ -33,7 +33,7 @@ use devplug_sdk::pci::{PciCache, PciDevice, is_pci_address};
 use devplug_sdk::sys::{each, last_component};
 use devplug_sdk::topology::pack_pci;
 use devplug_sdk::{
-    Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
+    Backend, BackendError, ContainerEdits, Device, Info, Resource, ResourceInfo, Sys, edits, invalid_config,
 };
 use serde::Deserialize;
 
@@ -359,15 +359,14 @@ impl Backend for NicBackend {
             more("pf", &nic.pf.as_ref().map(|p| p.address.clone()));
             more("pf-netdev", &nic.pf_netdev);
             more("rdma", &nic.ib_device);
-            more("unhealthy", &problem);
             let nodes = nic.nodes();
-            pools[i].devices.push(Device {
-                id: nic.pci.address.clone(),
-                health: if problem.is_none() { Health::Healthy } else { Health::Unhealthy },
-                numa_nodes: nic.pci.numa_node.into_iter().collect(),
-                attributes,
-                edits: edits::nodes(nodes.iter().map(String::as_str)),
-            });
+            pools[i].devices.push(
+                Device::new(&nic.pci.address)
+                    .numa(nic.pci.numa_node)
+                    .attrs(attributes)
+                    .edits(edits::nodes(nodes.iter().map(String::as_str)))
+                    .problem(problem.as_deref()),
+            );
         }
         for (i, r) in pools.iter_mut().enumerate() {
             let shared: Vec<&str> = [(vfio[i], "vfio/vfio"), (rdma[i], "infiniband/rdma_cm")]

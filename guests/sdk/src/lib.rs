@@ -11,6 +11,7 @@
 //! devplug_sdk::backend!(Mine);
 //! ```
 
+pub mod device;
 pub mod edits;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fixture;
