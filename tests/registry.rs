@@ -75,6 +75,35 @@ fn push_pull_sign_agree_with_skopeo_and_openssl_and_bad_artifacts_are_refused() 
         .unwrap();
     assert!(String::from_utf8(toml).unwrap().contains("version=1.0.1"));
 
+    // `devplug discover --config` pulls what the config names, as `run` would, and shows it.
+    let m = Machine::generic_box();
+    let cfg = work.path().join("discover.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "default_grant = \"requested\"\n[backends.chaos]\nimage = \"{r1}\"\n[registry]\nplain_http = [\"{}\"]\n",
+            reg.addr
+        ),
+    )
+    .unwrap();
+    let root = m.root().display().to_string();
+    let (ok, v, err) = devplug(&[
+        "discover",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sysfs-root",
+        &format!("{root}/sys"),
+        "--dev-root",
+        &format!("{root}/dev"),
+        "--dev-fixtures",
+        "--format",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let widget =
+        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == WIDGET).unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(widget["devices"].as_array().unwrap().len(), 5, "version 1.0.1 lists 5 devices: {widget}");
+
     // Unsigned: fine without a key, refused with one.
     let pull = |r: &str, extra: &[&str]| {
         let mut args = vec!["pull", r, "--plain-http", &reg.addr];

@@ -1,5 +1,6 @@
 //! The one-shot commands that load backends on a machine (or a fixture tree) without serving
-//! kubelet: `discover`, `allocate`, `cdi generate`.
+//! kubelet: `discover`, `allocate`, `cdi generate`. Backends come from the binary, `--backend`
+//! files, and the registry references of `--config` (`[backends.NAME] image`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -42,6 +43,17 @@ async fn load_and_poll(
         sources.extend(BackendSource::embedded());
     }
     let mut errors = Vec::new();
+    // Backends the config takes from a registry: pulled and verified as `run` would (or taken
+    // from its cache), so an operator sees what they would serve on this node.
+    if let Some(mut follower) = crate::oci::Follower::new(&cfg)? {
+        follower.start().await;
+        for s in follower.statuses().all() {
+            if let Some(e) = s.last_error.filter(|_| s.digest.is_none()) {
+                errors.push(format!("{} ({}): {e}", s.backend, s.reference));
+            }
+        }
+        sources.extend(follower.sources());
+    }
     anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
     for path in &args.backends {
         let manifest = crate::backends::manifest_for(path, args.manifest.as_deref());
