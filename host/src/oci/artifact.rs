@@ -57,21 +57,33 @@ pub fn is_not_found(e: &OciDistributionError) -> bool {
     }
 }
 
-/// What `reference` resolves to now, without pulling anything else.
-pub async fn resolve(client: &Client, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
-    let (_, digest) = client
+/// The image manifest `reference` names, as bytes, and its digest (checked by oci-client against
+/// the bytes and, for a digest reference, against the digest asked for).
+async fn manifest_raw(
+    client: &Client,
+    auth: &RegistryAuth,
+    reference: &Reference,
+) -> anyhow::Result<(bytes::Bytes, String)> {
+    client
         .pull_manifest_raw(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
         .await
-        .map_err(|e| anyhow::anyhow!("{reference}: {e}"))?;
-    Ok(digest)
+        .map_err(|e| anyhow::Error::new(e).context(reference.to_string()))
+}
+
+/// What `reference` resolves to now, without pulling anything else.
+pub async fn resolve(client: &Client, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
+    Ok(manifest_raw(client, auth, reference).await?.1)
+}
+
+/// Whether `err` says some content did not match its digest: the artifact's fault, not the
+/// network's, so worth remembering rather than retrying.
+pub fn is_digest_mismatch(err: &anyhow::Error) -> bool {
+    err.chain().any(|c| matches!(c.downcast_ref::<OciDistributionError>(), Some(OciDistributionError::DigestError(_))))
 }
 
 /// Pull backend `name` from `reference`.
 pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, name: &str) -> anyhow::Result<Pulled> {
-    let (raw, digest) = client
-        .pull_manifest_raw(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
-        .await
-        .map_err(|e| anyhow::anyhow!("{reference}: {e}"))?;
+    let (raw, digest) = manifest_raw(client, auth, reference).await?;
     let manifest: OciImageManifest =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{reference}: not an image manifest: {e}"))?;
     // Blobs are fetched by digest from the same repository: what the manifest names is what is read.
@@ -137,7 +149,7 @@ async fn blob(client: &Client, reference: &Reference, layer: &OciDescriptor) -> 
     client
         .pull_blob(reference, layer, &mut out)
         .await
-        .map_err(|e| anyhow::anyhow!("{reference}: blob {}: {e}", layer.digest))?;
+        .map_err(|e| anyhow::Error::new(e).context(format!("{reference}: blob {}", layer.digest)))?;
     Ok(out)
 }
 
@@ -184,4 +196,22 @@ pub async fn push(
         .await
         .map_err(|e| anyhow::anyhow!("pushing {reference}: {e}"))?;
     resolve(client, auth, reference).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oci_client::errors::DigestError;
+
+    #[test]
+    fn a_digest_mismatch_is_told_apart_from_a_network_failure() {
+        let mismatch = OciDistributionError::DigestError(DigestError::VerificationError {
+            expected: "sha256:aa".into(),
+            actual: "sha256:bb".into(),
+        });
+        assert!(is_digest_mismatch(&anyhow::Error::new(mismatch).context("r.io/x@sha256:aa: blob sha256:aa")));
+        let down = OciDistributionError::ServerError { code: 503, url: "http://r.io".into(), message: "busy".into() };
+        assert!(!is_digest_mismatch(&anyhow::Error::new(down).context("r.io/x:1")));
+        assert!(!is_digest_mismatch(&anyhow::anyhow!("digest expected sha256:aa")), "words are not the error");
+    }
 }

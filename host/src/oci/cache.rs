@@ -16,9 +16,6 @@ use super::artifact::Pulled;
 pub struct CachedRef {
     pub reference: String,
     pub digest: String,
-    pub layout: String,
-    /// sha256 of `component.wasm`, checked again on every read.
-    pub component_sha256: String,
     /// Unix seconds of the pull.
     pub pulled_at: u64,
 }
@@ -52,8 +49,6 @@ impl Cache {
         let entry = CachedRef {
             reference: reference.to_owned(),
             digest: pulled.digest.clone(),
-            layout: pulled.layout.to_owned(),
-            component_sha256: hex::encode(Sha256::digest(&pulled.component)),
             pulled_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -95,17 +90,13 @@ impl Cache {
             // The operator pointed the backend elsewhere: what is cached is not what is asked for.
             return Ok(None);
         }
-        let dir = self.blob_dir(&entry.digest);
-        let component = std::fs::read(dir.join("component.wasm"))?;
-        anyhow::ensure!(
-            hex::encode(Sha256::digest(&component)) == entry.component_sha256,
-            "{}: cached component does not match its checksum (disk corruption?); it will be pulled again",
-            dir.display()
-        );
-        let manifest = std::fs::read_to_string(dir.join("manifest.toml"))?;
-        let layout = if entry.layout == "devplug-pack" { "devplug-pack" } else { "wasm-artifact" };
-        let pulled =
-            Pulled { digest: entry.digest.clone(), component, manifest, layout, name: Some(backend.to_owned()) };
+        let mut pulled = self.load_digest(&entry.digest).ok_or_else(|| {
+            anyhow::anyhow!(
+                "{}: cached version is missing or does not match its checksum (disk corruption?); it will be pulled again",
+                self.blob_dir(&entry.digest).display()
+            )
+        })?;
+        pulled.name = Some(backend.to_owned());
         Ok(Some((entry, pulled)))
     }
 }

@@ -252,9 +252,8 @@ impl Follower {
             Err(err) => {
                 // A blob that does not match its digest is the artifact's fault, not the network's:
                 // remember it. Anything else (a timeout, a 500) is tried again next poll.
-                let msg = format!("{err:#}");
-                if msg.contains("Digest error") || msg.contains("digest") && msg.contains("expected") {
-                    self.refuse(i, &digest, &msg, state);
+                if artifact::is_digest_mismatch(&err) {
+                    self.refuse(i, &digest, &format!("{err:#}"), state);
                     return Ok(false);
                 }
                 return Err(err);
