@@ -39,7 +39,7 @@ fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
     let guests = root.join("guests");
     // Every file, not the directories: a directory's own mtime does not change when a file in a
     // subdirectory is edited, and a guest edit must always reach the embedded component.
-    for entry in ["Cargo.toml", "Cargo.lock", "sdk", "generic", "gpu", "nic", "fpga", "test-programs"] {
+    for entry in ["Cargo.toml", "Cargo.lock", "sdk", "generic", "gpu", "nic", "fpga", "chaos"] {
         watch(&guests.join(entry));
     }
     watch(&root.join("wit"));
@@ -91,7 +91,7 @@ fn guests(root: &Path, out: &Path) -> anyhow::Result<()> {
     code.push_str("pub const TEST_PROGRAMS: &[(&str, &str, &str)] = &[\n");
     for (name, artifact) in TEST_PROGRAMS {
         let wasm = wasm_dir.join(format!("{artifact}.wasm"));
-        let manifest = guests.join("test-programs").join("devplug.toml");
+        let manifest = guests.join(name).join("devplug.toml");
         code.push_str(&format!(
             "    ({name:?}, {:?}, {:?}),\n",
             wasm.display().to_string(),

@@ -11,16 +11,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use devplug::config::{BackendSettings, Config};
+use devplug::backends::BackendSettings;
+use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
 use devplug::kubelet::Strategy;
 use devplug::proto::deviceplugin as pb;
 use notify::Watcher;
-use support::Kubelet;
 use support::binary::{Devplug, on_machine, run_args};
 use support::daemon::{Daemon, chaos_dir, config};
 use support::fixtures::Machine;
 use support::hardware::MACHINES;
+use support::kubelet::Kubelet;
 use support::podman::{Podman, SystemCdi, text};
 
 const T: Duration = Duration::from_secs(20);

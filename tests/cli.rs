@@ -5,10 +5,10 @@ mod support;
 
 use std::time::Duration;
 
-use support::Kubelet;
 use support::binary::{Devplug, run, run_args};
 use support::daemon::{WIDGET, chaos_dir, chaos_paths};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(20);
 

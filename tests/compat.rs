@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use devplug::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
-use support::Kubelet;
 use support::binary::{Devplug, discover_backend, run_args};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(60);
 const RESOURCE: &str = "compat.devplug.io/widget";

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use devplug::config::Config;
 use devplug::proto::deviceplugin as pb;
-use support::Kubelet;
 use support::binary::{Devplug, discover_backend, run_args};
 use support::daemon::{WIDGET, chaos_paths};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -250,7 +250,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // A file named like an embedded backend, without the operator's consent.
     backend(dir.path(), "gpu", "devices=1");
     let cfg = Config { backends_dir: Some(dir.path().to_owned()), ..Config::default() };
-    let (srcs, problems) = devplug::backends::sources(&cfg, &[]);
+    let (srcs, problems) = devplug::backends::sources(&cfg.catalog(), &[]);
     let all = problems.join("\n");
     assert!(all.contains("cannot take another backend's name"), "{all}");
     assert!(all.contains("set [backends.gpu] replace_embedded = true"), "{all}");
@@ -260,7 +260,7 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     // With consent, the file replaces the embedded one.
     let cfg =
         Config::parse(&format!("backends_dir = {:?}\n[backends.gpu]\nreplace_embedded = true\n", dir.path())).unwrap();
-    let (srcs, _) = devplug::backends::sources(&cfg, &[]);
+    let (srcs, _) = devplug::backends::sources(&cfg.catalog(), &[]);
     let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
 }

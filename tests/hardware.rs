@@ -14,10 +14,10 @@ use std::time::Duration;
 use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
 use devplug::proto::deviceplugin as pb;
-use support::Kubelet;
 use support::binary::on_machine;
 use support::daemon::Daemon;
 use support::hardware::{Func, MACHINES, Tree, build, chain, mig_geometry, nvidia_information, snapshot};
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -244,8 +244,8 @@ async fn serve_with_gpu(m: &Path, gpu: &str) -> (tempfile::TempDir, Kubelet, Dae
     (dir, kubelet, Daemon::start(cfg))
 }
 
-fn gpu_settings(config: &str) -> devplug::config::BackendSettings {
-    devplug::config::BackendSettings {
+fn gpu_settings(config: &str) -> devplug::backends::BackendSettings {
+    devplug::backends::BackendSettings {
         enabled: true,
         config: config.to_owned(),
         grant: None,

@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use support::Kubelet;
 use support::binary::{Devplug, run_args};
 use support::daemon::{WIDGET, chaos_build as build, chaos_manifest as manifest, chaos_paths};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 use support::load::{alloc, start_load};
 
 const T: Duration = Duration::from_secs(30);
@@ -185,7 +185,7 @@ async fn twenty_swaps_under_allocate_load_every_arrival_pattern_no_failed_answer
 /// Land a bad version, wait for the log line about it, and check the old one still serves.
 async fn refused(
     d: &Devplug,
-    plugin: &support::Plugin,
+    plugin: &support::kubelet::Plugin,
     kubelet: &Kubelet,
     backends: &Path,
     wasm: &[u8],

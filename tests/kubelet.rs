@@ -13,9 +13,9 @@ use devplug::kubelet::{
 use devplug::model::{ContainerEdits, Resource, ResourceOptions};
 use devplug::proto::deviceplugin as pb;
 use prost::Message;
-use support::Kubelet;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(20);
 

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use devplug::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
-use support::Kubelet;
 use support::binary::{Devplug, discover_backend, run, run_args};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(120);
 

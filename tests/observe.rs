@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use devplug::proto::deviceplugin as pb;
-use support::Kubelet;
 use support::binary::{Devplug, run, run_args};
 use support::daemon::{WIDGET, chaos_build, chaos_paths};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 use support::podresources::PodResources;
 
 const T: Duration = Duration::from_secs(30);

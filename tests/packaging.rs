@@ -272,7 +272,7 @@ async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_im
     // read-only at /backends, kubelet's dir and a fixture machine bind-mounted.
     let kdir = work.path().join("device-plugins");
     std::fs::create_dir_all(&kdir).unwrap();
-    let kubelet = support::Kubelet::start(&kdir).await;
+    let kubelet = support::kubelet::Kubelet::start(&kdir).await;
     let m = Machine::generic_box();
     let name = format!("devplug-e2e-{}", std::process::id());
     let image_mount = format!("type=image,source={backends_image},destination=/backends");

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 
-use support::Kubelet;
 use support::binary::{BIN, Devplug, run_args};
 use support::daemon::{WIDGET, chaos_build, chaos_manifest};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 use support::load::{alloc, start_load};
 use support::registry::{Registry, openssl_keypair};
 

@@ -9,10 +9,10 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::Kubelet;
 use support::binary::{Devplug, run_args};
 use support::daemon::chaos_paths;
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 const T: Duration = Duration::from_secs(30);
 /// The loopback interface: in every network namespace, and harmless to announce again.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use devplug::backends::BackendSource;
 use devplug::runtime::caps::Capabilities;
-use devplug::runtime::jail::Jail;
+use devplug::runtime::jail::{Jail, OpenDirs};
 use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
@@ -79,7 +79,7 @@ fn benches(c: &mut Criterion) {
         b.iter(|| paths.iter().map(|p| jail.read(p).is_ok()).filter(|ok| *ok).count())
     });
     c.bench_function("jail: the same attributes in one read_many", |b| {
-        b.iter(|| jail.read_many(&paths).iter().filter(|r| r.is_ok()).count())
+        b.iter(|| jail.read_many(&paths, &mut OpenDirs::default()).iter().filter(|r| r.is_ok()).count())
     });
     let real: Vec<std::path::PathBuf> = paths.iter().map(|p| big.path().join("sys").join(p)).collect();
     c.bench_function("plain std::fs::read_to_string of the same attributes", |b| {

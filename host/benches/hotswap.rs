@@ -10,9 +10,9 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::Kubelet;
 use support::daemon::{Daemon, WIDGET, chaos_build, chaos_dir, chaos_manifest, config};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 fn report(name: &str, mut v: Vec<Duration>) {
     v.sort();

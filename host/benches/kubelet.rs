@@ -9,9 +9,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use devplug::proto::deviceplugin as pb;
-use support::Kubelet;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]

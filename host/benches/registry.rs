@@ -18,10 +18,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::Kubelet;
 use support::binary::{BIN, Devplug, run_args};
 use support::daemon::{WIDGET, chaos_build, chaos_manifest};
 use support::fixtures::Machine;
+use support::kubelet::Kubelet;
 use support::registry::{Registry, openssl_keypair};
 
 fn report(name: &str, mut v: Vec<Duration>) {

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use support::Kubelet;
 use support::binary::{Devplug, embedded_run_args};
+use support::kubelet::Kubelet;
 
 /// Resident KiB of each kind of mapping of process `pid`.
 fn breakdown(pid: i32) -> anyhow::Result<BTreeMap<String, u64>> {

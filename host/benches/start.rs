@@ -11,8 +11,8 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use support::Kubelet;
 use support::binary::{Devplug, embedded_run_args};
+use support::kubelet::Kubelet;
 
 /// Resources the DGX fixture has devices for, with their counts (tests/fixtures/golden).
 const EXPECTED: &[(&str, usize)] = &[("nvidia.com/gpu", 8), ("devplug.io/kvm", 16), ("devplug.io/fuse", 16)];

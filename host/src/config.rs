@@ -1,5 +1,9 @@
 //! `devplug run` settings: a TOML file (`--config`) with command-line flags on top.
 //!
+//! The file format is the top of the host: it is made of each layer's own settings types
+//! (`kubelet::Strategy`, `backends::BackendSettings`, `oci::RegistrySettings`, ...) and only the
+//! daemon and the CLI read it; the layers below never see a `Config`.
+//!
 //! ```toml
 //! kubelet_dir = "/var/lib/kubelet/device-plugins"
 //! registration = "auto"            # auto | kubelet-socket | plugin-watcher
@@ -46,19 +50,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::backends::{BackendSettings, Catalog, DefaultGrant};
 use crate::kubelet::{RegistrationMode, Strategy};
-use crate::runtime::caps::Globs;
-
-/// What a backend from the directory may touch when the config grants it nothing explicitly.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum DefaultGrant {
-    /// Nothing (the safe default): every third-party backend needs an explicit grant.
-    #[default]
-    None,
-    /// Whatever its manifest requests.
-    Requested,
-}
 
 /// Per-resource settings.
 #[derive(Clone, Debug, Deserialize)]
@@ -69,32 +62,6 @@ pub struct ResourceSettings {
     /// `false`: write no CDI spec for this resource, e.g. where NVIDIA's toolkit already keeps
     /// one of the same kind (two specs naming one device conflict); `None` → `write_cdi`.
     pub write_cdi: Option<bool>,
-}
-
-/// Per-backend settings.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BackendSettings {
-    #[serde(default = "yes")]
-    pub enabled: bool,
-    /// Passed to the backend's `init` as is (TOML by convention).
-    #[serde(default)]
-    pub config: String,
-    /// Capabilities granted; `None` → the default for the backend's origin.
-    pub grant: Option<Globs>,
-    /// Let a `NAME.wasm` in the backends directory replace the embedded backend `NAME` (and so
-    /// receive this entry's config and grant). Off by default: a file must not take a
-    /// first-party backend's place, or its grant, by its name alone.
-    #[serde(default)]
-    pub replace_embedded: bool,
-    /// Take this backend from a registry: `registry/repo:tag` (followed) or `registry/repo@sha256:…`
-    /// (pinned). See `[registry]`.
-    #[serde(default)]
-    pub image: Option<String>,
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -260,6 +227,11 @@ impl Config {
                 .map(|p| p.join("plugins_registry"))
                 .unwrap_or_else(|| PathBuf::from("plugins_registry"))
         })
+    }
+
+    /// Where the backends come from and what the operator said about each.
+    pub fn catalog(&self) -> Catalog<'_> {
+        Catalog { embedded: self.embedded, dir: self.backends_dir.as_deref(), settings: &self.backends }
     }
 
     /// Where backends see the machine.

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod durable;
+pub mod fswatch;
 pub mod inspect;
 pub mod kubelet;
 pub mod model;

@@ -1,7 +1,10 @@
 //! The `devplug` binary.
 
 use clap::Parser;
-use devplug::cli::{self, CdiCommand, Cli, Command, Format, NewCommand};
+use devplug::cli::{
+    self, CdiCommand, CdiGenerateArgs, Cli, Command, DiscoverArgs, Format, InspectArgs, NewBackendArgs, NewCommand,
+    PackArgs, StatusArgs,
+};
 use devplug::observe;
 
 fn main() -> std::process::ExitCode {
@@ -36,114 +39,116 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Each command: run it, print its answer, and fail (exit non-zero) when it did not do all of it.
 async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Run(args) => {
-            let cfg = args.config()?;
-            devplug::daemon::run(cfg, shutdown_signal()).await
-        }
-        Command::Discover(args) => {
-            let format = args.format;
-            let v = cli::discover(args).await?;
-            match format {
-                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-                Format::Table => print!("{}", cli::discover_table(&v)),
-            }
-            // Say every failure on stderr, whatever the format, and exit non-zero: a vendor's CI
-            // runs this to catch a broken backend.
-            let errors: Vec<String> =
-                v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(str::to_owned)).collect();
-            for e in &errors {
-                eprintln!("devplug: {e}");
-            }
-            anyhow::ensure!(
-                errors.is_empty(),
-                "{} backend error(s): a backend failed to load, to discover, or was refused",
-                errors.len()
-            );
-            Ok(())
-        }
-        Command::Cdi(CdiCommand::Generate(args)) => {
-            let (written, errors) = cli::cdi_generate(args).await?;
-            for f in &written {
-                println!("{}", f.display());
-            }
-            for e in &errors {
-                eprintln!("devplug: {e}");
-            }
-            anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
-            Ok(())
-        }
-        Command::Pack(args) => {
-            let contents = devplug::pack::Contents::collect(&args.files)?;
-            let layout = devplug::pack::layout(&contents, &args.tag, &args.arch)?;
-            match (&args.out, &args.tar) {
-                (Some(dir), _) => layout.write_dir(dir)?,
-                (None, Some(file)) => layout.write_tar(file)?,
-                (None, None) => anyhow::bail!("give --out DIR or --tar FILE"),
-            }
-            let names: Vec<&str> = contents.files.iter().map(|(n, _)| n.as_str()).collect();
-            println!("{} {}", layout.manifest_digest, names.join(" "));
-            Ok(())
-        }
-        Command::Push(args) => {
-            println!("{}", serde_json::to_string_pretty(&cli::push(args).await?)?);
-            Ok(())
-        }
-        Command::Pull(args) => {
-            println!("{}", serde_json::to_string_pretty(&cli::pull(args).await?)?);
-            Ok(())
-        }
-        Command::Sign(args) => {
-            println!("{}", serde_json::to_string_pretty(&cli::sign(args).await?)?);
-            Ok(())
-        }
-        Command::Status(args) => {
-            let (code, body) = cli::http_get(&args.addr, "/status").await?;
-            anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);
-            let v: serde_json::Value = serde_json::from_str(&body)?;
-            match args.format {
-                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-                Format::Table => print!("{}", cli::status_table(&v)),
-            }
-            Ok(())
-        }
-        Command::New(NewCommand::Backend(args)) => {
-            let dir = args.dir.clone().unwrap_or_else(|| args.name.clone().into());
-            devplug::scaffold::new_backend(&args.name, args.lang, &dir)?;
-            let readme = std::fs::read_to_string(dir.join("README.md"))?;
-            println!("created {} ({:?}); next:\n", dir.display(), args.lang);
-            println!(
-                "{}",
-                readme
-                    .lines()
-                    .skip_while(|l| !l.starts_with("```sh"))
-                    .skip(1)
-                    .take_while(|l| !l.starts_with("```"))
-                    .map(|l| format!("  {l}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-            Ok(())
-        }
-        Command::Allocate(args) => {
-            let v = cli::allocate(args).await?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
-            Ok(())
-        }
-        Command::Inspect(args) => {
-            let v = cli::inspect(&args.file, args.manifest.as_deref())?;
-            match args.format {
-                Format::Json => println!("{}", serde_json::to_string_pretty(&v)?),
-                Format::Table => {
-                    for (k, val) in v.as_object().into_iter().flatten() {
-                        println!("{k:<12} {val}");
-                    }
-                }
-            }
+        Command::Run(args) => devplug::daemon::run(args.config()?, shutdown_signal()).await,
+        Command::Discover(args) => discover(args).await,
+        Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
+        Command::Pack(args) => pack(&args),
+        Command::Push(args) => print_json(&cli::push(args).await?),
+        Command::Pull(args) => print_json(&cli::pull(args).await?),
+        Command::Sign(args) => print_json(&cli::sign(args).await?),
+        Command::Status(args) => status(&args).await,
+        Command::New(NewCommand::Backend(args)) => new_backend(&args),
+        Command::Allocate(args) => print_json(&cli::allocate(args).await?),
+        Command::Inspect(args) => inspect(&args),
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
+    let format = args.format;
+    let v = cli::discover(args).await?;
+    match format {
+        Format::Json => print_json(&v)?,
+        Format::Table => print!("{}", cli::discover_table(&v)),
+    }
+    // Say every failure on stderr, whatever the format, and exit non-zero: a vendor's CI runs
+    // this to catch a broken backend.
+    let errors: Vec<String> =
+        v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(str::to_owned)).collect();
+    for e in &errors {
+        eprintln!("devplug: {e}");
+    }
+    anyhow::ensure!(
+        errors.is_empty(),
+        "{} backend error(s): a backend failed to load, to discover, or was refused",
+        errors.len()
+    );
+    Ok(())
+}
+
+async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<()> {
+    let (written, errors) = cli::cdi_generate(args).await?;
+    for f in &written {
+        println!("{}", f.display());
+    }
+    for e in &errors {
+        eprintln!("devplug: {e}");
+    }
+    anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
+    Ok(())
+}
+
+fn pack(args: &PackArgs) -> anyhow::Result<()> {
+    let contents = devplug::pack::Contents::collect(&args.files)?;
+    let layout = devplug::pack::layout(&contents, &args.tag, &args.arch)?;
+    match (&args.out, &args.tar) {
+        (Some(dir), _) => layout.write_dir(dir)?,
+        (None, Some(file)) => layout.write_tar(file)?,
+        (None, None) => anyhow::bail!("give --out DIR or --tar FILE"),
+    }
+    let names: Vec<&str> = contents.files.iter().map(|(n, _)| n.as_str()).collect();
+    println!("{} {}", layout.manifest_digest, names.join(" "));
+    Ok(())
+}
+
+async fn status(args: &StatusArgs) -> anyhow::Result<()> {
+    let (code, body) = cli::http_get(&args.addr, "/status").await?;
+    anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    match args.format {
+        Format::Json => print_json(&v),
+        Format::Table => {
+            print!("{}", cli::status_table(&v));
             Ok(())
         }
     }
+}
+
+/// Scaffold a backend and print the next steps from its README's first shell block.
+fn new_backend(args: &NewBackendArgs) -> anyhow::Result<()> {
+    let dir = args.dir.clone().unwrap_or_else(|| args.name.clone().into());
+    devplug::scaffold::new_backend(&args.name, args.lang, &dir)?;
+    let readme = std::fs::read_to_string(dir.join("README.md"))?;
+    let steps: Vec<String> = readme
+        .lines()
+        .skip_while(|l| !l.starts_with("```sh"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .map(|l| format!("  {l}"))
+        .collect();
+    println!("created {} ({:?}); next:\n", dir.display(), args.lang);
+    println!("{}", steps.join("\n"));
+    Ok(())
+}
+
+fn inspect(args: &InspectArgs) -> anyhow::Result<()> {
+    let v = cli::inspect(&args.file, args.manifest.as_deref())?;
+    match args.format {
+        Format::Json => print_json(&v)?,
+        Format::Table => {
+            for (k, val) in v.as_object().into_iter().flatten() {
+                println!("{k:<12} {val}");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// SIGTERM (kubelet stopping the pod) or SIGINT. The handlers are installed now, before any

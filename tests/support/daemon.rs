@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use devplug::config::{BackendSettings, Config, DefaultGrant};
+use devplug::backends::{BackendSettings, DefaultGrant};
+use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

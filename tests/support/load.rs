@@ -14,7 +14,7 @@ pub struct Load {
 
 /// Four clients calling Allocate back to back on the four devices every version has, each
 /// checking every answer: right IDs, and a backend version that never goes backwards.
-pub fn start_load(plugin: &super::Plugin) -> Load {
+pub fn start_load(plugin: &super::kubelet::Plugin) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let calls = Arc::new(AtomicU64::new(0));
     let tasks = (0..4)

@@ -181,12 +181,14 @@ impl PciDevice {
 }
 
 /// Remembers what never changes about a PCI function while it stays on the bus (IDs, class,
-/// NUMA node), so a health poll re-reads only what does (the bound driver). With hundreds of
+/// NUMA node), so a health poll re-reads only what does (the bound driver). Functions the filter
+/// does not select cost two reads (class, vendor), once. With hundreds of
 /// VFs every host call counts. A function that leaves the bus is forgotten, so one hot-plugged
 /// at the same address is read afresh.
 #[derive(Default)]
 pub struct PciCache {
-    /// Address → (function, whether `device` and `numa_node` were read yet).
+    /// Address → (function, whether `device` and `numa_node` were read yet: only for functions a
+    /// filter selected).
     known: std::cell::RefCell<std::collections::BTreeMap<String, (PciDevice, bool)>>,
 }
 
@@ -197,34 +199,34 @@ impl PciCache {
         let addrs = sys.list("bus/pci/devices")?;
         let mut known = self.known.borrow_mut();
         known.retain(|a, _| addrs.binary_search(a).is_ok());
-        // Functions not seen before: their four fixed facts, whether the filter selects them or
-        // not (one open of each function's directory; the reads themselves are cheap).
+        // Functions not seen before: what the filter needs (class, vendor), whether it selects
+        // them or not; the rest only for those it selects (on a machine with hundreds of VFs a
+        // GPU backend would otherwise read two more files of every one of them).
         let new: Vec<&String> = addrs.iter().filter(|a| !known.contains_key(*a)).collect();
-        let facts = ["class", "vendor", "device", "numa_node"];
+        let facts = ["class", "vendor"];
         let paths: Vec<String> = new.iter().flat_map(|a| facts.map(|f| attr(a, f))).collect();
         for (addr, got) in new.iter().zip(sys.read_many(&paths).chunks(facts.len())) {
             let hex = |i: usize| got.get(i).and_then(|r| r.as_ref().ok()).and_then(|t| parse_hex(t));
             let (Some(class), Some(vendor)) = (hex(0), hex(1)) else { continue };
-            let numa_node = got.get(3).and_then(|r| r.as_ref().ok()).and_then(|t| parse_numa(t));
-            let device = hex(2);
             let d = PciDevice {
                 address: (*addr).clone(),
                 vendor: vendor as u16,
-                device: device.unwrap_or(0) as u16,
+                device: 0,
                 class,
-                numa_node,
+                numa_node: None,
                 driver: None,
             };
-            known.insert((*addr).clone(), (d, device.is_some()));
+            known.insert((*addr).clone(), (d, false));
         }
-        // Selected functions whose device ID could not be read before: asked again.
-        let retry: Vec<String> = known
+        // Selected functions whose device ID is not known yet (new ones, or one that could not be
+        // read before): device and NUMA node, in one call.
+        let pending: Vec<String> = known
             .iter()
             .filter(|(_, (d, complete))| !complete && filter(d.vendor, d.class))
             .map(|(a, _)| a.clone())
             .collect();
-        let paths: Vec<String> = retry.iter().flat_map(|a| [attr(a, "device"), attr(a, "numa_node")]).collect();
-        for (addr, got) in retry.iter().zip(sys.read_many(&paths).chunks(2)) {
+        let paths: Vec<String> = pending.iter().flat_map(|a| [attr(a, "device"), attr(a, "numa_node")]).collect();
+        for (addr, got) in pending.iter().zip(sys.read_many(&paths).chunks(2)) {
             let Some((dev, complete)) = known.get_mut(addr) else { continue };
             let Some(device) = got[0].as_ref().ok().and_then(|t| parse_hex(t)) else { continue };
             dev.device = device as u16;

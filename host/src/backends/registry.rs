@@ -1,6 +1,6 @@
 //! The registry: loaded backends, which resource each one serves, the latest device list of every
-//! resource (health polled through `discover`), and the [`ResourceOps`] that route kubelet's calls
-//! to the backend's current instance.
+//! resource (health polled through `discover`), and the [`ResourceCalls`] that route a resource's
+//! calls to the backend's current instance.
 
 use crate::sync::Locked;
 use std::collections::{BTreeMap, HashSet};
@@ -9,18 +9,39 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
+use super::settings::{BackendSettings, DefaultGrant};
 use super::source::{BackendSource, Origin};
-use crate::config::{BackendSettings, DefaultGrant};
-use crate::kubelet::names::resource_name_problem;
-use crate::kubelet::{OpError, ResourceHandle, ResourceOps};
+use crate::model::names::resource_name_problem;
 use crate::model::{ContainerEdits, Health, Resource, ResourceOptions};
-use crate::observe::Metrics;
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::state::{Roots, Sandbox};
 use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 
 /// See [`Registry::with_publish_hook`].
 pub type PublishHook = Arc<dyn Fn(&Resource) + Send + Sync>;
+
+/// Where backend call latencies go; the daemon passes the process's metrics in (none by default).
+pub trait CallMetrics: Send + Sync + 'static {
+    /// One call (`discover`, `allocate`, ...) of `backend` that took `took`, answered or not.
+    fn backend_call(&self, backend: &str, call: &str, took: std::time::Duration);
+}
+
+/// Metrics that go nowhere (tests, `devplug discover`).
+struct NoMetrics;
+
+impl CallMetrics for NoMetrics {
+    fn backend_call(&self, _: &str, _: &str, _: std::time::Duration) {}
+}
+
+/// A resource whose device list is not empty for the first time: what serving it needs. Its
+/// `devices` carry every later list; `calls` reach whichever instance is current.
+pub struct ReadyResource {
+    pub name: String,
+    pub backend: String,
+    pub options: ResourceOptions,
+    pub devices: watch::Receiver<Arc<Resource>>,
+    pub calls: Arc<ResourceCalls>,
+}
 
 /// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
 struct Slot {
@@ -74,7 +95,7 @@ impl PollDone {
 #[derive(Default)]
 pub struct PollReport {
     /// Resources that have devices for the first time: start serving them to kubelet.
-    pub ready: Vec<ResourceHandle>,
+    pub ready: Vec<ReadyResource>,
 }
 
 /// A resource a backend no longer serves. Its stream already carries an empty device list;
@@ -93,7 +114,7 @@ fn retire(name: String, r: ResSlot) -> Retired {
 /// What a swap changed.
 pub struct Swapped {
     /// Resources to start serving (new names, or names whose backend moved to a new slot).
-    pub ready: Vec<ResourceHandle>,
+    pub ready: Vec<ReadyResource>,
     /// Resources the new version no longer declares.
     pub retired: Vec<Retired>,
 }
@@ -136,7 +157,7 @@ pub struct Registry {
     publish_hook: Option<PublishHook>,
     backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     resources: Mutex<BTreeMap<String, ResSlot>>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn CallMetrics>,
 }
 
 impl Registry {
@@ -154,19 +175,20 @@ impl Registry {
             publish_hook: None,
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(NoMetrics),
         }
+    }
+
+    /// Record every backend call's latency in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<dyn CallMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Run `hook` on every resource's new device list before it reaches kubelet.
     pub fn with_publish_hook(mut self, hook: PublishHook) -> Self {
         self.publish_hook = Some(hook);
         self
-    }
-
-    /// This host's metrics (backend call latency is recorded here; the rest by their owners).
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
     }
 
     /// Whether the operator's config turns this backend off.
@@ -316,7 +338,7 @@ impl Registry {
         drop(resources);
         let mut backends = self.backends.locked();
         match backends.get(&src.name) {
-            // Swap in place, so every BackendOps already handed to kubelet's servers routes to
+            // Swap in place, so every ResourceCalls already handed to kubelet's servers routes to
             // the new instance and no resource is re-registered.
             Some(slot) => {
                 slot.origin.store(Arc::new((src.origin.clone(), src.key.clone())));
@@ -360,7 +382,7 @@ impl Registry {
     }
 
     /// Publish a finished poll; returns resources to start serving.
-    pub fn finish_poll(&self, done: PollDone) -> Vec<ResourceHandle> {
+    pub fn finish_poll(&self, done: PollDone) -> Vec<ReadyResource> {
         let PollDone { job, result, took } = done;
         self.metrics.backend_call(&job.name, "discover", took);
         let mut ready = Vec::new();
@@ -392,7 +414,7 @@ impl Registry {
         slot: &Arc<Slot>,
         inst: &BackendInstance,
         result: Result<Vec<Resource>, CallError>,
-        ready: &mut Vec<ResourceHandle>,
+        ready: &mut Vec<ReadyResource>,
     ) {
         // A discover that raced a swap or unload must not publish over the newer state.
         let current = self.backends.locked().get(name).is_some_and(|s| Arc::ptr_eq(s, slot));
@@ -440,18 +462,17 @@ impl Registry {
             });
             if !rs.published && !rs.tx.borrow().devices.is_empty() {
                 rs.published = true;
-                ready.push(ResourceHandle {
+                ready.push(ReadyResource {
                     name: rname.clone(),
+                    backend: name.to_owned(),
                     options: rs.options,
                     devices: rs.tx.subscribe(),
-                    ops: Arc::new(BackendOps {
+                    calls: Arc::new(ResourceCalls {
                         slot: slot.clone(),
                         resource: rname.clone(),
                         backend: name.to_owned(),
                         metrics: self.metrics.clone(),
                     }),
-                    delivery: Default::default(),
-                    metrics: Some(self.metrics.clone()),
                 });
             }
         }
@@ -520,28 +541,38 @@ impl Registry {
     }
 }
 
-/// Routes one resource's kubelet calls to its backend's current instance, off the async runtime.
-struct BackendOps {
+/// One resource's calls (Allocate and friends), routed to its backend's current instance: a
+/// swap changes where they go without the caller noticing.
+pub struct ResourceCalls {
     slot: Arc<Slot>,
     resource: String,
     backend: String,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn CallMetrics>,
 }
 
-fn op_error(e: CallError) -> OpError {
-    match e {
-        CallError::Guest(m) => OpError::Backend(m),
-        e @ CallError::Refused(_) => OpError::Backend(e.to_string()),
-        other => OpError::Unavailable(other.to_string()),
+impl ResourceCalls {
+    pub async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, CallError> {
+        self.run("allocate", move |b, r| b.allocate(r, &ids)).await
     }
-}
 
-impl BackendOps {
+    pub async fn preferred_allocation(
+        &self,
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    ) -> Result<Vec<String>, CallError> {
+        self.run("preferred_allocation", move |b, r| b.preferred_allocation(r, &available, &must, size)).await
+    }
+
+    pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
+        self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
+    }
+
     async fn run<T: Send + 'static>(
         &self,
         call: &'static str,
         f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
-    ) -> Result<T, OpError> {
+    ) -> Result<T, CallError> {
         let t0 = std::time::Instant::now();
         let out = self.run_inner(f).await;
         self.metrics.backend_call(&self.backend, call, t0.elapsed());
@@ -551,38 +582,17 @@ impl BackendOps {
     async fn run_inner<T: Send + 'static>(
         &self,
         f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
-    ) -> Result<T, OpError> {
+    ) -> Result<T, CallError> {
         let inst = self.slot.current.load_full();
         // Kubelet's calls are short (microseconds, bounded by the call deadline): run them on
         // this worker and let tokio move its other tasks away, instead of paying a hop to the
         // blocking pool on every Allocate. A current-thread runtime cannot do that: hop there.
         if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-            return tokio::task::block_in_place(|| f(&inst, &self.resource)).map_err(op_error);
+            return tokio::task::block_in_place(|| f(&inst, &self.resource));
         }
         let resource = self.resource.clone();
         tokio::task::spawn_blocking(move || f(&inst, &resource))
             .await
-            .map_err(|e| OpError::Unavailable(format!("backend call panicked in the host: {e}")))?
-            .map_err(op_error)
-    }
-}
-
-#[async_trait::async_trait]
-impl ResourceOps for BackendOps {
-    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError> {
-        self.run("allocate", move |b, r| b.allocate(r, &ids)).await
-    }
-
-    async fn preferred_allocation(
-        &self,
-        available: Vec<String>,
-        must: Vec<String>,
-        size: u32,
-    ) -> Result<Vec<String>, OpError> {
-        self.run("preferred_allocation", move |b, r| b.preferred_allocation(r, &available, &must, size)).await
-    }
-
-    async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError> {
-        self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
+            .map_err(|e| CallError::Trap(format!("the call panicked in the host: {e}")))?
     }
 }

@@ -10,8 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{BackendSource, Registry, load_dir};
-use crate::config::Config;
+use super::{BackendSource, Catalog, Registry, load_dir};
 
 /// The backends to load, and what is wrong in the directory. A directory backend replaces the
 /// embedded one of the same name only where the operator allowed it
@@ -20,19 +19,19 @@ use crate::config::Config;
 ///
 /// `pulled` are the registry versions of the backends with an `image`: they take the place of a
 /// directory file of the same name, and of an embedded backend under the same consent rule.
-pub fn sources(cfg: &Config, pulled: &[BackendSource]) -> (Vec<BackendSource>, Vec<String>) {
-    let embedded = if cfg.embedded { BackendSource::embedded() } else { Vec::new() };
+pub fn sources(catalog: &Catalog, pulled: &[BackendSource]) -> (Vec<BackendSource>, Vec<String>) {
+    let embedded = if catalog.embedded { BackendSource::embedded() } else { Vec::new() };
     let mut problems = Vec::new();
     let mut out = embedded.clone();
     let mut found = Vec::new();
-    if let Some(dir) = &cfg.backends_dir {
+    if let Some(dir) = catalog.dir {
         let (files, errors) = load_dir(dir);
         problems.extend(errors.into_iter().map(|e| format!("{e:#}")));
         found = files;
     }
     // Directory files first, then images: an image takes a file's place.
     for src in found.into_iter().chain(pulled.iter().cloned()) {
-        let consent = cfg.backends.get(&src.name).is_some_and(|s| s.replace_embedded);
+        let consent = catalog.settings.get(&src.name).is_some_and(|s| s.replace_embedded);
         if embedded.iter().any(|e| e.name == src.name) && !consent {
             problems.push(format!(
                 "{} not loaded: {:?} is an embedded backend; set [backends.{}] replace_embedded = true to let it be replaced",

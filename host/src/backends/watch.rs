@@ -11,8 +11,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+
+use crate::fswatch::FsWatch;
 
 /// Quiet time that ends a burst of events.
 pub const QUIET: Duration = Duration::from_millis(20);
@@ -25,22 +26,18 @@ pub struct DirTicks {
     /// When the burst being settled began; kept across calls so `changed` is cancel-safe (the
     /// run loop drops it whenever a poll comes first, and a seen event must not be lost).
     burst: Option<tokio::time::Instant>,
-    _watcher: RecommendedWatcher,
+    _watch: FsWatch,
 }
 
 impl DirTicks {
     pub fn new(dir: &Path) -> anyhow::Result<Self> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            // Reads (access events) change nothing.
-            if res.is_ok_and(|ev| !matches!(ev.kind, EventKind::Access(_))) {
-                let _ = tx.send(());
-            }
-        })?;
-        watcher
-            .watch(dir, RecursiveMode::Recursive)
-            .map_err(|e| anyhow::anyhow!("cannot watch backends dir {}: {e}", dir.display()))?;
-        Ok(DirTicks { rx, burst: None, _watcher: watcher })
+        // Every kind of change means "look again" (reads are not reported).
+        let watch = FsWatch::new(&[dir], true, move |_| {
+            let _ = tx.send(());
+        })
+        .map_err(|e| anyhow::anyhow!("cannot watch backends dir {}: {e}", dir.display()))?;
+        Ok(DirTicks { rx, burst: None, _watch: watch })
     }
 
     /// Resolves once a burst of changes has settled. Pending forever if the watcher died.

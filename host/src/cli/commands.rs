@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{AllocateArgs, CdiGenerateArgs, DiscoverArgs, SourceArgs};
+use crate::backends::DefaultGrant;
 use crate::backends::{BackendSource, Registry};
-use crate::config::{Config, DefaultGrant};
+use crate::config::Config;
 use crate::runtime::Runtime;
 use crate::runtime::state::Roots;
 
@@ -21,7 +22,7 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<Strin
 /// [`load_once`], also handing back the resources that have devices, ready to answer calls.
 async fn load_and_poll(
     args: SourceArgs,
-) -> anyhow::Result<(Arc<Registry>, Vec<String>, Vec<crate::kubelet::ResourceHandle>)> {
+) -> anyhow::Result<(Arc<Registry>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
     let cfg = match &args.config {
         Some(p) => Config::from_file(p)?,
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
@@ -45,7 +46,8 @@ async fn load_and_poll(
     let mut errors = Vec::new();
     // Backends the config takes from a registry: pulled and verified as `run` would (or taken
     // from its cache), so an operator sees what they would serve on this node.
-    if let Some(mut follower) = crate::oci::Follower::new(&cfg)? {
+    if let Some(mut follower) = crate::backends::Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?
+    {
         follower.start().await;
         for s in follower.statuses().all() {
             if let Some(e) = s.last_error.filter(|_| s.digest.is_none()) {
@@ -93,8 +95,9 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let snapshot = handle.devices.borrow().clone();
     let unknown: Vec<&String> = args.ids.iter().filter(|id| snapshot.device(id).is_none()).collect();
     anyhow::ensure!(unknown.is_empty(), "{}: unknown device IDs {unknown:?}", handle.name);
-    let extra = handle.ops.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
-    let answer = handle.delivery.answer(&snapshot, &args.ids, &extra);
+    let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
+    // The default strategy (device specs), as `run` answers without an `allocate` setting.
+    let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &extra);
     drop(registry);
     Ok(serde_json::json!({
         "resource": handle.name,

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::config::{Config, DefaultGrant};
+use crate::backends::DefaultGrant;
+use crate::config::Config;
 use crate::kubelet::RegistrationMode;
 use crate::observe::LogFormat;
 

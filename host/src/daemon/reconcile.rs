@@ -8,12 +8,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::serve;
 use super::specs::delivery;
-use crate::backends::{BackendSource, Registry, Retired, sources};
+use crate::backends::{BackendSource, ReadyResource, Registry, Retired, Statuses, sources};
 use crate::cdi::SpecDir;
 use crate::config::Config;
-use crate::kubelet::{Endpoints, ResourceHandle};
-use crate::oci::follow::Statuses;
+use crate::kubelet::Endpoints;
+use crate::observe::Metrics;
 
 /// Keeps the running set of backends in line with the sources.
 pub struct Reconciler {
@@ -21,11 +22,12 @@ pub struct Reconciler {
     pub registry: Arc<Registry>,
     pub endpoints: Arc<Endpoints>,
     pub specs: Option<Arc<SpecDir>>,
+    pub metrics: Arc<Metrics>,
     /// Sources that failed to load or swap, by name → key: not retried until the file changes.
     refused: HashMap<String, String>,
     /// Directory problems already logged (logged again only after they went away).
     noted: HashSet<String>,
-    /// The registry versions on offer (see [`crate::oci::Follower`]).
+    /// The registry versions on offer (see [`crate::backends::Follower`]).
     pulled: Option<tokio::sync::watch::Receiver<Vec<BackendSource>>>,
     statuses: Arc<Statuses>,
 }
@@ -36,6 +38,7 @@ impl Reconciler {
         registry: Arc<Registry>,
         endpoints: Arc<Endpoints>,
         specs: Option<Arc<SpecDir>>,
+        metrics: Arc<Metrics>,
         refused: HashMap<String, String>,
     ) -> Self {
         Reconciler {
@@ -43,6 +46,7 @@ impl Reconciler {
             registry,
             endpoints,
             specs,
+            metrics,
             refused,
             noted: HashSet::new(),
             pulled: None,
@@ -62,15 +66,16 @@ impl Reconciler {
     }
 
     /// Start serving resources that have devices for the first time.
-    pub async fn serve(&self, ready: Vec<ResourceHandle>) {
-        for mut handle in ready {
+    pub async fn serve(&self, ready: Vec<ReadyResource>) {
+        for ready in ready {
             // The spec first, so kubelet never sees a device the CDI directory does not name yet
             // (a failure here is logged by the poll loop's sync).
             if let Some(specs) = &self.specs {
-                let snapshot = handle.devices.borrow().clone();
+                let snapshot = ready.devices.borrow().clone();
                 let _ = specs.sync(&snapshot);
             }
-            handle.delivery = delivery(&self.cfg, &handle.name, self.specs.as_ref());
+            let delivery = delivery(&self.cfg, &ready.name, self.specs.as_ref());
+            let handle = serve::handle(ready, delivery, self.metrics.clone());
             tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
             self.endpoints.add(handle).await;
         }
@@ -90,7 +95,7 @@ impl Reconciler {
     /// Look at the sources again and swap, load or unload what changed.
     pub async fn reconcile(&mut self) {
         let pulled = self.pulled.as_mut().map(|p| p.borrow_and_update().clone()).unwrap_or_default();
-        let (sources, problems) = sources(&self.cfg, &pulled);
+        let (sources, problems) = sources(&self.cfg.catalog(), &pulled);
         let now: HashSet<String> = problems.into_iter().collect();
         for p in now.difference(&self.noted) {
             tracing::error!("backends dir: {p}");
@@ -127,14 +132,14 @@ impl Reconciler {
         let result = tokio::task::spawn_blocking(move || r.swap(src)).await;
         match result {
             Ok(Ok(swapped)) => {
-                self.registry.metrics().swap(&name, true);
+                self.metrics.swap(&name, true);
                 self.refused.remove(&name);
                 tracing::info!(backend = %name, file = %origin, took_ms = t0.elapsed().as_millis() as u64, "backend swapped: the new version serves");
                 self.serve(swapped.ready).await;
                 self.stop(swapped.retired).await;
             }
             Ok(Err(e)) => {
-                self.registry.metrics().swap(&name, false);
+                self.metrics.swap(&name, false);
                 let keeps = if had_one { "the old version keeps serving" } else { "nothing was loaded" };
                 tracing::error!(backend = %name, file = %origin, "backend refused, {keeps}: {e}");
                 self.statuses.refused(&name, &format!("{origin}: {e}"));

@@ -124,7 +124,7 @@ impl Delivery {
 /// `cdi.k8s.io/devplug_<class>`: the annotation form's key, whose name part kubelet and the CDI
 /// library both cap at 63 characters.
 fn annotation_key(kind: &Kind) -> String {
-    let name: String = super::names::name_chars(&format!("devplug_{}", kind.class)).chars().take(63).collect();
+    let name: String = crate::model::names::name_chars(&format!("devplug_{}", kind.class)).chars().take(63).collect();
     format!("cdi.k8s.io/{}", name.trim_end_matches(|c: char| !c.is_ascii_alphanumeric()))
 }
 

@@ -5,11 +5,14 @@
 pub mod answer;
 mod dirwatch;
 mod endpoint;
-pub mod names;
+mod names;
 pub mod podresources;
 mod registration;
 mod service;
+mod socket_mode;
+mod state;
 pub mod uds;
+mod watcher_mode;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,8 +21,9 @@ use tokio::sync::watch;
 
 pub use answer::{CdiTarget, Delivery, Strategy};
 pub use dirwatch::{DirEvent, DirWatcher};
-pub use endpoint::{EndpointState, Endpoints, RegistrationMode};
+pub use endpoint::{Endpoints, RegistrationMode};
 pub use service::DevicePluginService;
+pub use state::EndpointState;
 
 use crate::model::{ContainerEdits, Resource, ResourceOptions};
 
@@ -52,6 +56,15 @@ pub trait ResourceOps: Send + Sync + 'static {
     async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError>;
 }
 
+/// Where this layer reports what kubelet did and asked; the daemon passes the process's metrics
+/// in, so the kubelet layer does not depend on how they are exported.
+pub trait KubeletMetrics: Send + Sync + 'static {
+    /// A registration kubelet accepted (`again`: not the endpoint's first).
+    fn registered(&self, resource: &str, again: bool);
+    /// One gRPC call kubelet made, answered with `ok` after `took`.
+    fn request(&self, resource: &str, method: &str, ok: bool, took: std::time::Duration);
+}
+
 /// Everything the kubelet layer needs to serve one resource.
 #[derive(Clone)]
 pub struct ResourceHandle {
@@ -63,7 +76,7 @@ pub struct ResourceHandle {
     /// How Allocate answers reach the runtime (device specs, CDI).
     pub delivery: Delivery,
     /// Where request counts and latencies go (none in unit tests).
-    pub metrics: Option<Arc<crate::observe::Metrics>>,
+    pub metrics: Option<Arc<dyn KubeletMetrics>>,
 }
 
 /// Where kubelet lives.

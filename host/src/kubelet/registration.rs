@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::endpoint::EndpointState;
-use super::{ResourceHandle, uds};
+use super::state::EndpointState;
+use super::{KubeletMetrics, ResourceHandle, uds};
 use crate::proto::deviceplugin as dp;
 use crate::proto::pluginregistration as pr;
 
@@ -55,7 +55,7 @@ pub struct WatcherRegistration {
     pub endpoint: String,
     pub state: watch::Sender<EndpointState>,
     pub registered: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    pub metrics: Option<std::sync::Arc<crate::observe::Metrics>>,
+    pub metrics: Option<std::sync::Arc<dyn KubeletMetrics>>,
     pub first: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 

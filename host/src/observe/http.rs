@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
-use crate::backends::Registry;
+use super::Metrics;
+use crate::backends::{Registry, Statuses};
 use crate::kubelet::podresources::PodAssignments;
 use crate::kubelet::{EndpointState, Endpoints};
 
@@ -23,13 +24,15 @@ use crate::kubelet::{EndpointState, Endpoints};
 pub struct Probes {
     pub endpoints: Arc<Endpoints>,
     pub registry: Arc<Registry>,
+    /// The process's metrics, rendered on `/metrics` with the state read now.
+    pub metrics: Arc<Metrics>,
     pub pods: Arc<PodAssignments>,
     /// Set once the first discover round has been published.
     pub polled: Arc<AtomicBool>,
     /// Beaten by the control loop on every turn.
     pub heartbeat: Arc<Heartbeat>,
     /// The backends from registries: reference, digest, signature, last check and error.
-    pub sources: Arc<crate::oci::follow::Statuses>,
+    pub sources: Arc<Statuses>,
 }
 
 /// A control loop that has not turned for this long is stalled: `/healthz` fails, so kubelet's
@@ -83,7 +86,7 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
-    let body = h.registry.metrics().render(&h.registry, &h.pods.get(), &h.sources.all());
+    let body = h.metrics.render(&h.registry, &h.pods.get(), &h.sources.all());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 

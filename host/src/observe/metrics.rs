@@ -18,10 +18,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::backends::Registry as Backends;
+use crate::backends::{CallMetrics, Registry as Backends, SourceStatus};
+use crate::kubelet::KubeletMetrics;
 use crate::kubelet::podresources::Assignment;
 use crate::model::Health;
-use crate::oci::SourceStatus;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabel {
@@ -188,28 +188,6 @@ impl Metrics {
         m
     }
 
-    pub fn registered(&self, resource: &str, again: bool) {
-        let l = ResourceLabel { resource: resource.to_owned() };
-        if again { self.reregistrations.get_or_create(&l) } else { self.registrations.get_or_create(&l) }.inc();
-    }
-
-    /// One kubelet call: `method` as in the API (`Allocate`), `ok` or not, how long.
-    pub fn request(&self, resource: &str, method: &str, ok: bool, took: Duration) {
-        let outcome = if ok { "ok" } else { "error" };
-        self.requests
-            .get_or_create(&RequestLabels { resource: resource.into(), method: method.into(), outcome: outcome.into() })
-            .inc();
-        self.request_seconds
-            .get_or_create(&MethodLabels { resource: resource.into(), method: method.into() })
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn backend_call(&self, backend: &str, call: &str, took: Duration) {
-        self.backend_call_seconds
-            .get_or_create(&CallLabels { backend: backend.into(), call: call.into() })
-            .observe(took.as_secs_f64());
-    }
-
     pub fn swap(&self, backend: &str, ok: bool) {
         let outcome = if ok { "ok" } else { "refused" };
         self.swaps.get_or_create(&SwapLabels { backend: backend.into(), outcome: outcome.into() }).inc();
@@ -295,12 +273,38 @@ impl Metrics {
     }
 }
 
+impl KubeletMetrics for Metrics {
+    fn registered(&self, resource: &str, again: bool) {
+        let l = ResourceLabel { resource: resource.to_owned() };
+        if again { self.reregistrations.get_or_create(&l) } else { self.registrations.get_or_create(&l) }.inc();
+    }
+
+    /// One kubelet call: `method` as in the API (`Allocate`), `ok` or not, how long.
+    fn request(&self, resource: &str, method: &str, ok: bool, took: Duration) {
+        let outcome = if ok { "ok" } else { "error" };
+        self.requests
+            .get_or_create(&RequestLabels { resource: resource.into(), method: method.into(), outcome: outcome.into() })
+            .inc();
+        self.request_seconds
+            .get_or_create(&MethodLabels { resource: resource.into(), method: method.into() })
+            .observe(took.as_secs_f64());
+    }
+}
+
+impl CallMetrics for Metrics {
+    fn backend_call(&self, backend: &str, call: &str, took: Duration) {
+        self.backend_call_seconds
+            .get_or_create(&CallLabels { backend: backend.into(), call: call.into() })
+            .observe(took.as_secs_f64());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
 
-    use crate::backends::{BackendSource, Registry};
-    use crate::config::DefaultGrant;
+    use super::Metrics;
+    use crate::backends::{BackendSource, DefaultGrant, Registry};
     use crate::runtime::{Runtime, RuntimeConfig};
 
     /// Scrapes from several threads at once each see every series (before, one scrape could
@@ -320,11 +324,12 @@ mod tests {
         let r = registry.clone();
         tokio::task::spawn_blocking(move || r.load(src)).await.unwrap().unwrap();
         registry.poll_once().await;
+        let metrics = Arc::new(Metrics::new());
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let r = registry.clone();
+                let (r, m) = (registry.clone(), metrics.clone());
                 std::thread::spawn(move || {
-                    (0..300).filter(|_| !r.metrics().render(&r, &[], &[]).contains("devplug_devices{")).count()
+                    (0..300).filter(|_| !m.render(&r, &[], &[]).contains("devplug_devices{")).count()
                 })
             })
             .collect();

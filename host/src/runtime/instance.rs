@@ -165,6 +165,7 @@ impl BackendInstance {
             let info = b.init(&mut store, config).await?;
             Ok((info, b))
         });
+        store.data_mut().open_dirs.clear();
         match outcome {
             Some(Ok((Ok(mut info), bindings))) => {
                 info.resources.retain(|(name, _)| match self.sandbox.returns.resource(name) {
@@ -237,6 +238,8 @@ impl BackendInstance {
         live.store.data_mut().forget_words();
         let InitedInstance { store, bindings } = &mut live;
         let outcome = self.runtime.run_until(deadline, f(bindings, store));
+        // What a call resolved is not trusted by the next one (see `jail::OpenDirs`).
+        live.store.data_mut().open_dirs.clear();
         match outcome {
             Some(Ok(Ok(v))) => {
                 self.put_back(live);

@@ -21,7 +21,7 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use super::caps::{Rule, compile_glob};
 
 mod batch;
-pub use batch::MAX_BATCH;
+pub use batch::{MAX_BATCH, MAX_OPEN_DIRS, OpenDirs};
 
 /// Longest path a backend may name.
 const MAX_PATH: usize = 4096;
@@ -769,17 +769,63 @@ mod tests {
         .collect();
         let mut shuffled = paths.clone();
         shuffled.reverse();
+        // Fresh directories for each batch, and one set kept across all of them (as in a call).
+        let mut kept = OpenDirs::default();
         for paths in [&paths, &shuffled] {
-            let single: Vec<_> = paths.iter().map(|p| j.read(p)).collect();
-            assert_eq!(j.read_many(paths), single);
-            let single: Vec<_> = paths.iter().map(|p| j.read_link(p)).collect();
-            assert_eq!(j.read_link_many(paths), single);
-            let single: Vec<_> = paths.iter().map(|p| j.list(p)).collect();
-            assert_eq!(j.list_many(paths), single);
+            for dirs in [&mut OpenDirs::default(), &mut kept] {
+                let single: Vec<_> = paths.iter().map(|p| j.read(p)).collect();
+                assert_eq!(j.read_many(paths, dirs), single);
+                let single: Vec<_> = paths.iter().map(|p| j.read_link(p)).collect();
+                assert_eq!(j.read_link_many(paths, dirs), single);
+                let single: Vec<_> = paths.iter().map(|p| j.list(p)).collect();
+                assert_eq!(j.list_many(paths, dirs), single);
+            }
         }
+        assert!(!kept.is_empty(), "the batches opened their parents in the kept set");
         // And the answers are the real ones, not equal failures.
-        let got = j.read_many(&paths[..2]);
+        let got = j.read_many(&paths[..2], &mut OpenDirs::default());
         assert_eq!(got, [Ok("0x10de".to_owned()), Ok("s3cret".to_owned())]);
-        assert!(matches!(&j.read_many(&paths[3..4])[0], Err(FsError::Denied(_))), "abs leaves the root");
+        assert!(
+            matches!(&j.read_many(&paths[3..4], &mut OpenDirs::default())[0], Err(FsError::Denied(_))),
+            "abs leaves the root"
+        );
+    }
+
+    #[test]
+    fn a_call_resolves_each_directory_once_and_the_next_call_afresh() {
+        let (d, j) = sysfs();
+        let vendor = vec!["bus/pci/devices/0000:00:01.0/vendor".to_owned()];
+        let mut dirs = OpenDirs::default();
+        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x10de".to_owned())]);
+        // The device leaves and another takes its address (hot-unplug, hot-plug).
+        let other = d.path().join("devices/pci0000:00/0000:00:02.0");
+        fs::create_dir_all(&other).unwrap();
+        fs::write(other.join("vendor"), "0x1002\n").unwrap();
+        fs::remove_file(d.path().join("bus/pci/devices/0000:00:01.0")).unwrap();
+        symlink("../../../devices/pci0000:00/0000:00:02.0", d.path().join("bus/pci/devices/0000:00:01.0")).unwrap();
+        // Within the call: the directory it resolved first, as a read racing the swap would see.
+        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x10de".to_owned())]);
+        // The directory it holds is removed: gone, not an error of another kind.
+        fs::remove_dir_all(d.path().join("devices/pci0000:00/0000:00:01.0")).unwrap();
+        assert_eq!(j.read_many(&vendor, &mut dirs), [Err(FsError::NotFound)]);
+        // The next call sees the new device.
+        dirs.clear();
+        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x1002".to_owned())]);
+    }
+
+    #[test]
+    fn a_call_holds_at_most_max_open_dirs_directories() {
+        let d = tempfile::tempdir().unwrap();
+        let n = MAX_OPEN_DIRS + 10;
+        for i in 0..n {
+            fs::create_dir_all(d.path().join(format!("d{i}"))).unwrap();
+            fs::write(d.path().join(format!("d{i}/a")), format!("{i}")).unwrap();
+        }
+        let j = Jail::new(d.path(), Rule::new(&strings(&["**"]), &strings(&["**"])).unwrap());
+        let paths: Vec<String> = (0..n).map(|i| format!("d{i}/a")).collect();
+        let mut dirs = OpenDirs::default();
+        let got = j.read_many(&paths, &mut dirs);
+        assert!(got.iter().enumerate().all(|(i, r)| r.as_deref() == Ok(i.to_string().as_str())));
+        assert!(!dirs.is_empty() && dirs.len() <= MAX_OPEN_DIRS, "{} directories held", dirs.len());
     }
 }

@@ -20,7 +20,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use std::path::{Path, PathBuf};
 
 use super::caps::Capabilities;
-use super::jail::{FsError, Jail};
+use super::jail::{FsError, Jail, OpenDirs};
 
 /// Refused paths already logged for one backend, so a hostile loop cannot flood the log. Paths
 /// are remembered clipped ([`crate::untrusted::clip`]), so the set stays small whatever the
@@ -168,6 +168,8 @@ impl Sandbox {
 pub struct HostState {
     pub sandbox: Sandbox,
     pub limiter: MemoryCap,
+    /// Sysfs directories the current call's batched reads opened; closed when the call ends.
+    pub open_dirs: OpenDirs,
     /// The guest's last stderr lines in the current call: a trap's reason is often only there.
     words: Arc<Mutex<VecDeque<String>>>,
     wasi: WasiCtx,
@@ -191,6 +193,7 @@ impl HostState {
             .socket_addr_check(|_, _| Box::pin(async { false }));
         HostState {
             limiter: MemoryCap { max: sandbox.memory_cap, hit: false, used: 0, table_elements: 0 },
+            open_dirs: OpenDirs::default(),
             words,
             sandbox,
             wasi: b.build(),

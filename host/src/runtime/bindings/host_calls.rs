@@ -3,7 +3,7 @@
 //! The types are the ones unchanged since 0.1.0 ([`super::wit`]).
 
 use super::wit::FsError;
-use crate::runtime::jail::{self, Jail, MAX_BATCH, NodeStat};
+use crate::runtime::jail::{self, Jail, MAX_BATCH, NodeStat, OpenDirs};
 use crate::runtime::state::{HostState, Sandbox};
 use crate::untrusted::clip;
 
@@ -77,16 +77,16 @@ impl HostState {
     /// A batched call: one answer per path, in order. More than [`MAX_BATCH`] paths is an error
     /// the backend gets back (for every path), not a trap.
     pub fn many<T>(
-        &self,
+        &mut self,
         call: &str,
         paths: &[String],
-        f: impl FnOnce(&Jail, &[String]) -> Vec<Result<T, jail::FsError>>,
+        f: impl FnOnce(&Jail, &[String], &mut OpenDirs) -> Vec<Result<T, jail::FsError>>,
     ) -> wasmtime::Result<Vec<Result<T, FsError>>> {
         if paths.len() > MAX_BATCH {
             let e = || FsError::Io(format!("{call} takes at most {MAX_BATCH} paths, got {}", paths.len()));
             return Ok(paths.iter().map(|_| Err(e())).collect());
         }
-        let answers = host_call(&self.sandbox, call, || f(&self.sandbox.sysfs, paths))?;
+        let answers = host_call(&self.sandbox, call, || f(&self.sandbox.sysfs, paths, &mut self.open_dirs))?;
         Ok(answers.into_iter().zip(paths).map(|(r, p)| self.answer(call, p, r)).collect())
     }
 
@@ -161,7 +161,7 @@ mod tests {
     fn a_batch_over_the_limit_is_refused_path_by_path_not_trapped() {
         let caps = crate::runtime::caps::Capabilities::new(&Default::default(), &Default::default()).unwrap();
         let d = tempfile::tempdir().unwrap();
-        let state = HostState::new(Sandbox::new("x", &caps, &Roots::fixture(d.path()), 1 << 20));
+        let mut state = HostState::new(Sandbox::new("x", &caps, &Roots::fixture(d.path()), 1 << 20));
         let paths = vec!["a".to_owned(); MAX_BATCH + 1];
         let answers = state.many("sysfs.read-many", &paths, Jail::read_many).unwrap();
         assert_eq!(answers.len(), MAX_BATCH + 1);

@@ -8,7 +8,15 @@
 //! resolved-path check needs no lookup of its own. Anything else (the entry is a symlink, the
 //! parent cannot be opened, no `openat2`) takes the single-path route, so the rules and the error
 //! a backend sees are the same either way.
+//!
+//! The opened parents are kept in an [`OpenDirs`] for the rest of one guest call: a backend asks
+//! about the same device directory several times in one discover (its IDs, then its driver, then
+//! its AER counters), and resolving it once saves an `openat2` and a `/proc/self/fd` lookup each
+//! time after the first. A directory renamed during that call is seen under the name it had when
+//! the call first opened it, as a single read racing the rename would see it; the next call
+//! resolves it afresh.
 
+use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 
@@ -21,10 +29,48 @@ use super::{FsError, Jail, read_attribute};
 /// Paths a single batched call may name.
 pub const MAX_BATCH: usize = 4096;
 
+/// Parent directories one guest call keeps open; past this many, the oldest are closed (all of
+/// them: the next batch reopens what it needs), so a backend cannot pile up descriptors.
+pub const MAX_OPEN_DIRS: usize = 1024;
+
 /// A parent directory opened once for the entries of a batch that lie in it.
 struct Parent {
     fd: OwnedFd,
     canonical: String,
+}
+
+/// The parent directories opened during one guest call, by the path the backend named; `None`
+/// remembers one that could not be opened, so its entries take the single-path route without
+/// another try. Empty it when the call ends ([`OpenDirs::clear`]).
+#[derive(Default)]
+pub struct OpenDirs {
+    dirs: HashMap<String, Option<Parent>>,
+}
+
+impl OpenDirs {
+    /// Close every directory: the next call resolves them afresh.
+    pub fn clear(&mut self) {
+        self.dirs.clear();
+    }
+
+    /// Directories held open now.
+    pub fn len(&self) -> usize {
+        self.dirs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
+    }
+
+    fn get(&mut self, jail: &Jail, dir: &str) -> Option<&Parent> {
+        if !self.dirs.contains_key(dir) {
+            if self.dirs.len() >= MAX_OPEN_DIRS {
+                self.dirs.clear();
+            }
+            self.dirs.insert(dir.to_owned(), jail.open_parent(dir));
+        }
+        self.dirs.get(dir).and_then(Option::as_ref)
+    }
 }
 
 /// What a batched call does with one entry of an opened parent; `None` means "take the
@@ -32,48 +78,42 @@ struct Parent {
 type Fast<T> = fn(&Jail, &Parent, &str, &str) -> Option<Result<T, FsError>>;
 
 impl Jail {
-    /// [`Jail::read`] of every path, answers in order.
-    pub fn read_many(&self, paths: &[String]) -> Vec<Result<String, FsError>> {
-        self.batch(paths, Jail::read, read_in)
+    /// [`Jail::read`] of every path, answers in order; parents opened in `dirs` (or found there).
+    pub fn read_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<String, FsError>> {
+        self.batch(paths, dirs, Jail::read, read_in)
     }
 
     /// [`Jail::read_link`] of every path, answers in order.
-    pub fn read_link_many(&self, paths: &[String]) -> Vec<Result<String, FsError>> {
-        self.batch(paths, Jail::read_link, read_link_in)
+    pub fn read_link_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<String, FsError>> {
+        self.batch(paths, dirs, Jail::read_link, read_link_in)
     }
 
     /// [`Jail::list`] of every path, answers in order.
-    pub fn list_many(&self, paths: &[String]) -> Vec<Result<Vec<String>, FsError>> {
-        self.batch(paths, Jail::list, list_in)
+    pub fn list_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<Vec<String>, FsError>> {
+        self.batch(paths, dirs, Jail::list, list_in)
     }
 
     fn batch<T>(
         &self,
         paths: &[String],
+        dirs: &mut OpenDirs,
         single: fn(&Jail, &str) -> Result<T, FsError>,
         fast: Fast<T>,
     ) -> Vec<Result<T, FsError>> {
-        // Visit paths grouped by parent, so one descriptor is open at a time whatever the order.
+        // Visit paths grouped by parent: a batch larger than `MAX_OPEN_DIRS` directories then
+        // still opens each of them once.
         let mut order: Vec<usize> = (0..paths.len()).collect();
         order.sort_by_key(|&i| paths[i].rsplit_once('/').map_or("", |(p, _)| p));
         let mut out: Vec<Option<Result<T, FsError>>> = (0..paths.len()).map(|_| None).collect();
-        // The parent open now, by its path; `None` when it could not be opened, so the paths
-        // under it take the single-path route without retrying the open for each.
-        let mut current: Option<(&str, Option<Parent>)> = None;
         for i in order {
             let rel = paths[i].as_str();
             let answer = match self.split_checked(rel) {
                 Err(e) => Err(e),
                 Ok(None) => single(self, rel),
-                Ok(Some((dir, name))) => {
-                    if current.as_ref().is_none_or(|(open, _)| *open != dir) {
-                        current = Some((dir, self.open_parent(dir)));
-                    }
-                    match current.as_ref().and_then(|(_, p)| p.as_ref()) {
-                        Some(p) => fast(self, p, rel, name).unwrap_or_else(|| single(self, rel)),
-                        None => single(self, rel),
-                    }
-                }
+                Ok(Some((dir, name))) => match dirs.get(self, dir) {
+                    Some(p) => fast(self, p, rel, name).unwrap_or_else(|| single(self, rel)),
+                    None => single(self, rel),
+                },
             };
             out[i] = Some(answer);
         }

@@ -13,12 +13,11 @@ use oci_client::{Client, Reference};
 use p256::ecdsa::VerifyingKey;
 use serde::Serialize;
 
-use super::artifact::{self, Pulled};
-use super::cache::Cache;
-use super::settings::RegistrySettings;
-use super::signature::{self, SignatureState};
-use crate::backends::BackendSource;
-use crate::config::Config;
+use super::{BackendSettings, BackendSource};
+use crate::oci::artifact::{self, Pulled};
+use crate::oci::cache::Cache;
+use crate::oci::settings::RegistrySettings;
+use crate::oci::signature::{self, SignatureState};
 
 /// One reference as `devplug status` shows it.
 #[derive(Clone, Debug, Serialize)]
@@ -92,11 +91,16 @@ fn now() -> u64 {
 }
 
 impl Follower {
-    /// A follower for every backend with an `image`, or `None` when there is none.
-    pub fn new(cfg: &Config) -> anyhow::Result<Option<Follower>> {
+    /// A follower for every enabled backend with an `image`, or `None` when there is none;
+    /// verified versions are cached in `cache_dir`.
+    pub fn new(
+        backends: &BTreeMap<String, BackendSettings>,
+        registry: &RegistrySettings,
+        cache_dir: Option<&std::path::Path>,
+    ) -> anyhow::Result<Option<Follower>> {
         let mut entries = Vec::new();
         let statuses = Arc::new(Statuses::default());
-        for (name, b) in &cfg.backends {
+        for (name, b) in backends {
             let Some(image) = &b.image else { continue };
             if !b.enabled {
                 continue;
@@ -130,10 +134,10 @@ impl Follower {
         if entries.is_empty() {
             return Ok(None);
         }
-        let settings = cfg.registry.clone();
+        let settings = registry.clone();
         let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
         let client = settings.client()?;
-        let cache = cfg.cache_dir.as_deref().map(Cache::new);
+        let cache = cache_dir.map(Cache::new);
         Ok(Some(Follower { settings, client, key, cache, entries, statuses }))
     }
 
@@ -327,7 +331,7 @@ impl Follower {
 
 fn origin_digest(s: &BackendSource) -> String {
     match &s.origin {
-        crate::backends::Origin::Registry { digest, .. } => digest.clone(),
+        super::Origin::Registry { digest, .. } => digest.clone(),
         _ => String::new(),
     }
 }

@@ -1,5 +1,7 @@
 //! The device model: the one set of types between the Wasm runtime and the kubelet layer.
 
+pub mod names;
+
 use std::collections::BTreeMap;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

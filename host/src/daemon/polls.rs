@@ -1,0 +1,86 @@
+//! Scheduling backend discovers: one per backend at a time on a blocking thread, each backend on
+//! its own cadence (one that hangs until its deadline holds up nobody else), uevents asking for
+//! an extra one, and knowing when the first round is over.
+
+use std::collections::HashSet;
+
+use tokio::task::JoinSet;
+
+use crate::backends::{PollDone, ReadyResource, Registry};
+
+#[derive(Default)]
+pub struct Polls {
+    running: JoinSet<PollDone>,
+    /// Backends with a discover under way.
+    busy: HashSet<String>,
+    /// Backends a uevent asked for while their discover was running: once more when it ends,
+    /// so the last event of a burst is always seen.
+    again: HashSet<String>,
+    /// Discovers of the first round still to finish; `None` before the first round started.
+    first_round: Option<usize>,
+}
+
+impl Polls {
+    /// Start a discover of every backend not already running one.
+    pub fn start_round(&mut self, registry: &Registry) {
+        let jobs = registry.start_polls(&self.busy);
+        self.first_round.get_or_insert(jobs.len());
+        for job in jobs {
+            self.busy.insert(job.name.clone());
+            self.running.spawn_blocking(move || job.run());
+        }
+    }
+
+    /// A uevent of `subsystem`: its subscribers discover now, or right after the one running.
+    pub fn uevent(&mut self, registry: &Registry, subsystem: &str) {
+        for name in registry.subscribers(subsystem) {
+            if self.busy.contains(&name) {
+                self.again.insert(name);
+            } else {
+                self.start_one(registry, name);
+            }
+        }
+    }
+
+    fn start_one(&mut self, registry: &Registry, name: String) {
+        if let Some(job) = registry.poll_job(&name) {
+            self.busy.insert(name);
+            self.running.spawn_blocking(move || job.run());
+        }
+    }
+
+    /// The next discover to finish; pending while none runs. A discover that panicked in the
+    /// host is logged and its backend stays marked busy (and unpolled) rather than be called
+    /// into a host bug again.
+    pub async fn next(&mut self) -> Option<PollDone> {
+        if self.running.is_empty() {
+            return std::future::pending().await;
+        }
+        match self.running.join_next().await? {
+            Ok(done) => Some(done),
+            Err(e) => {
+                tracing::error!("a backend's discover panicked in the host: {e}");
+                None
+            }
+        }
+    }
+
+    /// Publish a finished discover; the resources that have devices for the first time.
+    pub fn finished(&mut self, registry: &Registry, done: PollDone) -> Vec<ReadyResource> {
+        let name = done.backend().to_owned();
+        self.busy.remove(&name);
+        let ready = registry.finish_poll(done);
+        if self.again.remove(&name) {
+            self.start_one(registry, name);
+        }
+        if let Some(left) = self.first_round.as_mut() {
+            *left = left.saturating_sub(1);
+        }
+        ready
+    }
+
+    /// Every backend has answered once (or there were none).
+    pub fn first_round_over(&self) -> bool {
+        self.first_round == Some(0)
+    }
+}

@@ -1,0 +1,68 @@
+//! From a backend's ready resource to what the kubelet layer serves: the resource's calls as
+//! kubelet's [`ResourceOps`] (backend failures mapped to the status classes kubelet tells
+//! apart), and the [`ResourceHandle`] carrying its Allocate delivery and the process's metrics.
+//! The backends and kubelet layers know nothing of each other; this is where they meet.
+
+use std::sync::Arc;
+
+use crate::backends::{ReadyResource, ResourceCalls};
+use crate::kubelet::{Delivery, KubeletMetrics, OpError, ResourceHandle, ResourceOps};
+use crate::model::ContainerEdits;
+use crate::runtime::CallError;
+
+/// The handle the kubelet layer serves `ready` through.
+pub fn handle(ready: ReadyResource, delivery: Delivery, metrics: Arc<dyn KubeletMetrics>) -> ResourceHandle {
+    ResourceHandle {
+        name: ready.name,
+        options: ready.options,
+        devices: ready.devices,
+        ops: Arc::new(KubeletOps(ready.calls)),
+        delivery,
+        metrics: Some(metrics),
+    }
+}
+
+struct KubeletOps(Arc<ResourceCalls>);
+
+/// A backend's own error is `Internal` to kubelet (the pod fails with its message); a backend
+/// that cannot answer (trap, timeout, breaker) is `Unavailable`, which kubelet retries.
+fn op_error(e: CallError) -> OpError {
+    match e {
+        CallError::Guest(m) => OpError::Backend(m),
+        e @ CallError::Refused(_) => OpError::Backend(e.to_string()),
+        other => OpError::Unavailable(other.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl ResourceOps for KubeletOps {
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError> {
+        self.0.allocate(ids).await.map_err(op_error)
+    }
+
+    async fn preferred_allocation(
+        &self,
+        available: Vec<String>,
+        must: Vec<String>,
+        size: u32,
+    ) -> Result<Vec<String>, OpError> {
+        self.0.preferred_allocation(available, must, size).await.map_err(op_error)
+    }
+
+    async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError> {
+        self.0.pre_start(ids).await.map_err(op_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_answers_and_faults_reach_kubelet_as_different_classes() {
+        assert!(matches!(op_error(CallError::Guest("no".into())), OpError::Backend(m) if m == "no"));
+        assert!(matches!(op_error(CallError::Refused("node".into())), OpError::Backend(m) if m.contains("node")));
+        assert!(matches!(op_error(CallError::Trap("x".into())), OpError::Unavailable(_)));
+        assert!(matches!(op_error(CallError::BreakerOpen), OpError::Unavailable(_)));
+    }
+}

@@ -1,0 +1,129 @@
+//! Putting the daemon together at start: the runtime and CDI directory, the backend registry
+//! (with the registries' versions first, when the config follows any), loading every backend,
+//! the kubelet endpoints, the HTTP probes, and the watches that wake the control loop.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use tokio_util::sync::CancellationToken;
+
+use super::polls::Polls;
+use super::{BEAT, Daemon, Reconciler, specs};
+use crate::backends::watch::DirTicks;
+use crate::backends::{Follower, Registry, load_all, sources};
+use crate::config::Config;
+use crate::kubelet::{Endpoints, KubeletPaths, podresources};
+use crate::observe;
+use crate::runtime::Runtime;
+
+impl Daemon {
+    /// Everything the control loop needs, with the backends loaded; `None` when `shutdown`
+    /// came first.
+    pub(super) async fn start<F: Future<Output = ()>>(
+        cfg: Config,
+        mut shutdown: Pin<&mut F>,
+    ) -> anyhow::Result<Option<Daemon>> {
+        let runtime = Runtime::new(cfg.runtime_config())?;
+        let specs = specs::open_cdi(&cfg);
+        let metrics = Arc::new(observe::Metrics::new());
+        let mut registry =
+            Registry::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant).with_metrics(metrics.clone());
+        if let Some(s) = &specs {
+            registry = registry.with_publish_hook(specs::writer(s.clone(), &cfg));
+        }
+        let registry = Arc::new(registry);
+        // Backends from registries: the cached versions at once, then one look at each registry
+        // (bounded by registry.timeout), so a node that can pull starts with the newest.
+        let mut follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
+        let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
+        let (pulled_tx, pulled) = tokio::sync::watch::channel(Vec::new());
+        if let Some(f) = follower.as_mut() {
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => return Ok(None),
+                _ = f.start() => {}
+            }
+            pulled_tx.send_replace(f.sources());
+        }
+        let (srcs, problems) = sources(&cfg.catalog(), &pulled.borrow());
+        for p in &problems {
+            tracing::error!("backends dir: {p}");
+        }
+        let refused = tokio::select! {
+            biased;
+            _ = &mut shutdown => {
+                tracing::info!("shutting down while backends were loading");
+                return Ok(None);
+            }
+            refused = load_all(&registry, srcs) => refused,
+        };
+        tracing::info!(loaded = registry.loaded().len(), "backends loaded");
+
+        let paths = KubeletPaths {
+            device_plugin_dir: cfg.kubelet_dir.clone(),
+            plugins_registry_dir: cfg.plugins_registry_dir(),
+        };
+        let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
+        let stop = CancellationToken::new();
+        let served = registry.clone();
+        let pods = podresources::spawn(
+            cfg.pod_resources_socket(),
+            cfg.pod_resources_interval,
+            move |r| served.snapshot().iter().any(|x| x.name == r),
+            stop.clone(),
+        );
+        let polled = Arc::new(AtomicBool::new(false));
+        let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
+        let probes = observe::Probes {
+            endpoints: endpoints.clone(),
+            registry: registry.clone(),
+            metrics: metrics.clone(),
+            pods,
+            polled: polled.clone(),
+            heartbeat: heartbeat.clone(),
+            sources: statuses.clone(),
+        };
+        observe::serve(cfg.metrics_addr, probes, stop.clone()).await?;
+        let ticks = cfg.backends_dir.as_deref().and_then(|dir| {
+            // A missing or unwatchable directory is logged; the backends loaded at start serve on.
+            DirTicks::new(dir).map_err(|e| tracing::error!("{e:#}; backends will not be hot-swapped")).ok()
+        });
+        let uevents = if cfg.uevents { listen_uevents() } else { None };
+        let reconciler =
+            Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), metrics, refused)
+                .with_registry_sources(pulled.clone(), statuses);
+        // The follower polls the registries on its own task: a slow registry never holds up the loop.
+        let following = follower.map(|f| f.spawn(pulled_tx));
+        Ok(Some(Daemon {
+            cfg,
+            registry,
+            specs,
+            endpoints,
+            reconciler,
+            polls: Polls::default(),
+            polled,
+            heartbeat,
+            stop,
+            following,
+            pulled,
+            ticks,
+            uevents,
+            beat: tokio::time::interval(BEAT),
+            next_poll: tokio::time::Instant::now(),
+            trimmed: false,
+            sweep_pending: true,
+        }))
+    }
+}
+
+fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::uevents::Uevent>> {
+    crate::backends::uevents::listen()
+        .map_err(|e| {
+            tracing::warn!(
+                "kernel uevents unavailable ({e}); devices change at polls only (hostNetwork is needed in a pod)"
+            )
+        })
+        .ok()
+}
