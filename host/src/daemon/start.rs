@@ -2,17 +2,19 @@
 //! (with the registries' versions first, when the config follows any), loading every backend,
 //! the kubelet endpoints, the HTTP probes, and the watches that wake the control loop.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::polls::Polls;
 use super::{BEAT, Daemon, Reconciler, specs};
 use crate::backends::watch::DirTicks;
-use crate::backends::{Follower, Registry, load_all, sources};
+use crate::backends::{BackendSource, Follower, Registry, Statuses, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
@@ -23,7 +25,7 @@ impl Daemon {
     /// came first.
     pub(super) async fn start<F: Future<Output = ()>>(
         cfg: Config,
-        mut shutdown: Pin<&mut F>,
+        shutdown: Pin<&mut F>,
     ) -> anyhow::Result<Option<Daemon>> {
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
@@ -34,30 +36,9 @@ impl Daemon {
             registry = registry.with_publish_hook(specs::writer(s.clone(), &cfg));
         }
         let registry = Arc::new(registry);
-        // Backends from registries: the cached versions at once, then one look at each registry
-        // (bounded by registry.timeout), so a node that can pull starts with the newest.
-        let mut follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
-        let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
-        let (pulled_tx, pulled) = tokio::sync::watch::channel(Vec::new());
-        if let Some(f) = follower.as_mut() {
-            tokio::select! {
-                biased;
-                _ = &mut shutdown => return Ok(None),
-                _ = f.start() => {}
-            }
-            pulled_tx.send_replace(f.sources());
-        }
-        let (srcs, problems) = sources(&cfg.catalog(), &pulled.borrow());
-        for p in &problems {
-            tracing::error!("backends dir: {p}");
-        }
-        let refused = tokio::select! {
-            biased;
-            _ = &mut shutdown => {
-                tracing::info!("shutting down while backends were loading");
-                return Ok(None);
-            }
-            refused = load_all(&registry, srcs) => refused,
+        let Some(Loaded { refused, follower, statuses, pulled_tx, pulled }) = load(&cfg, &registry, shutdown).await?
+        else {
+            return Ok(None);
         };
         tracing::info!(loaded = registry.loaded().len(), "backends loaded");
 
@@ -116,6 +97,50 @@ impl Daemon {
             sweep_pending: true,
         }))
     }
+}
+
+/// What start-up loaded: the sources that failed (by name → key, not retried until they change)
+/// and, when the config follows registry references, the follower and its channel.
+struct Loaded {
+    refused: HashMap<String, String>,
+    follower: Option<Follower>,
+    statuses: Arc<Statuses>,
+    pulled_tx: watch::Sender<Vec<BackendSource>>,
+    pulled: watch::Receiver<Vec<BackendSource>>,
+}
+
+/// Load every backend the config names; `None` when `shutdown` came first.
+async fn load<F: Future<Output = ()>>(
+    cfg: &Config,
+    registry: &Arc<Registry>,
+    mut shutdown: Pin<&mut F>,
+) -> anyhow::Result<Option<Loaded>> {
+    // Backends from registries: the cached versions at once, then one look at each registry
+    // (bounded by registry.timeout), so a node that can pull starts with the newest.
+    let mut follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
+    let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
+    let (pulled_tx, pulled) = tokio::sync::watch::channel(Vec::new());
+    if let Some(f) = follower.as_mut() {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => return Ok(None),
+            _ = f.start() => {}
+        }
+        pulled_tx.send_replace(f.sources());
+    }
+    let (srcs, problems) = sources(&cfg.catalog(), &pulled.borrow());
+    for p in &problems {
+        tracing::error!("backends dir: {p}");
+    }
+    let refused = tokio::select! {
+        biased;
+        _ = &mut shutdown => {
+            tracing::info!("shutting down while backends were loading");
+            return Ok(None);
+        }
+        refused = load_all(registry, srcs) => refused,
+    };
+    Ok(Some(Loaded { refused, follower, statuses, pulled_tx, pulled }))
 }
 
 fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::uevents::Uevent>> {
