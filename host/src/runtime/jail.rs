@@ -769,4 +769,52 @@ mod tests {
         assert!(got.iter().enumerate().all(|(i, r)| r.as_deref() == Ok(i.to_string().as_str())));
         assert!(!dirs.is_empty() && dirs.len() <= MAX_OPEN_DIRS, "{} directories held", dirs.len());
     }
+
+    #[test]
+    fn batched_node_stats_answer_what_single_stats_answer() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        fs::create_dir_all(r.join("infiniband")).unwrap();
+        fs::write(r.join("infiniband/uverbs0"), "c 231:192").unwrap();
+        fs::write(r.join("infiniband/rdma_cm"), "c 10:58\n").unwrap();
+        fs::write(r.join("infiniband/junk"), "hello").unwrap();
+        fs::create_dir_all(r.join("dri/by-path")).unwrap();
+        fs::write(r.join("dri/card0"), "b 226:0").unwrap();
+        symlink("../card0", r.join("dri/by-path/pci-0000:01:00.0-card")).unwrap();
+        symlink("/etc/passwd", r.join("dri/evil")).unwrap();
+        fs::create_dir_all(r.join("secret")).unwrap();
+        fs::write(r.join("secret/key"), "c 1:1").unwrap();
+        symlink("../secret/key", r.join("dri/sideways")).unwrap();
+        let paths: Vec<String> = [
+            "infiniband/uverbs0",
+            "infiniband/rdma_cm",
+            "infiniband/junk",
+            "infiniband",
+            "dri/by-path/pci-0000:01:00.0-card",
+            "dri/evil",
+            "dri/sideways",
+            "missing/x",
+            "../x",
+            "secret/x",
+        ]
+        .map(String::from)
+        .to_vec();
+        for fixture in [true, false] {
+            let rule = Rule::new(&strings(&["**"]), &strings(&["infiniband", "infiniband/*", "dri/**"])).unwrap();
+            let j = Jail::new(r, rule).with_fixture_nodes(fixture);
+            let single: Vec<_> = paths.iter().map(|p| j.stat_node(p)).collect();
+            assert_eq!(j.stat_nodes(&paths, &mut OpenDirs::default()), single);
+            if fixture {
+                assert_eq!(single[0], Ok(NodeStat { kind: NodeType::Char, major: 231, minor: 192 }));
+                assert_eq!(single[4], Ok(NodeStat { kind: NodeType::Block, major: 226, minor: 0 }));
+                assert!(matches!(single[6], Err(FsError::Denied(_))), "{:?}", single[6]);
+            }
+        }
+        // A real node, from its metadata.
+        let j = Jail::new("/dev", Rule::new(&strings(&["null"]), &strings(&["null"])).unwrap());
+        assert_eq!(
+            j.stat_nodes(&["null".to_owned()], &mut OpenDirs::default()),
+            [Ok(NodeStat { kind: NodeType::Char, major: 1, minor: 3 })]
+        );
+    }
 }

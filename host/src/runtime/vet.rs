@@ -17,7 +17,7 @@
 //! device, field and rule.
 
 use super::caps::{Capabilities, Rule};
-use super::jail::{Jail, NodeType};
+use super::jail::{FsError, Jail, MAX_BATCH, NodeStat, NodeType, OpenDirs};
 use crate::model::{ContainerEdits, DeviceNode, NodeNumbers, Resource};
 use crate::untrusted::clip;
 
@@ -104,6 +104,9 @@ impl ReturnRules {
         if resources.len() > MAX_RESOURCES {
             return Err(format!("{} resources, more than {MAX_RESOURCES}", resources.len()));
         }
+        let stats = self.node_stats(resources.iter().flat_map(|r| {
+            std::iter::once(&r.common_edits).chain(r.devices.iter().take(MAX_DEVICES).map(|d| &d.edits))
+        }));
         let mut size = Size::default();
         for r in resources.iter_mut() {
             size.add(&r.name)?;
@@ -112,7 +115,7 @@ impl ReturnRules {
             if r.devices.len() > MAX_DEVICES {
                 return Err(format!("{}: {} devices, more than {MAX_DEVICES}", at(""), r.devices.len()));
             }
-            self.edits(&mut r.common_edits, &mut size).map_err(|e| format!("{}, common edits: {e}", at("")))?;
+            self.edits(&mut r.common_edits, &mut size, &stats).map_err(|e| format!("{}, common edits: {e}", at("")))?;
             let mut ids = std::collections::HashSet::new();
             for d in &mut r.devices {
                 if let Some(p) = crate::model::device_id_problem(&d.id) {
@@ -129,18 +132,42 @@ impl ReturnRules {
                 for (k, v) in &d.attributes {
                     size.add(k).and_then(|_| size.add(v)).map_err(|e| format!("{}: attribute: {e}", place()))?;
                 }
-                self.edits(&mut d.edits, &mut size).map_err(|e| format!("{}: {e}", place()))?;
+                self.edits(&mut d.edits, &mut size, &stats).map_err(|e| format!("{}: {e}", place()))?;
             }
         }
         Ok(())
     }
 
-    /// Check an allocate answer for `resource`.
-    pub fn allocate(&self, resource: &str, edits: &mut ContainerEdits) -> Result<(), String> {
-        self.edits(edits, &mut Size::default()).map_err(|e| format!("resource {resource}, allocate: {e}"))
+    /// The host nodes of an answer's edits, each distinct path stat'ed once, in one batch (each
+    /// directory such as `/dev/infiniband` opened once, not once per device). Bounded like the
+    /// answer itself; a node past the bound is stat'ed on its own when checked.
+    fn node_stats<'a>(&self, edits: impl Iterator<Item = &'a ContainerEdits>) -> NodeStats {
+        let mut seen = std::collections::HashSet::new();
+        let mut paths = Vec::new();
+        let mut bytes = 0;
+        'all: for e in edits {
+            for n in e.device_nodes.iter().take(MAX_EDIT_ENTRIES) {
+                let Some(rel) = n.host_path().strip_prefix("/dev/") else { continue };
+                bytes += rel.len();
+                if bytes > MAX_ANSWER_BYTES || paths.len() >= MAX_BATCH {
+                    break 'all;
+                }
+                if seen.insert(rel) {
+                    paths.push(rel.to_owned());
+                }
+            }
+        }
+        let answers = self.dev.stat_nodes(&paths, &mut OpenDirs::default());
+        NodeStats(paths.into_iter().zip(answers).collect())
     }
 
-    fn edits(&self, e: &mut ContainerEdits, size: &mut Size) -> Result<(), String> {
+    /// Check an allocate answer for `resource`.
+    pub fn allocate(&self, resource: &str, edits: &mut ContainerEdits) -> Result<(), String> {
+        self.edits(edits, &mut Size::default(), &NodeStats::default())
+            .map_err(|e| format!("resource {resource}, allocate: {e}"))
+    }
+
+    fn edits(&self, e: &mut ContainerEdits, size: &mut Size, stats: &NodeStats) -> Result<(), String> {
         for (what, n) in [
             ("device nodes", e.device_nodes.len()),
             ("mounts", e.mounts.len()),
@@ -154,7 +181,7 @@ impl ReturnRules {
         for n in &mut e.device_nodes {
             size.add(&n.container_path)?;
             size.add(&n.host_path)?;
-            self.node(n)?;
+            self.node(n, stats)?;
         }
         for m in &e.mounts {
             size.add(&m.container_path)?;
@@ -174,7 +201,7 @@ impl ReturnRules {
         Ok(())
     }
 
-    fn node(&self, n: &mut DeviceNode) -> Result<(), String> {
+    fn node(&self, n: &mut DeviceNode, stats: &NodeStats) -> Result<(), String> {
         let field = |what: &str, why: String| format!("device node {what}: {why}");
         clean_absolute(&n.container_path).map_err(|why| field("container path", why))?;
         if !n.container_path.starts_with("/dev/") {
@@ -188,7 +215,11 @@ impl ReturnRules {
         let rel = host
             .strip_prefix("/dev/")
             .ok_or_else(|| field("host path", format!("{} is not under /dev/", clip(&host))))?;
-        let st = self.dev.stat_node(rel).map_err(|e| field("host path", format!("{}: {e}", clip(&host))))?;
+        let st = match stats.0.get(rel) {
+            Some(known) => known.clone(),
+            None => self.dev.stat_node(rel),
+        }
+        .map_err(|e| field("host path", format!("{}: {e}", clip(&host))))?;
         let block = match st.kind {
             NodeType::Char => false,
             NodeType::Block => true,
@@ -277,6 +308,10 @@ fn clean_absolute(p: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Host node path (below `/dev`) → what the dev jail said about it.
+#[derive(Default)]
+struct NodeStats(std::collections::HashMap<String, Result<NodeStat, FsError>>);
 
 /// Running total of an answer's string bytes.
 #[derive(Default)]

@@ -21,9 +21,10 @@ use std::fs;
 use std::os::fd::OwnedFd;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat, readlinkat};
-use nix::sys::stat::Mode;
+use nix::fcntl::{AtFlags, OFlag, openat, readlinkat};
+use nix::sys::stat::{Mode, fstatat};
 
+use super::nodes::{NodeStat, classify, from_descriptor};
 use super::{FsError, Jail, read_attribute};
 
 /// Paths a single batched call may name.
@@ -86,6 +87,12 @@ impl Jail {
     /// [`Jail::read_link`] of every path, answers in order.
     pub fn read_link_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<String, FsError>> {
         self.batch(paths, dirs, Jail::read_link, read_link_in)
+    }
+
+    /// [`Jail::stat_node`] of every path, answers in order: a device's nodes in one pass, each
+    /// directory (`/dev/infiniband`, `/dev/vfio`) opened once.
+    pub fn stat_nodes(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<NodeStat, FsError>> {
+        self.batch(paths, dirs, Jail::stat_node, stat_in)
     }
 
     /// [`Jail::list`] of every path, answers in order.
@@ -193,4 +200,24 @@ fn list_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<Vec<Str
         .filter(|n| n != "." && n != "..")
         .collect();
     Some(Ok(j.visible(rel, &canonical, names)))
+}
+
+fn stat_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<NodeStat, FsError>> {
+    let st = match fstatat(&p.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::ENOENT) => return Some(Err(FsError::NotFound)),
+        Err(_) => return None,
+    };
+    if st.st_mode & nix::libc::S_IFMT == nix::libc::S_IFLNK {
+        // A link (`/dev/dri/by-path/…`): the single route resolves and checks where it leads.
+        return None;
+    }
+    if let Err(e) = j.entry_checked(p, rel, name) {
+        return Some(Err(e));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    Some(Ok(match classify(st.st_mode, st.st_rdev, size, j.fixture_nodes) {
+        Some(node) => node,
+        None => from_descriptor(read_in(j, p, rel, name).and_then(Result::ok).as_deref()),
+    }))
 }

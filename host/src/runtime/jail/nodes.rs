@@ -29,30 +29,43 @@ impl Jail {
     /// Type and device numbers of `rel`, following links inside the root. Real nodes are read
     /// from their metadata; with fixture nodes on, a `c MAJOR:MINOR` file counts as a node.
     pub fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
-        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        use std::os::unix::fs::MetadataExt;
         // Stat the descriptor the check opened: no second lookup by name that a rename could
         // redirect.
         let meta = match &self.beneath {
             Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_PATH)?.0).metadata().map_err(io_error)?,
             None => fs::metadata(self.resolve(rel, true)?.real).map_err(io_error)?,
         };
-        let ft = meta.file_type();
-        let (kind, major, minor) = if ft.is_char_device() || ft.is_block_device() {
-            let rdev = meta.rdev();
-            let kind = if ft.is_char_device() { NodeType::Char } else { NodeType::Block };
-            (kind, nix::sys::stat::major(rdev) as u32, nix::sys::stat::minor(rdev) as u32)
-        } else if ft.is_dir() {
-            (NodeType::Directory, 0, 0)
-        } else if self.fixture_nodes && ft.is_file() && meta.len() < 64 {
-            match self.read(rel).ok().as_deref().and_then(parse_node_descriptor) {
-                Some(('c', ma, mi)) => (NodeType::Char, ma, mi),
-                Some((_, ma, mi)) => (NodeType::Block, ma, mi),
-                None => (NodeType::Other, 0, 0),
-            }
-        } else {
-            (NodeType::Other, 0, 0)
-        };
-        Ok(NodeStat { kind, major, minor })
+        match classify(meta.mode(), meta.rdev(), meta.len(), self.fixture_nodes) {
+            Some(st) => Ok(st),
+            None => Ok(from_descriptor(self.read(rel).ok().as_deref())),
+        }
+    }
+}
+
+/// A node's type and numbers from its `stat` fields; `None` for a small regular file that may be
+/// a fixture descriptor (with fixture nodes on), which the caller reads and hands to
+/// [`from_descriptor`].
+pub(super) fn classify(mode: u32, rdev: u64, size: u64, fixture_nodes: bool) -> Option<NodeStat> {
+    use nix::libc::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFMT, S_IFREG};
+    let numbers =
+        |kind| NodeStat { kind, major: nix::sys::stat::major(rdev) as u32, minor: nix::sys::stat::minor(rdev) as u32 };
+    let none = |kind| NodeStat { kind, major: 0, minor: 0 };
+    Some(match mode & S_IFMT {
+        S_IFCHR => numbers(NodeType::Char),
+        S_IFBLK => numbers(NodeType::Block),
+        S_IFDIR => none(NodeType::Directory),
+        S_IFREG if fixture_nodes && size < 64 => return None,
+        _ => none(NodeType::Other),
+    })
+}
+
+/// A fixture descriptor's node (`c MAJOR:MINOR`), or `Other` when the text is not one.
+pub(super) fn from_descriptor(text: Option<&str>) -> NodeStat {
+    match text.and_then(parse_node_descriptor) {
+        Some(('c', major, minor)) => NodeStat { kind: NodeType::Char, major, minor },
+        Some((_, major, minor)) => NodeStat { kind: NodeType::Block, major, minor },
+        None => NodeStat { kind: NodeType::Other, major: 0, minor: 0 },
     }
 }
 
