@@ -263,13 +263,7 @@ impl Jail {
                 } else {
                     self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?
                 };
-                let mut dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
-                let names: Vec<String> = dir
-                    .iter()
-                    .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
-                    .filter(|n| n != "." && n != "..")
-                    .collect();
-                (names, canonical)
+                (dir_names(rel, fd)?, canonical)
             }
             None => {
                 let r = if rel.is_empty() {
@@ -430,6 +424,17 @@ impl GlobWalk<'_> {
         }
         Ok(())
     }
+}
+
+/// The entry names of an opened directory (not `.` and `..`), unsorted. Read through an owning
+/// iterator: the borrowing one rewinds the directory when dropped, a wasted `lseek`.
+fn dir_names(rel: &str, fd: OwnedFd) -> Result<Vec<String>, FsError> {
+    let dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
+    Ok(dir
+        .into_iter()
+        .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
+        .filter(|n| n != "." && n != "..")
+        .collect())
 }
 
 /// An opened attribute's text: regular files only (a planted FIFO must not block the host), at
@@ -816,5 +821,21 @@ mod tests {
             j.stat_nodes(&["null".to_owned()], &mut OpenDirs::default()),
             [Ok(NodeStat { kind: NodeType::Char, major: 1, minor: 3 })]
         );
+    }
+
+    #[test]
+    fn attributes_are_read_whole_up_to_the_limit_and_refused_past_it() {
+        let d = tempfile::tempdir().unwrap();
+        let max = MAX_READ as usize;
+        for (name, len) in [("empty", 0), ("page", 4096), ("page1", 4097), ("max", max), ("over", max + 1)] {
+            fs::write(d.path().join(name), "x".repeat(len)).unwrap();
+        }
+        fs::write(d.path().join("nl"), "0x10de\n").unwrap();
+        let j = Jail::new(d.path(), Rule::new(&strings(&["*"]), &strings(&["*"])).unwrap());
+        for (name, len) in [("empty", 0), ("page", 4096), ("page1", 4097), ("max", max)] {
+            assert_eq!(j.read(name).map(|t| t.len()), Ok(len), "{name}");
+        }
+        assert!(matches!(j.read("over"), Err(FsError::Io(m)) if m.contains("larger than")));
+        assert_eq!(j.read("nl").unwrap(), "0x10de");
     }
 }

@@ -25,7 +25,7 @@ use nix::fcntl::{AtFlags, OFlag, openat, readlinkat};
 use nix::sys::stat::{Mode, fstatat};
 
 use super::nodes::{NodeStat, classify, from_descriptor};
-use super::{FsError, Jail, read_attribute};
+use super::{FsError, Jail, dir_names, read_attribute};
 
 /// Paths a single batched call may name.
 pub const MAX_BATCH: usize = 4096;
@@ -190,15 +190,10 @@ fn list_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<Vec<Str
         return Some(Err(e));
     }
     let canonical = format!("{}/{name}", p.canonical).trim_start_matches('/').to_owned();
-    let mut dir = match nix::dir::Dir::from_fd(fd) {
-        Ok(d) => d,
-        Err(e) => return Some(Err(FsError::Io(format!("{rel}: {}", e.desc())))),
+    let names = match dir_names(rel, fd) {
+        Ok(n) => n,
+        Err(e) => return Some(Err(e)),
     };
-    let names: Vec<String> = dir
-        .iter()
-        .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
-        .filter(|n| n != "." && n != "..")
-        .collect();
     Some(Ok(j.visible(rel, &canonical, names)))
 }
 
