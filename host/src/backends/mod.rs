@@ -7,6 +7,7 @@
 pub mod embedded;
 mod follow;
 mod manifest;
+mod reconcile;
 mod registry;
 mod settings;
 mod source;
@@ -18,8 +19,9 @@ pub use follow::{Follower, SourceStatus, Statuses};
 pub use settings::{BackendSettings, Catalog, DefaultGrant};
 
 pub use manifest::Manifest;
+pub use reconcile::{Changes, Reconciler};
 pub use registry::{
-    BackendSummary, CallMetrics, PollDone, PollJob, PollReport, PublishHook, ReadyResource, Registry, ResourceCalls,
+    BackendMetrics, BackendSummary, PollDone, PollJob, PollReport, PublishHook, ReadyResource, Registry, ResourceCalls,
     Retired, StatsSnapshot, Swapped,
 };
 pub use source::{BackendSource, Origin, load_dir, manifest_for, split_version};

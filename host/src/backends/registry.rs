@@ -20,17 +20,21 @@ use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
 /// See [`Registry::with_publish_hook`].
 pub type PublishHook = Arc<dyn Fn(&Resource) + Send + Sync>;
 
-/// Where backend call latencies go; the daemon passes the process's metrics in (none by default).
-pub trait CallMetrics: Send + Sync + 'static {
+/// Where this layer reports backend calls and swaps; the daemon passes the process's metrics in
+/// (none by default), so the layer does not depend on how they are exported.
+pub trait BackendMetrics: Send + Sync + 'static {
     /// One call (`discover`, `allocate`, ...) of `backend` that took `took`, answered or not.
     fn backend_call(&self, backend: &str, call: &str, took: std::time::Duration);
+    /// A hot swap of `backend`, taken (`ok`) or refused.
+    fn swap(&self, backend: &str, ok: bool);
 }
 
 /// Metrics that go nowhere (tests, `devplug discover`).
 struct NoMetrics;
 
-impl CallMetrics for NoMetrics {
+impl BackendMetrics for NoMetrics {
     fn backend_call(&self, _: &str, _: &str, _: std::time::Duration) {}
+    fn swap(&self, _: &str, _: bool) {}
 }
 
 /// A resource whose device list is not empty for the first time: what serving it needs. Its
@@ -157,7 +161,7 @@ pub struct Registry {
     publish_hook: Option<PublishHook>,
     backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     resources: Mutex<BTreeMap<String, ResSlot>>,
-    metrics: Arc<dyn CallMetrics>,
+    metrics: Arc<dyn BackendMetrics>,
 }
 
 impl Registry {
@@ -180,7 +184,7 @@ impl Registry {
     }
 
     /// Record every backend call's latency in `metrics`.
-    pub fn with_metrics(mut self, metrics: Arc<dyn CallMetrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: Arc<dyn BackendMetrics>) -> Self {
         self.metrics = metrics;
         self
     }
@@ -547,7 +551,7 @@ pub struct ResourceCalls {
     slot: Arc<Slot>,
     resource: String,
     backend: String,
-    metrics: Arc<dyn CallMetrics>,
+    metrics: Arc<dyn BackendMetrics>,
 }
 
 impl ResourceCalls {

@@ -4,13 +4,11 @@
 //!
 //! - [`start`]: putting the parts together and loading the backends.
 //! - [`polls`]: when each backend's discover runs.
-//! - [`reconcile`]: swapping and unloading backends as their sources change.
-//! - [`serve`]: handing a resource with devices to the kubelet layer.
+//! - [`serve`]: handing a resource with devices to the kubelet layer, and taking it back.
 //! - [`specs`]: the CDI directory's side of the loop.
 //! - [`trim`]: giving back start-up memory once start-up is over.
 
 mod polls;
-mod reconcile;
 mod serve;
 mod specs;
 mod start;
@@ -23,11 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-pub use reconcile::Reconciler;
-
 use crate::backends::uevents::Uevent;
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, PollDone, Registry};
+use crate::backends::{BackendSource, PollDone, Reconciler, Registry};
 use crate::cdi::SpecDir;
 use crate::config::Config;
 use crate::kubelet::Endpoints;
@@ -66,6 +62,8 @@ struct Daemon {
     registry: Arc<Registry>,
     specs: Option<Arc<SpecDir>>,
     endpoints: Arc<Endpoints>,
+    metrics: Arc<observe::Metrics>,
+    /// Swaps and unloads backends as their sources change.
     reconciler: Reconciler,
     polls: Polls,
     /// Set once the first discover round has been published (`/readyz`).
@@ -133,7 +131,11 @@ impl Daemon {
 
     async fn handle(&mut self, wake: Wake) {
         match wake {
-            Wake::Swap => self.reconciler.reconcile().await,
+            Wake::Swap => {
+                let changes = self.reconciler.reconcile(&self.cfg.catalog()).await;
+                self.stop_serving(changes.retired).await;
+                self.serve(changes.ready).await;
+            }
             Wake::Poll => {
                 // The poll after the first round: start-up (loading, first lists, registration)
                 // is over, and what only it needed can go.
@@ -148,7 +150,7 @@ impl Daemon {
             Wake::Uevent(subsystem) => return self.polls.uevent(&self.registry, &subsystem),
             Wake::Polled(done) => {
                 let ready = self.polls.finished(&self.registry, done);
-                self.reconciler.serve(ready).await;
+                self.serve(ready).await;
                 self.note_first_round();
             }
             Wake::Beat => return,

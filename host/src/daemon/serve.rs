@@ -1,14 +1,46 @@
-//! From a backend's ready resource to what the kubelet layer serves: the resource's calls as
-//! kubelet's [`ResourceOps`] (backend failures mapped to the status classes kubelet tells
-//! apart), and the [`ResourceHandle`] carrying its Allocate delivery and the process's metrics.
+//! Starting and stopping what kubelet sees: a backend's ready resource becomes what the kubelet
+//! layer serves (its calls as kubelet's [`ResourceOps`], backend failures mapped to the status
+//! classes kubelet tells apart, and a [`ResourceHandle`] carrying its Allocate delivery and the
+//! process's metrics), with its CDI spec written first; a retired resource's endpoint and spec go.
 //! The backends and kubelet layers know nothing of each other; this is where they meet.
 
 use std::sync::Arc;
 
-use crate::backends::{ReadyResource, ResourceCalls};
+use super::Daemon;
+use super::specs::delivery;
+use crate::backends::{ReadyResource, ResourceCalls, Retired};
 use crate::kubelet::{Delivery, KubeletMetrics, OpError, ResourceHandle, ResourceOps};
 use crate::model::ContainerEdits;
 use crate::runtime::CallError;
+
+impl Daemon {
+    /// Start serving resources that have devices for the first time.
+    pub(super) async fn serve(&self, ready: Vec<ReadyResource>) {
+        for ready in ready {
+            // The spec first, so kubelet never sees a device the CDI directory does not name yet
+            // (a failure here is logged by the poll loop's sync).
+            if let Some(specs) = &self.specs {
+                let snapshot = ready.devices.borrow().clone();
+                let _ = specs.sync(&snapshot);
+            }
+            let delivery = delivery(&self.cfg, &ready.name, self.specs.as_ref());
+            let handle = handle(ready, delivery, self.metrics.clone());
+            tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
+            self.endpoints.add(handle).await;
+        }
+    }
+
+    /// Stop serving retired resources: their streams already sent an empty list.
+    pub(super) async fn stop_serving(&self, retired: Vec<Retired>) {
+        for r in retired {
+            self.endpoints.remove(&r.name).await;
+            if let Some(specs) = &self.specs {
+                specs.remove(&r.name);
+            }
+            tracing::info!(resource = %r.name, "stopped serving: socket removed");
+        }
+    }
+}
 
 /// The handle the kubelet layer serves `ready` through.
 pub fn handle(ready: ReadyResource, delivery: Delivery, metrics: Arc<dyn KubeletMetrics>) -> ResourceHandle {

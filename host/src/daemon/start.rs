@@ -12,9 +12,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::polls::Polls;
-use super::{BEAT, Daemon, Reconciler, specs};
+use super::{BEAT, Daemon, specs};
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, Follower, Registry, Statuses, load_all, sources};
+use crate::backends::{BackendSource, Follower, Reconciler, Registry, Statuses, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
@@ -73,8 +73,7 @@ impl Daemon {
         });
         let uevents = if cfg.uevents { listen_uevents() } else { None };
         let reconciler =
-            Reconciler::new(cfg.clone(), registry.clone(), endpoints.clone(), specs.clone(), metrics, refused)
-                .with_registry_sources(pulled.clone(), statuses);
+            Reconciler::new(registry.clone(), metrics.clone(), refused).with_registry_sources(pulled.clone(), statuses);
         // The follower polls the registries on its own task: a slow registry never holds up the loop.
         let following = follower.map(|f| f.spawn(pulled_tx));
         Ok(Some(Daemon {
@@ -82,6 +81,7 @@ impl Daemon {
             registry,
             specs,
             endpoints,
+            metrics,
             reconciler,
             polls: Polls::default(),
             polled,

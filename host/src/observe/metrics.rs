@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::backends::{CallMetrics, Registry as Backends, SourceStatus};
+use crate::backends::{BackendMetrics, Registry as Backends, SourceStatus};
 use crate::kubelet::KubeletMetrics;
 use crate::kubelet::podresources::Assignment;
 use crate::model::Health;
@@ -188,11 +188,6 @@ impl Metrics {
         m
     }
 
-    pub fn swap(&self, backend: &str, ok: bool) {
-        let outcome = if ok { "ok" } else { "refused" };
-        self.swaps.get_or_create(&SwapLabels { backend: backend.into(), outcome: outcome.into() }).inc();
-    }
-
     /// The OpenMetrics text, with state read from `backends` and `pods` now.
     pub fn render(&self, backends: &Backends, pods: &[Assignment], sources: &[SourceStatus]) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
@@ -291,11 +286,16 @@ impl KubeletMetrics for Metrics {
     }
 }
 
-impl CallMetrics for Metrics {
+impl BackendMetrics for Metrics {
     fn backend_call(&self, backend: &str, call: &str, took: Duration) {
         self.backend_call_seconds
             .get_or_create(&CallLabels { backend: backend.into(), call: call.into() })
             .observe(took.as_secs_f64());
+    }
+
+    fn swap(&self, backend: &str, ok: bool) {
+        let outcome = if ok { "ok" } else { "refused" };
+        self.swaps.get_or_create(&SwapLabels { backend: backend.into(), outcome: outcome.into() }).inc();
     }
 }
 
