@@ -24,8 +24,9 @@ impl Daemon {
                 let _ = specs.sync(&snapshot);
             }
             let delivery = delivery(&self.cfg, &ready.name, self.specs.as_ref());
+            let backend = ready.backend.clone();
             let handle = handle(ready, delivery, self.metrics.clone());
-            tracing::info!(resource = %handle.name, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
+            tracing::info!(resource = %handle.name, backend = %backend, devices = handle.devices.borrow().devices.len(), strategies = ?handle.delivery.strategies, "serving resource");
             self.endpoints.add(handle).await;
         }
     }
