@@ -57,6 +57,14 @@ impl Statuses {
         }
     }
 
+    /// The registry answered, with a version that is refused (`why`).
+    fn looked_and_refused(&self, backend: &str, digest: &str, why: &str) {
+        self.update(backend, |s| {
+            s.last_check = Some(now());
+            s.last_error = Some(format!("{digest} refused: {why}"));
+        });
+    }
+
     /// The host refused the version offered (its init or first discover failed).
     pub fn refused(&self, backend: &str, why: &str) {
         self.update(backend, |s| s.swap_error = Some(format!("not swapped in: {why}")));
@@ -78,7 +86,7 @@ struct Entry {
 }
 
 pub struct Follower {
-    pub settings: RegistrySettings,
+    settings: RegistrySettings,
     client: Client,
     key: Option<VerifyingKey>,
     cache: Option<Cache>,
@@ -219,18 +227,10 @@ impl Follower {
             return Ok(false);
         }
         if let Some(why) = e.refused.get(&digest) {
-            let why = why.clone();
-            self.statuses.update(&e.backend, |s| {
-                s.last_check = Some(now());
-                s.last_error = Some(format!("{digest} refused: {why}"));
-            });
+            self.statuses.looked_and_refused(&e.backend, &digest, why);
             return Ok(false);
         }
-        let pinned = Reference::with_digest(
-            e.reference.registry().to_owned(),
-            e.reference.repository().to_owned(),
-            digest.clone(),
-        );
+        let pinned = artifact::pinned(&e.reference, &digest);
         let state = signature::verify(&self.client, &auth, &pinned, &digest, self.key.as_ref()).await?;
         if !state.accepted() {
             let why = format!("{state} (registry.public_key requires a valid signature)");
@@ -239,14 +239,12 @@ impl Follower {
                 tracing::error!(backend = %e.backend, reference = %e.text, %digest, "refused: {why}; the version serving stays (the signature is looked for again every poll)");
                 e.unsigned.insert(digest.clone(), why.clone());
             }
-            self.statuses.update(&e.backend, |s| {
-                s.last_check = Some(now());
-                s.last_error = Some(format!("{digest} refused: {why}"));
-            });
+            self.statuses.looked_and_refused(&e.backend, &digest, &why);
             return Ok(false);
         }
         // Verified content already on the node (a tag moved back) is not downloaded again.
         let cached = self.cache.as_ref().and_then(|c| c.load_digest(&digest));
+        let was_cached = cached.is_some();
         let fetched = match cached {
             Some(p) => Ok(p),
             None => artifact::pull(&self.client, &auth, &pinned, &e.backend).await,
@@ -268,9 +266,13 @@ impl Follower {
             self.refuse(i, &digest, &why, state);
             return Ok(false);
         }
-        if let Some(cache) = &self.cache
-            && let Err(err) = cache.store(&backend, &self.entries[i].text, &pulled)
-        {
+        let reference = &self.entries[i].text;
+        let stored = match &self.cache {
+            Some(cache) if was_cached => cache.point(&backend, reference, &digest),
+            Some(cache) => cache.store(&backend, reference, &pulled),
+            None => Ok(()),
+        };
+        if let Err(err) = stored {
             tracing::warn!(backend = %backend, "could not cache {digest}: {err:#}; a restart without the registry will not have it");
         }
         tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "pulled a new version");
@@ -281,9 +283,8 @@ impl Follower {
         let e = &mut self.entries[i];
         tracing::error!(backend = %e.backend, reference = %e.text, %digest, "refused: {why}; the version serving stays");
         e.refused.insert(digest.to_owned(), why.to_owned());
+        self.statuses.looked_and_refused(&e.backend, digest, why);
         self.statuses.update(&e.backend, |s| {
-            s.last_check = Some(now());
-            s.last_error = Some(format!("{digest} refused: {why}"));
             if s.digest.is_none() {
                 s.signature = state;
             }

@@ -4,7 +4,7 @@
 use oci_client::Reference;
 
 use super::{PullArgs, PushArgs, SignArgs};
-use crate::backends::{BackendSource, manifest_for, split_version};
+use crate::backends::{BackendSource, manifest_for};
 use crate::oci::{artifact, signature};
 
 fn reference(text: &str) -> anyhow::Result<Reference> {
@@ -26,9 +26,8 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
         Some(m) => Some(std::fs::read_to_string(m).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?),
         None => None,
     };
-    let stem = args.wasm.file_stem().and_then(|s| s.to_str()).unwrap_or("backend");
-    let name = split_version(stem).0.to_owned();
-    anyhow::ensure!(name == src.name, "backend name mismatch");
+    // The backend's name is its file's, as `run` names it (`gpu-1.3.0.wasm` is `gpu`).
+    let name = src.name.clone();
     let digest = artifact::push(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
     if let Some(key) = &args.sign_key {
@@ -51,7 +50,7 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<serde_json::Value> {
     let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
     let guess = args.name.clone().unwrap_or_else(|| r.repository().rsplit('/').next().unwrap_or("backend").to_owned());
     let digest = artifact::resolve(&client, &auth, &r).await?;
-    let pinned = Reference::with_digest(r.registry().to_owned(), r.repository().to_owned(), digest.clone());
+    let pinned = artifact::pinned(&r, &digest);
     let state = signature::verify(&client, &auth, &pinned, &digest, key.as_ref()).await?;
     let pulled = artifact::pull(&client, &auth, &pinned, &guess).await?;
     // A Wasm artifact says its backend's name; `--name` wins, as the config key does in `run`.

@@ -81,14 +81,18 @@ pub fn is_digest_mismatch(err: &anyhow::Error) -> bool {
     err.chain().any(|c| matches!(c.downcast_ref::<OciDistributionError>(), Some(OciDistributionError::DigestError(_))))
 }
 
+/// `reference` pinned to `digest` (same registry and repository): what resolving it gave.
+pub fn pinned(reference: &Reference, digest: &str) -> Reference {
+    Reference::with_digest(reference.registry().to_owned(), reference.repository().to_owned(), digest.to_owned())
+}
+
 /// Pull backend `name` from `reference`.
 pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, name: &str) -> anyhow::Result<Pulled> {
     let (raw, digest) = manifest_raw(client, auth, reference).await?;
     let manifest: OciImageManifest =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{reference}: not an image manifest: {e}"))?;
     // Blobs are fetched by digest from the same repository: what the manifest names is what is read.
-    let pinned =
-        Reference::with_digest(reference.registry().to_owned(), reference.repository().to_owned(), digest.clone());
+    let pinned = pinned(reference, &digest);
     for l in &manifest.layers {
         anyhow::ensure!(
             (0..=MAX_LAYER).contains(&l.size),

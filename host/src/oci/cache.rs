@@ -44,11 +44,16 @@ impl Cache {
         write(&dir, "component.wasm", &pulled.component)?;
         write(&dir, "manifest.toml", pulled.manifest.as_bytes())?;
         write(&dir, "layout", pulled.layout.as_bytes())?;
-        // Last: its presence says the two files above are whole.
         write(&dir, "component.sha256", hex::encode(Sha256::digest(&pulled.component)).as_bytes())?;
+        self.point(backend, reference, &pulled.digest)
+    }
+
+    /// Record that `backend`'s `reference` now means `digest`, whose version is already stored
+    /// (a tag moved back to a version this node has): nothing is written again but the ref.
+    pub fn point(&self, backend: &str, reference: &str, digest: &str) -> anyhow::Result<()> {
         let entry = CachedRef {
             reference: reference.to_owned(),
-            digest: pulled.digest.clone(),
+            digest: digest.to_owned(),
             pulled_at: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -60,8 +65,6 @@ impl Cache {
         Ok(())
     }
 
-    /// The content of `digest` if the cache has it whole (a tag moved back to a version pulled
-    /// before needs no download). `None` when absent or damaged.
     pub fn load_digest(&self, digest: &str) -> Option<Pulled> {
         let dir = self.blob_dir(digest);
         let sum = std::fs::read_to_string(dir.join("component.sha256")).ok()?;
@@ -127,6 +130,12 @@ mod tests {
         assert!(c.load("y", "r.io/x:1").unwrap().is_none());
         assert_eq!(c.load_digest(&p.digest).unwrap().component, p.component);
         assert!(c.load_digest(&format!("sha256:{}", "cd".repeat(32))).is_none());
+        // The tag moves to another version and back: pointing at a stored version is enough.
+        let q = Pulled { digest: format!("sha256:{}", "ef".repeat(32)), component: b"\0asm-2".to_vec(), ..p.clone() };
+        c.store("x", "r.io/x:1", &q).unwrap();
+        assert_eq!(c.load("x", "r.io/x:1").unwrap().unwrap().0.digest, q.digest);
+        c.point("x", "r.io/x:1", &p.digest).unwrap();
+        assert_eq!(c.load("x", "r.io/x:1").unwrap().unwrap().1.component, p.component);
         std::fs::write(d.path().join("oci/sha256").join("ab".repeat(32)).join("component.wasm"), b"evil").unwrap();
         assert!(c.load("x", "r.io/x:1").unwrap_err().to_string().contains("checksum"));
         assert!(c.load_digest(&p.digest).is_none(), "a damaged entry is pulled again");
