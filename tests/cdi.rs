@@ -155,11 +155,7 @@ async fn nvidia_ctk_names_and_replicas_share_one_entry_per_gpu() {
         cdi_dir: dir.path().join("cdi"),
         allocate: vec![Strategy::CdiCri],
         cache_dir: Some(cache_dir()),
-        backends: [(
-            "gpu".to_owned(),
-            BackendSettings { enabled: true, config: gpu.into(), grant: None, replace_embedded: false, image: None },
-        )]
-        .into(),
+        backends: [("gpu".to_owned(), BackendSettings { config: gpu.into(), ..Default::default() })].into(),
         ..Config::default()
     };
     let daemon = Daemon::start(cfg);
@@ -228,21 +224,9 @@ async fn podman_runs_containers_with_the_cdi_devices_allocate_names() {
     cfg.allocate = vec![Strategy::CdiCri];
     cfg.cache_dir = Some(cache_dir());
     for off in ["gpu", "nic", "fpga"] {
-        cfg.backends.insert(
-            off.into(),
-            BackendSettings {
-                enabled: false,
-                config: String::new(),
-                grant: None,
-                replace_embedded: false,
-                image: None,
-            },
-        );
+        cfg.backends.insert(off.into(), BackendSettings { enabled: false, ..Default::default() });
     }
-    cfg.backends.insert(
-        "generic".into(),
-        BackendSettings { enabled: true, config: generic, grant: None, replace_embedded: false, image: None },
-    );
+    cfg.backends.insert("generic".into(), BackendSettings { config: generic, ..Default::default() });
     let spec_file = |r: &str| system_cdi.dir().join(format!("devplug-{}.json", r.replace('/', "_")));
     let daemon = Daemon::start(cfg);
 

@@ -1,6 +1,8 @@
 //! WIT compatibility on real components: the frozen contracts never change, and a backend built
 //! against `devplug:backend@0.1.0` (`tests/compat/v0.1.0.wasm`, compiled once and checked in)
-//! keeps serving kubelet in this host, as does a 0.1.x patch release of it.
+//! keeps serving kubelet in this host, as does a 0.1.x patch release of it. The file formats of
+//! each release (`tests/compat/config-0.1.0.toml`, `manifest-0.1.0.toml`) keep loading, and what
+//! changed since is said with what to do (docs/compatibility.md).
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::time::Duration;
 
 use devplug::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
-use support::binary::{Devplug, discover_backend, run_args};
+use support::binary::{Devplug, discover_backend, run, run_args};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
 
@@ -168,4 +170,79 @@ async fn a_0_1_0_backend_serves_kubelet_in_this_host() {
     let c = &resp.container_responses[0];
     assert_eq!(c.envs.get("COMPAT_WIDGETS").map(String::as_str), Some("widget1"), "{c:?}");
     assert_eq!(c.devices[0].container_path, "/dev/widget1", "{c:?}");
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// `devplug discover` with `extra` arguments on fixture machine `m`: (resources, stderr, whether
+/// every backend loaded and answered).
+fn discover_with(m: &Machine, extra: &[&str]) -> (serde_json::Value, String, bool) {
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = vec!["discover", "--format", "json", "--dev-fixtures"];
+    let (sys, dev, proc, cache) = (s(&m.sys()), s(&m.dev()), s(&m.root().join("proc")), s(cache.path()));
+    args.extend(["--sysfs-root", &sys, "--dev-root", &dev, "--proc-root", &proc, "--cache-dir", &cache]);
+    args.extend(extra);
+    let (code, out, err) = run(&args);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    (v["resources"].clone(), err, code == 0)
+}
+
+fn devices_of<'a>(resources: &'a serde_json::Value, name: &str) -> Vec<&'a str> {
+    let r = resources.as_array().unwrap().iter().find(|r| r["name"] == name);
+    r.map(|r| r["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect()).unwrap_or_default()
+}
+
+/// A 0.1.0 config narrowed the embedded generic backend with `grant = { dev = ["kvm"] }`, when a
+/// grant had no `resources`. It still parses, and the backend still serves its resource (an
+/// embedded backend's names default to what its manifest requests), with a WARN saying how to
+/// choose them.
+#[test]
+fn a_0_1_0_config_still_loads_and_its_grants_still_serve() {
+    let file = repo().join("tests/compat/config-0.1.0.toml");
+    let cfg = devplug::config::Config::from_file(&file).unwrap();
+    assert_eq!(cfg.poll_interval, Duration::from_secs(5));
+    assert!(cfg.backends["generic"].grant_resources_unstated);
+    let m = Machine::generic_box();
+    let (resources, err, ok) = discover_with(&m, &["--config", &s(&file)]);
+    assert!(ok, "{err}");
+    assert_eq!(devices_of(&resources, "devplug.io/kvm"), ["kvm"], "{resources}\n{err}");
+    assert!(err.contains("has no `resources`") && err.contains("add `resources = [...]` to the grant"), "{err}");
+}
+
+/// The compat backend with its manifest as 0.1.0 wrote it (no `[requests] resources`): it loads,
+/// the WARN names the missing key and the line to add, `devplug inspect` says the same, and it
+/// serves the names the operator grants explicitly, and none without.
+#[test]
+fn a_0_1_0_manifest_loads_and_says_what_to_add() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("compat.wasm");
+    std::fs::write(&wasm, compat_bytes()).unwrap();
+    std::fs::copy(repo().join("tests/compat/manifest-0.1.0.toml"), dir.path().join("compat.toml")).unwrap();
+    let m = machine();
+    let line = "resources = [\"<your-domain>/*\"]";
+
+    let (resources, err, ok) = discover_with(&m, &["--backend", &s(&wasm)]);
+    assert_eq!(devices_of(&resources, RESOURCE), Vec::<&str>::new(), "no name requested, none granted: {resources}");
+    assert!(err.contains("has no `resources` under [requests]") && err.contains(line), "{err}");
+    assert!(
+        !ok && err.contains("does not request it ([requests] resources)"),
+        "the refusal is an error, and says why: {err}"
+    );
+
+    let config = dir.path().join("devplug.toml");
+    std::fs::write(
+        &config,
+        "[backends.compat]\ngrant = { sysfs = [\"**\"], dev = [\"widget*\"], resources = [\"compat.devplug.io/*\"] }\n",
+    )
+    .unwrap();
+    let (resources, err, ok) = discover_with(&m, &["--backend", &s(&wasm), "--config", &s(&config)]);
+    assert!(ok, "{err}");
+    assert_eq!(devices_of(&resources, RESOURCE), ["widget0", "widget1"], "the operator's grant serves: {resources}");
+
+    let (code, out, err) = run(&["inspect", &s(&wasm), "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["warnings"][0].as_str().unwrap().contains(line), "{v}");
 }

@@ -25,8 +25,26 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn fixture(name: &str) -> PathBuf {
+/// The committed tree of machine `name` (what README's tour and vendors use).
+fn committed(name: &str) -> PathBuf {
     repo().join("tests/fixtures/sysfs").join(name)
+}
+
+/// Machine `name` freshly generated, which the tests serve: the committed tree is the same
+/// (`committed_fixtures_match_their_generator`) except for empty directories, which git cannot
+/// hold and drivers do make (every GPU's `capabilities/gpuN/mig`).
+fn fixture(name: &str) -> PathBuf {
+    static GENERATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let root = GENERATED.get_or_init(|| {
+        // In the target dir, not the machine's temp dir: a static is never dropped.
+        let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("generated-fixtures");
+        let _ = std::fs::remove_dir_all(&root);
+        for name in MACHINES {
+            build(name, &root.join(name));
+        }
+        root
+    });
+    root.join(name)
 }
 
 fn golden_path(name: &str) -> PathBuf {
@@ -61,7 +79,7 @@ fn check_golden(name: &str, section: &str, got: serde_json::Value) {
 #[test]
 fn committed_fixtures_match_their_generator() {
     for name in MACHINES {
-        let dir = fixture(name);
+        let dir = committed(name);
         if bless() {
             let _ = std::fs::remove_dir_all(&dir);
             build(name, &dir);
@@ -234,6 +252,35 @@ async fn gpu_sharing_mig_and_naming_options_match_their_golden_files() {
     }
 }
 
+/// MIG `mixed` on the driver's real layout (issue 25): the driver makes `capabilities/gpuN/mig`
+/// for every GPU, so a GPU is in MIG mode only when it has GPU instances. GPUs 3–7 of the
+/// DGX A100 have the directory and no instance: they are whole GPUs, not gone.
+#[test]
+fn mig_mixed_on_the_drivers_layout_serves_whole_gpus_beside_their_instances() {
+    let m = fixture("dgx-a100-mig");
+    for minor in 0..8 {
+        assert!(m.join(format!("proc/driver/nvidia/capabilities/gpu{minor}/mig")).is_dir(), "the driver's layout");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = gpu_config_file(dir.path(), &format!("[mig]\nstrategy = \"mixed\"\n{A100_PROFILES}"));
+    let out =
+        on_machine(&["discover"], &m, &cache_dir(), &["--format", "json", "--config", &file.display().to_string()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ids = |name: &str| -> Vec<String> {
+        let r = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == name);
+        let devices = r.unwrap_or_else(|| panic!("no {name} in {v}"))["devices"].as_array().unwrap().clone();
+        devices.iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(
+        ids("nvidia.com/gpu"),
+        ["0000:4e:00.0", "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0"],
+        "the GPUs without instances are served whole"
+    );
+    assert_eq!(ids("nvidia.com/mig-3g.40gb").len(), 3);
+    assert_eq!(ids("nvidia.com/mig-2g.20gb"), ["0000:07:00.0-gi5-ci0"]);
+    assert_eq!(ids("nvidia.com/mig-1g.10gb").len(), 9);
+}
+
 /// Machine `m` served to a kubelet stand-in in a dir of its own, the gpu backend configured with
 /// `gpu`.
 async fn serve_with_gpu(m: &Path, gpu: &str) -> (tempfile::TempDir, Kubelet, Daemon) {
@@ -245,13 +292,7 @@ async fn serve_with_gpu(m: &Path, gpu: &str) -> (tempfile::TempDir, Kubelet, Dae
 }
 
 fn gpu_settings(config: &str) -> devplug::backends::BackendSettings {
-    devplug::backends::BackendSettings {
-        enabled: true,
-        config: config.to_owned(),
-        grant: None,
-        replace_embedded: false,
-        image: None,
-    }
+    devplug::backends::BackendSettings { config: config.to_owned(), ..Default::default() }
 }
 
 /// MIG `single` on a node where every GPU is in MIG mode with one profile: the instances are

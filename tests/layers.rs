@@ -1,6 +1,7 @@
 //! The host's layers point one way (docs/architecture.md, "Layers"): every `crate::` path in a
-//! module's non-test code names the module itself or a layer it may use. A new back-edge fails
-//! here with the file and line, before it grows into an import circle.
+//! module's non-test code names the module itself or a layer it may use, and within a folder
+//! the files import each other without circles. A new back-edge fails here with the file and
+//! line, before it grows into an import circle. Also: every integration test file is run.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,9 +22,6 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("kubelet", &["model", "cdi", "proto", "sync", "untrusted", "fswatch"]),
     ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted"]),
     ("config", &["backends", "kubelet", "runtime", "oci", "model"]),
-    ("inspect", &["backends", "runtime", "model"]),
-    ("pack", &["backends", "inspect", "model"]),
-    ("scaffold", &[]),
 ];
 const ANYTHING: &[&str] = &["daemon", "cli", "main", "lib"];
 
@@ -38,22 +36,60 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The non-comment lines of `text` before its `#[cfg(test)]`, numbered from 1.
+fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    text.lines()
+        .enumerate()
+        .take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]"))
+        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .map(|(i, l)| (i + 1, l))
+}
+
+/// The first path segment of every path after `prefix` in `line`: `prefix::a::b` gives `a`,
+/// `prefix::{a, b::c, self}` gives `a` and `b`.
+fn after(line: &str, prefix: &str) -> Vec<String> {
+    let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+    let mut out = Vec::new();
+    for (at, _) in line.match_indices(prefix) {
+        // `super::super::` is not `super::` followed by a module named `super`.
+        if line[..at].ends_with("super::") {
+            continue;
+        }
+        let rest = &line[at + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let (mut depth, mut item) = (0, String::new());
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(ident(item.trim()));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            out.push(ident(item.trim()));
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out.retain(|n| !n.is_empty() && n != "self" && n != "super");
+    out
+}
+
 /// The top-level modules each non-comment line before `#[cfg(test)]` names as `crate::NAME`.
 fn uses(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let code = line.trim_start();
-        if code.starts_with("#[cfg(test)]") {
-            break;
-        }
-        if code.starts_with("//") {
-            continue;
-        }
+    for (n, line) in code_lines(text) {
         for (at, _) in line.match_indices("crate::") {
             // `$crate::` in a macro is the same crate, and counts the same.
             let name: String = line[at + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
             if !name.is_empty() {
-                out.push((i + 1, name));
+                out.push((n, name));
             }
         }
     }
@@ -96,6 +132,140 @@ fn every_layer_uses_only_the_layers_below_it() {
     for (m, _) in MAY_USE {
         assert!(seen_modules.contains(*m), "tests/layers.rs names module {m}, which src/ no longer has");
     }
+}
+
+/// The sibling modules that each module of folder `dir` (a top-level module of src/) imports:
+/// `super::X` from its own file, `super::super::X` from a file below it, `crate::DIR::X` from
+/// anywhere. The folder's `mod.rs` is its front door, not a module of its own, and is left out.
+fn sibling_edges(src: &Path, dir: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let root = src.join(dir);
+    let mut all = Vec::new();
+    files(&root, &mut all);
+    let module_of = |p: &Path| -> Option<String> {
+        let rel = p.strip_prefix(&root).ok()?;
+        let first = rel.components().next()?.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned();
+        (first != "mod").then_some(first)
+    };
+    let modules: BTreeSet<String> = all.iter().filter_map(|p| module_of(p)).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &all {
+        let Some(from) = module_of(file) else { continue };
+        let depth = file.strip_prefix(&root).map_or(0, |r| r.components().count());
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (_, line) in code_lines(&text) {
+            let mut named = after(line, &format!("crate::{dir}::"));
+            match depth {
+                1 => named.extend(after(line, "super::")),
+                _ => named.extend(after(line, "super::super::")),
+            }
+            for to in named {
+                if to != from && modules.contains(&to) {
+                    edges.entry(from.clone()).or_default().insert(to);
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// One circle in `edges`, as the path that closes it, if there is any.
+fn a_circle(edges: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|p| p == n) {
+            let mut circle = path[i..].to_vec();
+            circle.push(n.to_owned());
+            return Some(circle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_owned());
+        for next in edges.get(n).into_iter().flatten() {
+            if let Some(c) = visit(next, edges, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges.keys().find_map(|n| visit(n, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_folder_has_an_import_circle_between_its_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut circles = Vec::new();
+    for entry in std::fs::read_dir(&src).expect("read host/src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            let dir = path.file_name().expect("a name").to_string_lossy().into_owned();
+            if let Some(c) = a_circle(&sibling_edges(&src, &dir)) {
+                circles.push(format!("src/{dir}/: {}", c.join(" -> ")));
+            }
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files of one folder import each other in a circle (move what both need into a leaf file):\n{}",
+        circles.join("\n")
+    );
+}
+
+#[test]
+fn the_circle_finder_finds_circles() {
+    let e = |pairs: &[(&str, &str)]| {
+        let mut m: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in pairs {
+            m.entry((*a).to_owned()).or_default().insert((*b).to_owned());
+        }
+        m
+    };
+    assert_eq!(
+        a_circle(&e(&[("a", "b"), ("b", "c"), ("c", "a")])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    assert_eq!(a_circle(&e(&[("a", "b"), ("b", "c"), ("a", "c")])), None);
+    assert_eq!(after("use super::{plumbing::{a, b}, state::EndpointState, self};", "super::"), ["plumbing", "state"]);
+    assert_eq!(after("use super::super::jail::Jail;", "super::"), Vec::<String>::new());
+    assert_eq!(after("use super::super::jail::Jail;", "super::super::"), ["jail"]);
+}
+
+/// Files in the top-level tests/ belong to no package: cargo runs one only when host/Cargo.toml
+/// lists it as a `[[test]]`. A file that is not listed would never run, and never fail.
+#[test]
+fn every_integration_test_file_is_listed_as_a_test_target() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).expect("read host/Cargo.toml");
+    let doc: toml::Table = text.parse().expect("host/Cargo.toml is TOML");
+    let listed: BTreeSet<String> = doc
+        .get("test")
+        .and_then(|t| t.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("path").and_then(|p| p.as_str()).map(str::to_owned))
+        .collect();
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&tests).expect("read tests/") {
+        let p = entry.expect("dir entry").path();
+        if p.extension().is_some_and(|x| x == "rs") {
+            let want = format!("../tests/{}", p.file_name().expect("a name").to_string_lossy());
+            if !listed.contains(&want) {
+                missing.push(want);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "test files cargo never runs (add a [[test]] with this path to host/Cargo.toml): {missing:?}"
+    );
 }
 
 #[test]

@@ -166,7 +166,12 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let cfg: Config = toml::from_str(text)?;
+        let mut cfg: Config = toml::from_str(text)?;
+        let raw: toml::Table = text.parse()?;
+        for (name, b) in cfg.backends.iter_mut() {
+            let grant = raw.get("backends").and_then(|t| t.get(name)).and_then(|t| t.get("grant"));
+            b.grant_resources_unstated = grant.is_some_and(|g| g.get("resources").is_none());
+        }
         anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
         anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
         anyhow::ensure!(

@@ -96,8 +96,8 @@ async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<()> {
 }
 
 fn pack(args: &PackArgs) -> anyhow::Result<()> {
-    let contents = devplug::pack::Contents::collect(&args.files)?;
-    let layout = devplug::pack::layout(&contents, &args.tag, &args.arch)?;
+    let contents = devplug::cli::pack::Contents::collect(&args.files)?;
+    let layout = devplug::cli::pack::layout(&contents, &args.tag, &args.arch)?;
     match (&args.out, &args.tar) {
         (Some(dir), _) => layout.write_dir(dir)?,
         (None, Some(file)) => layout.write_tar(file)?,
@@ -124,7 +124,7 @@ async fn status(args: &StatusArgs) -> anyhow::Result<()> {
 /// Scaffold a backend and print the next steps from its README's first shell block.
 fn new_backend(args: &NewBackendArgs) -> anyhow::Result<()> {
     let dir = args.dir.clone().unwrap_or_else(|| args.name.clone().into());
-    devplug::scaffold::new_backend(&args.name, args.lang, &dir)?;
+    devplug::cli::scaffold::new_backend(&args.name, args.lang, &dir)?;
     let readme = std::fs::read_to_string(dir.join("README.md"))?;
     let steps: Vec<String> = readme
         .lines()

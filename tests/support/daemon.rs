@@ -65,16 +65,7 @@ pub fn config(kubelet_dir: &Path, machine: &Machine, backends: &Path, chaos_conf
         write_cdi: false,
         ..Config::default()
     };
-    c.backends.insert(
-        "chaos".into(),
-        BackendSettings {
-            enabled: true,
-            config: chaos_config.into(),
-            grant: None,
-            replace_embedded: false,
-            image: None,
-        },
-    );
+    c.backends.insert("chaos".into(), BackendSettings { config: chaos_config.into(), ..Default::default() });
     c
 }
 

@@ -260,7 +260,9 @@ fn dgx_h100(t: &mut Tree) {
         });
         t.node(&format!("nvidia{i}"), 195, i as u32);
         t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(&addr, i as u32, 0));
+        nvidia_gpu_caps(t, i as u32);
     }
+    nvidia_caps(t);
     t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Feb 20 02:03:29 UTC 2025\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n");
     t.node("nvidiactl", 195, 255);
     t.node("nvidia-modeset", 195, 254);
@@ -271,7 +273,9 @@ fn dgx_h100(t: &mut Tree) {
 /// DGX A100-like, 8× A100 SXM4 80GB (10de:20b2) with three of them in MIG mode, in a mixed
 /// geometry as `nvidia-smi mig -cgi` leaves it (GPU instance IDs as the driver assigns them):
 /// GPU 0: 3g.40gb (GI 1) + 2g.20gb (GI 5) + 1g.10gb (GI 13, 14); GPU 1: 2× 3g.40gb (GI 1, 2);
-/// GPU 2: 7× 1g.10gb (GI 7..13). GPUs 3–7 are whole. Each live GPU and compute instance has its
+/// GPU 2: 7× 1g.10gb (GI 7..13). GPUs 3–7 are whole, and have their (empty)
+/// `capabilities/gpuN/mig` directory all the same, as the driver makes one for every GPU. Each
+/// live GPU and compute instance has its
 /// `/proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access` and its `/dev/nvidia-caps` node,
 /// with the minors of the driver's fixed table (`/proc/driver/nvidia-caps/mig-minors`: `config`
 /// 1, `monitor` 2, then 9 per GPU instance slot, 15 slots per GPU).
@@ -301,12 +305,13 @@ fn dgx_a100_mig(t: &mut Tree) {
             &format!("proc/driver/nvidia/gpus/{addr}/information"),
             &nvidia_information_of("NVIDIA A100-SXM4-80GB", "92.00.45.00.03", &addr, minor, 0),
         );
+        nvidia_gpu_caps(t, minor);
         if let Some(gis) = geometry.get(i) {
             mig_geometry(t, minor, gis);
         }
     }
-    for (name, minor) in [("config", 1), ("monitor", 2)] {
-        t.file(&format!("proc/driver/nvidia/capabilities/mig/{name}"), &caps_access(minor));
+    nvidia_caps(t);
+    for minor in [1, 2] {
         t.node(&format!("nvidia-caps/nvidia-cap{minor}"), CAPS_MAJOR, minor);
     }
     t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.127.08  Mon Oct 28 15:46:28 UTC 2024\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n");
@@ -315,11 +320,46 @@ fn dgx_a100_mig(t: &mut Tree) {
     t.node("nvidia-uvm-tools", 510, 1);
 }
 
-/// GPU `minor` in MIG mode with one compute instance in each of GPU instances `gis`: the
-/// driver's `/proc` capabilities and the `/dev/nvidia-caps` nodes.
+/// What the NVIDIA driver registers once, MIG in use or not (`kernel-open/nvidia/nv-caps.c`,
+/// open-gpu-kernel-modules): the `mig/config` and `mig/monitor` capabilities, and
+/// `/proc/driver/nvidia-caps/{mig,nvlink}-minors`, the fixed minor table every capability gets
+/// at module load (`nv_cap_tables_init`: one counter over the nvlink table, then the two MIG
+/// entries, then 32 GPUs × 15 GPU-instance slots × (`access` + 8 compute instances)).
+fn nvidia_caps(t: &Tree) {
+    for (name, minor) in [("config", 1), ("monitor", 2)] {
+        t.file(&format!("proc/driver/nvidia/capabilities/mig/{name}"), &caps_access(minor));
+    }
+    let mut lines = String::from("config 1\nmonitor 2\n");
+    let mut minor = 3;
+    for gpu in 0..32 {
+        for gi in 0..15 {
+            lines.push_str(&format!("gpu{gpu}/gi{gi}/access {minor}\n"));
+            minor += 1;
+            for ci in 0..8 {
+                lines.push_str(&format!("gpu{gpu}/gi{gi}/ci{ci}/access {minor}\n"));
+                minor += 1;
+            }
+        }
+    }
+    t.file("proc/driver/nvidia-caps/mig-minors", &lines);
+    t.file("proc/driver/nvidia-caps/nvlink-minors", "fabric-mgmt 0\n");
+}
+
+/// What the driver registers for every GPU it attaches, MIG mode or not
+/// (`src/nvidia/arch/nvalloc/unix/src/os.c`, `osRmCapRegisterGpu`): the directory
+/// `capabilities/gpu<minor>/mig`, empty until a GPU instance is created. Git cannot hold an
+/// empty directory, so the committed trees lack it for whole GPUs; the tests serve freshly
+/// generated trees (see `tests/hardware.rs`).
+pub fn nvidia_gpu_caps(t: &Tree, minor: u32) {
+    t.dir(&format!("proc/driver/nvidia/capabilities/gpu{minor}/mig"));
+}
+
+/// GPU `minor` in MIG mode with one compute instance in each of GPU instances `gis`
+/// (`osRmCapRegisterSmcPartition` adds `gi<G>`, `osRmCapRegisterSmcExecutionPartition` its
+/// `ci<C>`): the driver's `/proc` capabilities and the `/dev/nvidia-caps` nodes, minors as
+/// `mig-minors` lists them.
 pub fn mig_geometry(t: &Tree, minor: u32, gis: &[u32]) {
     let base = format!("proc/driver/nvidia/capabilities/gpu{minor}/mig");
-    t.dir(&base);
     for gi in gis {
         let gi_minor = 3 + minor * 135 + gi * 9;
         t.file(&format!("{base}/gi{gi}/access"), &caps_access(gi_minor));
@@ -624,7 +664,10 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
             if ft.is_symlink() {
                 out.insert(rel, format!("-> {}", std::fs::read_link(&p).expect("link").display()));
             } else if ft.is_dir() {
-                out.insert(rel.clone() + "/", String::new());
+                // Only directories git can hold (those with something in them) are compared.
+                if std::fs::read_dir(&p).is_ok_and(|mut r| r.next().is_some()) {
+                    out.insert(rel.clone() + "/", String::new());
+                }
                 stack.push(p);
             } else {
                 out.insert(rel, std::fs::read_to_string(&p).unwrap_or_else(|_| "<binary>".into()));

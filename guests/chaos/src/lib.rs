@@ -72,15 +72,8 @@ impl Backend for Chaos {
             "trap-init" => panic!("chaos: trapping in init as asked"),
             _ => {}
         }
-        let info = Info {
-            name: "chaos".into(),
-            version: me.version.clone(),
-            resources: vec![ResourceInfo {
-                name: me.resource.clone(),
-                preferred_allocation: true,
-                pre_start_required: true,
-            }],
-        };
+        let resource = ResourceInfo::plain(me.resource.clone()).with_preferred_allocation().with_pre_start();
+        let info = Info::new("chaos", &me.version, [resource]);
         Ok((me, info))
     }
 

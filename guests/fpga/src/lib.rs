@@ -206,10 +206,8 @@ impl Backend for Fpga {
         names.sort();
         names.dedup();
         me.declared = names.clone();
-        let resources =
-            names.into_iter().map(|name| ResourceInfo { name, preferred_allocation: false, pre_start_required: false });
-        let info =
-            Info { name: "fpga".into(), version: env!("CARGO_PKG_VERSION").into(), resources: resources.collect() };
+        let resources = names.into_iter().map(ResourceInfo::plain);
+        let info = Info::new("fpga", env!("CARGO_PKG_VERSION"), resources);
         Ok((me, info))
     }
 

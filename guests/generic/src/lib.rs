@@ -124,15 +124,8 @@ impl Backend for Generic {
                 )));
             }
         }
-        let info = Info {
-            name: "generic".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            resources: cfg
-                .resource
-                .iter()
-                .map(|r| ResourceInfo { name: r.name.clone(), preferred_allocation: false, pre_start_required: false })
-                .collect(),
-        };
+        let resources = cfg.resource.iter().map(|r| ResourceInfo::plain(r.name.clone()));
+        let info = Info::new("generic", env!("CARGO_PKG_VERSION"), resources);
         Ok((Generic { resources: cfg.resource }, info))
     }
 

@@ -106,13 +106,9 @@ impl Backend for Gpu {
         let resources = gpu
             .resource_names()
             .into_iter()
-            .map(|n| ResourceInfo {
-                name: gpu.cfg.sharing.served_name(&n),
-                preferred_allocation: true,
-                pre_start_required: false,
-            })
-            .collect();
-        let info = Info { name: "gpu".into(), version: env!("CARGO_PKG_VERSION").into(), resources };
+            .map(|n| ResourceInfo::plain(gpu.cfg.sharing.served_name(&n)).with_preferred_allocation())
+            .collect::<Vec<_>>();
+        let info = Info::new("gpu", env!("CARGO_PKG_VERSION"), resources);
         Ok((gpu, info))
     }
 

@@ -317,15 +317,8 @@ impl Backend for NicBackend {
                 return Err(invalid_config(format!("pool {:?}: link type {bad:?} (ether or infiniband)", p.name)));
             }
         }
-        let info = Info {
-            name: "nic".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            resources: cfg
-                .pool
-                .iter()
-                .map(|p| ResourceInfo { name: p.name.clone(), preferred_allocation: true, pre_start_required: false })
-                .collect(),
-        };
+        let resources = cfg.pool.iter().map(|p| ResourceInfo::plain(p.name.clone()).with_preferred_allocation());
+        let info = Info::new("nic", env!("CARGO_PKG_VERSION"), resources);
         Ok((NicBackend { pools: cfg.pool, pci: PciCache::default(), known: RefCell::default() }, info))
     }
 

@@ -15,6 +15,7 @@ pub mod device;
 pub mod edits;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fixture;
+mod info;
 pub mod pci;
 pub mod sharing;
 pub mod sys;

@@ -16,12 +16,25 @@ pub struct Manifest {
     pub requests: Globs,
     /// The config `init` gets when the operator gives none (vendors ship their defaults here).
     pub config: Option<String>,
+    /// The manifest has no `[requests] resources` key: written before devplug 0.2.0 made
+    /// resource names a capability (see [`Manifest::MISSING_RESOURCES`]).
+    #[serde(skip)]
+    pub resources_unstated: bool,
 }
 
 impl Manifest {
+    /// What to tell the vendor and operator of a manifest without `[requests] resources`.
+    pub const MISSING_RESOURCES: &str = "the manifest has no `resources` under [requests] (manifests written before devplug 0.2.0): \
+         since 0.2.0 a backend serves only the resource names its manifest requests and the operator grants. \
+         Add the line `resources = [\"<your-domain>/*\"]` under [requests] of the manifest (the domain of the names \
+         its init declares, e.g. \"example.com/*\"); until then it serves only the names the operator grants \
+         explicitly in [backends.NAME.grant] resources";
+
     pub fn parse(text: &str) -> Result<Self, String> {
-        let m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
         Capabilities::new(&m.requests, &m.requests)?;
+        let raw: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        m.resources_unstated = raw.get("requests").and_then(|r| r.get("resources")).is_none();
         Ok(m)
     }
 }
@@ -38,5 +51,13 @@ mod tests {
         assert!(Manifest::parse("[requests]\nsysfs = [\"../x\"]\n").unwrap_err().contains(".."));
         assert!(Manifest::parse("[requests]\nsysfs = [\"/x\"]\n").is_err());
         assert!(Manifest::parse("[requests]\nnetwork = true\n").is_err());
+    }
+
+    #[test]
+    fn a_manifest_without_resources_is_told_apart_from_one_that_requests_none() {
+        assert!(Manifest::parse("[requests]\ndev = [\"kvm\"]\n").unwrap().resources_unstated);
+        assert!(Manifest::parse("name = \"x\"\n").unwrap().resources_unstated);
+        assert!(!Manifest::parse("[requests]\nresources = []\n").unwrap().resources_unstated);
+        assert!(!Manifest::parse("[requests]\nresources = [\"a.io/*\"]\n").unwrap().resources_unstated);
     }
 }

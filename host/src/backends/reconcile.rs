@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{BackendMetrics, BackendSource, Catalog, ReadyResource, Registry, Retired, Statuses, sources};
+use super::{BackendMetrics, BackendSource, Catalog, Loaded, ReadyResource, Retired, Statuses, sources};
 
 /// What one reconcile changed: resources that have devices under a new version, and resources no
 /// backend serves any more (their streams already carry an empty list).
@@ -22,7 +22,7 @@ pub struct Changes {
 
 /// Keeps the loaded backends in line with their sources.
 pub struct Reconciler {
-    registry: Arc<Registry>,
+    loaded: Arc<Loaded>,
     metrics: Arc<dyn BackendMetrics>,
     /// Sources that failed to load or swap, by name → key: not retried until the file changes.
     refused: HashMap<String, String>,
@@ -35,8 +35,8 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// `refused`: the sources that failed at start (see [`super::load_all`]).
-    pub fn new(registry: Arc<Registry>, metrics: Arc<dyn BackendMetrics>, refused: HashMap<String, String>) -> Self {
-        Reconciler { registry, metrics, refused, noted: HashSet::new(), pulled: None, statuses: Arc::default() }
+    pub fn new(loaded: Arc<Loaded>, metrics: Arc<dyn BackendMetrics>, refused: HashMap<String, String>) -> Self {
+        Reconciler { loaded, metrics, refused, noted: HashSet::new(), pulled: None, statuses: Arc::default() }
     }
 
     /// Also reconcile against the registry versions `pulled` offers; refusals go to `statuses`.
@@ -61,16 +61,16 @@ impl Reconciler {
         self.noted = now;
 
         let mut changes = Changes::default();
-        let loaded = self.registry.loaded();
+        let loaded = self.loaded.origins();
         let wanted: HashSet<&str> =
-            sources.iter().filter(|s| self.registry.enabled(&s.name)).map(|s| s.name.as_str()).collect();
+            sources.iter().filter(|s| self.loaded.enabled(&s.name)).map(|s| s.name.as_str()).collect();
         for gone in loaded.keys().filter(|n| !wanted.contains(n.as_str())) {
-            changes.retired.extend(self.registry.unload(gone));
+            changes.retired.extend(self.loaded.unload(gone));
             tracing::info!(backend = %gone, "backend removed from the directory: unloaded");
             self.refused.remove(gone);
         }
         for src in sources {
-            if !self.registry.enabled(&src.name) {
+            if !self.loaded.enabled(&src.name) {
                 continue;
             }
             let unchanged = loaded.get(&src.name).is_some_and(|(o, k)| *o == src.origin && *k == src.key);
@@ -86,7 +86,7 @@ impl Reconciler {
     /// Swap one source in; on failure the old version (`had_one`) keeps serving.
     async fn swap(&mut self, src: BackendSource, had_one: bool, changes: &mut Changes) {
         let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
-        let r = self.registry.clone();
+        let r = self.loaded.clone();
         let t0 = Instant::now();
         match tokio::task::spawn_blocking(move || r.swap(src)).await {
             Ok(Ok(swapped)) => {

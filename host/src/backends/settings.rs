@@ -39,6 +39,24 @@ pub struct BackendSettings {
     /// (pinned). See `[registry]`.
     #[serde(default)]
     pub image: Option<String>,
+    /// `grant` is there but says nothing of `resources` (configs written before devplug 0.2.0,
+    /// when a grant had only `sysfs` and `dev`): resource names then get the origin's default
+    /// grant, with a warning (see `Loaded::capabilities`). Set by `Config::parse`.
+    #[serde(skip)]
+    pub grant_resources_unstated: bool,
+}
+
+impl Default for BackendSettings {
+    fn default() -> Self {
+        BackendSettings {
+            enabled: true,
+            config: String::new(),
+            grant: None,
+            replace_embedded: false,
+            image: None,
+            grant_resources_unstated: false,
+        }
+    }
 }
 
 fn yes() -> bool {

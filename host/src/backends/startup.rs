@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{BackendSource, Catalog, Registry, load_dir};
+use super::{BackendSource, Catalog, Loaded, load_dir};
 
 /// The backends to load, and what is wrong in the directory. A directory backend replaces the
 /// embedded one of the same name only where the operator allowed it
@@ -48,15 +48,15 @@ pub fn sources(catalog: &Catalog, pulled: &[BackendSource]) -> (Vec<BackendSourc
 /// Load every enabled source at startup (a backend whose first discover fails is still loaded:
 /// its device list fills in once discover works). Returns the sources that failed, by name and
 /// key, so the same file is not retried until it changes.
-pub async fn load_all(registry: &Arc<Registry>, sources: Vec<BackendSource>) -> HashMap<String, String> {
+pub async fn load_all(loaded: &Arc<Loaded>, sources: Vec<BackendSource>) -> HashMap<String, String> {
     let mut failed = HashMap::new();
     for src in sources {
-        if !registry.enabled(&src.name) {
+        if !loaded.enabled(&src.name) {
             tracing::info!(backend = %src.name, "disabled in the config");
             continue;
         }
         let (name, origin, key) = (src.name.clone(), src.origin.clone(), src.key.clone());
-        let r = registry.clone();
+        let r = loaded.clone();
         match tokio::task::spawn_blocking(move || r.load(src)).await {
             Ok(Ok(())) => continue,
             Ok(Err(e)) => tracing::error!(backend = %name, file = %origin, "backend not loaded: {e}"),

@@ -87,7 +87,7 @@ impl SpecDir {
     }
 
     /// Whether the spec on disk has an entry of every name in `names`. Only checks: specs are
-    /// written before a device list is published (see `Registry::with_publish_hook`), never on
+    /// written before a device list is published (see `Loaded::with_publish_hook`), never on
     /// the Allocate path.
     pub fn covers(&self, resource: &str, names: &[String]) -> bool {
         self.written

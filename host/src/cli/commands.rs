@@ -7,22 +7,22 @@ use std::sync::Arc;
 
 use super::{AllocateArgs, CdiGenerateArgs, DiscoverArgs, SourceArgs};
 use crate::backends::DefaultGrant;
-use crate::backends::{BackendSource, Registry};
+use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
 use crate::runtime::Runtime;
 use crate::runtime::state::Roots;
 
 /// Load the chosen backends and run one discover. Load errors are returned, not raised: one
 /// broken backend does not hide what the others see.
-async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Registry>, Vec<String>)> {
-    let (registry, errors, _) = load_and_poll(args).await?;
-    Ok((registry, errors))
+async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<String>)> {
+    let (loaded, errors, _) = load_and_poll(args).await?;
+    Ok((loaded, errors))
 }
 
 /// [`load_once`], also handing back the resources that have devices, ready to answer calls.
 async fn load_and_poll(
     args: SourceArgs,
-) -> anyhow::Result<(Arc<Registry>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
+) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
     let cfg = match &args.config {
         Some(p) => Config::from_file(p)?,
         None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
@@ -38,7 +38,7 @@ async fn load_and_poll(
         proc: args.proc_root,
         dev_fixtures: args.dev_fixtures || cfg.dev_fixtures,
     };
-    let registry = Arc::new(Registry::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
+    let loaded = Arc::new(Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
     let mut sources = Vec::new();
     if args.backends.is_empty() || args.embedded {
         sources.extend(BackendSource::embedded());
@@ -69,21 +69,21 @@ async fn load_and_poll(
     }
     for src in sources {
         let origin = src.origin.to_string();
-        let r = registry.clone();
+        let r = loaded.clone();
         match tokio::task::spawn_blocking(move || r.load(src)).await? {
             Ok(()) => {}
             Err(e) => errors.push(format!("{origin}: {e}")),
         }
     }
-    let report = registry.poll_once().await;
-    Ok((registry, errors, report.ready))
+    let report = loaded.poll_once().await;
+    Ok((loaded, errors, report.ready))
 }
 
 /// `devplug allocate`: load, discover once, and answer an Allocate for `ids` the way `run`
 /// answers kubelet with the default strategy (device specs, mounts, env, annotations: the
 /// resource's common edits, each device's, and what the backend's `allocate` adds).
 pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
-    let (registry, errors, ready) = load_and_poll(args.source).await?;
+    let (loaded, errors, ready) = load_and_poll(args.source).await?;
     anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
     let names: Vec<&str> = ready.iter().map(|h| h.name.as_str()).collect();
     let handle = match &args.resource {
@@ -98,7 +98,7 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
     // The default strategy (device specs), as `run` answers without an `allocate` setting.
     let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &extra);
-    drop(registry);
+    drop(loaded);
     Ok(serde_json::json!({
         "resource": handle.name,
         "ids": args.ids,
@@ -116,10 +116,10 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
 /// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
 /// Returns the files written and the load errors.
 pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
-    let (registry, mut errors) = load_once(args.source).await?;
+    let (loaded, mut errors) = load_once(args.source).await?;
     let specs = crate::cdi::SpecDir::open(&args.out)?;
     let mut written = Vec::new();
-    for r in registry.snapshot() {
+    for r in loaded.snapshot() {
         match specs.sync(&r) {
             Ok(true) => written.extend(crate::cdi::Kind::for_resource(&r.name).map(|k| args.out.join(k.file_name()))),
             Ok(false) => {}
@@ -131,15 +131,15 @@ pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>
 
 /// `devplug discover`: load, discover once, print. Errors in one backend do not stop the others.
 pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
-    let (registry, mut errors) = load_once(args.source).await?;
+    let (loaded, mut errors) = load_once(args.source).await?;
     // A backend that loaded but whose discover failed (or was refused) is an error too: a
     // vendor's CI must see it.
-    for b in registry.summaries() {
+    for b in loaded.summaries() {
         if let Some(e) = &b.last_error {
             errors.push(format!("{}: discover: {e}", b.name));
         }
     }
-    let resources: Vec<serde_json::Value> = registry
+    let resources: Vec<serde_json::Value> = loaded
         .snapshot()
         .iter()
         .map(|r| {
@@ -156,5 +156,5 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
             })
         })
         .collect();
-    Ok(serde_json::json!({ "backends": registry.summaries(), "resources": resources, "errors": errors }))
+    Ok(serde_json::json!({ "backends": loaded.summaries(), "resources": resources, "errors": errors }))
 }

@@ -1,8 +1,8 @@
 //! The command line: every subcommand's arguments (clap), and where each command's work lives:
 //! [`commands`] (discover, allocate, cdi generate on a fixture or this machine), [`tables`]
 //! (output for people), [`http`] (talking to a running devplug for `status`), [`registry`]
-//! (`push`, `pull`, `sign`). `inspect` is
-//! [`crate::inspect`], shared with `pack`.
+//! (`push`, `pull`, `sign`), [`inspect`] (what a `.wasm` is and asks for, shared with `pack`),
+//! [`pack`] (backends → an OCI image layout) and [`scaffold`] (`devplug new`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,8 +15,20 @@ use crate::config::Config;
 use crate::kubelet::RegistrationMode;
 use crate::observe::LogFormat;
 
+/// `devplug --version`: the release and the WIT versions of backends it loads, so an operator can
+/// tell before upgrading whether a vendor's backend still fits.
+pub static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    let wit: Vec<String> =
+        crate::runtime::bindings::SUPPORTED.iter().map(|v| format!("{v} (semver-compatible)")).collect();
+    format!("{} (loads backends built against WIT devplug:backend {})", env!("CARGO_PKG_VERSION"), wit.join(", "))
+});
+
 #[derive(Parser, Debug)]
-#[command(name = "devplug", version, about = "Kubernetes device plugins as sandboxed WebAssembly backends")]
+#[command(
+    name = "devplug",
+    version = VERSION.as_str(),
+    about = "Kubernetes device plugins as sandboxed WebAssembly backends"
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value = "text")]
@@ -65,7 +77,7 @@ pub struct NewBackendArgs {
     /// The backend's name ([a-z0-9-]).
     pub name: String,
     #[arg(long, value_enum, default_value = "rust")]
-    pub lang: crate::scaffold::Lang,
+    pub lang: scaffold::Lang,
     /// Where to create it (default: ./NAME).
     #[arg(long)]
     pub dir: Option<PathBuf>,
@@ -92,7 +104,7 @@ pub struct PackArgs {
     #[arg(long, default_value = "latest")]
     pub tag: String,
     /// Platform architecture to stamp (the node's; wasm itself runs anywhere).
-    #[arg(long, default_value_t = crate::pack::host_arch().to_owned())]
+    #[arg(long, default_value_t = pack::host_arch().to_owned())]
     pub arch: String,
     /// BACKEND.wasm files, each optionally followed by its manifest (.toml); a NAME.toml beside
     /// NAME.wasm is taken along.
@@ -350,11 +362,14 @@ pub struct InspectArgs {
 
 mod commands;
 mod http;
+pub mod inspect;
+pub mod pack;
 mod registry;
+pub mod scaffold;
 mod tables;
 
-pub use crate::inspect::inspect;
 pub use commands::{allocate, cdi_generate, discover};
 pub use http::http_get;
+pub use inspect::inspect;
 pub use registry::{pull, push, sign};
 pub use tables::{discover_table, status_table};

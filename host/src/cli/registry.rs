@@ -21,7 +21,7 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
     // parses and names this backend.
     let manifest = manifest_for(&args.wasm, args.manifest.as_deref());
     let src = BackendSource::from_file_with(&args.wasm, manifest.as_deref())?;
-    crate::inspect::inspect(&args.wasm, manifest.as_deref())?;
+    crate::cli::inspect::inspect(&args.wasm, manifest.as_deref())?;
     let text = match &manifest {
         Some(m) => Some(std::fs::read_to_string(m).map_err(|e| anyhow::anyhow!("{}: {e}", m.display()))?),
         None => None,

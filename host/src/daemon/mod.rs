@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backends::uevents::Uevent;
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, PollDone, Reconciler, Registry};
+use crate::backends::{BackendSource, Loaded, PollDone, Reconciler};
 use crate::cdi::SpecDir;
 use crate::config::Config;
 use crate::kubelet::Endpoints;
@@ -59,7 +59,7 @@ pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> anyhow::Res
 /// The running daemon: what the control loop reads and drives.
 struct Daemon {
     cfg: Config,
-    registry: Arc<Registry>,
+    loaded: Arc<Loaded>,
     specs: Option<Arc<SpecDir>>,
     endpoints: Arc<Endpoints>,
     metrics: Arc<observe::Metrics>,
@@ -142,14 +142,14 @@ impl Daemon {
                 if self.polled.load(Ordering::Acquire) && !std::mem::replace(&mut self.trimmed, true) {
                     tokio::task::spawn_blocking(trim::after_start);
                 }
-                self.polls.start_round(&self.registry);
+                self.polls.start_round(&self.loaded);
                 self.note_first_round();
                 self.next_poll = tokio::time::Instant::now() + self.cfg.poll_interval;
                 return;
             }
-            Wake::Uevent(subsystem) => return self.polls.uevent(&self.registry, &subsystem),
+            Wake::Uevent(subsystem) => return self.polls.uevent(&self.loaded, &subsystem),
             Wake::Polled(done) => {
-                let ready = self.polls.finished(&self.registry, done);
+                let ready = self.polls.finished(&self.loaded, done);
                 self.serve(ready).await;
                 self.note_first_round();
             }
@@ -160,7 +160,7 @@ impl Daemon {
         if let Some(specs) = &self.specs
             && self.polled.load(Ordering::Acquire)
         {
-            specs::sweep_once(specs, &self.registry, &self.cfg, &mut self.sweep_pending);
+            specs::sweep_once(specs, &self.loaded, &self.cfg, &mut self.sweep_pending);
         }
     }
 

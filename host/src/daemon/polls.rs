@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use tokio::task::JoinSet;
 
-use crate::backends::{PollDone, ReadyResource, Registry};
+use crate::backends::{Loaded, PollDone, ReadyResource};
 
 #[derive(Default)]
 pub struct Polls {
@@ -22,8 +22,8 @@ pub struct Polls {
 
 impl Polls {
     /// Start a discover of every backend not already running one.
-    pub fn start_round(&mut self, registry: &Registry) {
-        let jobs = registry.start_polls(&self.busy);
+    pub fn start_round(&mut self, loaded: &Loaded) {
+        let jobs = loaded.start_polls(&self.busy);
         self.first_round.get_or_insert(jobs.len());
         for job in jobs {
             self.busy.insert(job.name.clone());
@@ -32,18 +32,18 @@ impl Polls {
     }
 
     /// A uevent of `subsystem`: its subscribers discover now, or right after the one running.
-    pub fn uevent(&mut self, registry: &Registry, subsystem: &str) {
-        for name in registry.subscribers(subsystem) {
+    pub fn uevent(&mut self, loaded: &Loaded, subsystem: &str) {
+        for name in loaded.subscribers(subsystem) {
             if self.busy.contains(&name) {
                 self.again.insert(name);
             } else {
-                self.start_one(registry, name);
+                self.start_one(loaded, name);
             }
         }
     }
 
-    fn start_one(&mut self, registry: &Registry, name: String) {
-        if let Some(job) = registry.poll_job(&name) {
+    fn start_one(&mut self, loaded: &Loaded, name: String) {
+        if let Some(job) = loaded.poll_job(&name) {
             self.busy.insert(name);
             self.running.spawn_blocking(move || job.run());
         }
@@ -66,12 +66,12 @@ impl Polls {
     }
 
     /// Publish a finished discover; the resources that have devices for the first time.
-    pub fn finished(&mut self, registry: &Registry, done: PollDone) -> Vec<ReadyResource> {
+    pub fn finished(&mut self, loaded: &Loaded, done: PollDone) -> Vec<ReadyResource> {
         let name = done.backend().to_owned();
         self.busy.remove(&name);
-        let ready = registry.finish_poll(done);
+        let ready = loaded.finish_poll(done);
         if self.again.remove(&name) {
-            self.start_one(registry, name);
+            self.start_one(loaded, name);
         }
         if let Some(left) = self.first_round.as_mut() {
             *left = left.saturating_sub(1);

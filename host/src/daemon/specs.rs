@@ -6,7 +6,7 @@ use crate::sync::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::backends::Registry;
+use crate::backends::Loaded;
 use crate::cdi::{Kind, SpecDir};
 use crate::config::Config;
 use crate::kubelet::{CdiTarget, Delivery};
@@ -28,7 +28,7 @@ pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
     }
 }
 
-/// The registry's publish hook: write a resource's spec from the list about to be published
+/// The publish hook of the loaded backends: write a resource's spec from the list about to be published
 /// (none for the resources the config says `write_cdi = false`). Errors are logged once per
 /// resource and message (and said again once fixed).
 pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook {
@@ -58,11 +58,11 @@ pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook
 
 /// After the first round of discovers: remove specs an earlier, killed devplug left for
 /// resources that no longer exist (or that the config no longer writes).
-pub fn sweep_once(specs: &SpecDir, registry: &Registry, cfg: &Config, first: &mut bool) {
+pub fn sweep_once(specs: &SpecDir, loaded: &Loaded, cfg: &Config, first: &mut bool) {
     if !std::mem::take(first) {
         return;
     }
-    let live: Vec<String> = registry.snapshot().iter().map(|r| r.name.clone()).filter(|r| cfg.writes_cdi(r)).collect();
+    let live: Vec<String> = loaded.snapshot().iter().map(|r| r.name.clone()).filter(|r| cfg.writes_cdi(r)).collect();
     for gone in specs.sweep(&live) {
         tracing::info!(file = %gone.display(), "removed a stale CDI spec");
     }

@@ -1,4 +1,4 @@
-//! Putting the daemon together at start: the runtime and CDI directory, the backend registry
+//! Putting the daemon together at start: the runtime and CDI directory, the table of loaded backends
 //! (with the registries' versions first, when the config follows any), loading every backend,
 //! the kubelet endpoints, the HTTP probes, and the watches that wake the control loop.
 
@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::polls::Polls;
 use super::{BEAT, Daemon, specs};
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, Follower, Reconciler, Registry, Statuses, load_all, sources};
+use crate::backends::{BackendSource, Follower, Loaded, Reconciler, Statuses, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
@@ -30,17 +30,17 @@ impl Daemon {
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
         let metrics = Arc::new(observe::Metrics::new());
-        let mut registry =
-            Registry::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant).with_metrics(metrics.clone());
+        let mut loaded =
+            Loaded::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant).with_metrics(metrics.clone());
         if let Some(s) = &specs {
-            registry = registry.with_publish_hook(specs::writer(s.clone(), &cfg));
+            loaded = loaded.with_publish_hook(specs::writer(s.clone(), &cfg));
         }
-        let registry = Arc::new(registry);
-        let Some(Loaded { refused, follower, statuses, pulled_tx, pulled }) = load(&cfg, &registry, shutdown).await?
+        let loaded = Arc::new(loaded);
+        let Some(Started { refused, follower, statuses, pulled_tx, pulled }) = load(&cfg, &loaded, shutdown).await?
         else {
             return Ok(None);
         };
-        tracing::info!(loaded = registry.loaded().len(), "backends loaded");
+        tracing::info!(loaded = loaded.origins().len(), "backends loaded");
 
         let paths = KubeletPaths {
             device_plugin_dir: cfg.kubelet_dir.clone(),
@@ -48,7 +48,7 @@ impl Daemon {
         };
         let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
         let stop = CancellationToken::new();
-        let served = registry.clone();
+        let served = loaded.clone();
         let pods = podresources::spawn(
             cfg.pod_resources_socket(),
             cfg.pod_resources_interval,
@@ -59,7 +59,7 @@ impl Daemon {
         let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
         let probes = observe::Probes {
             endpoints: endpoints.clone(),
-            registry: registry.clone(),
+            loaded: loaded.clone(),
             metrics: metrics.clone(),
             pods,
             polled: polled.clone(),
@@ -73,12 +73,12 @@ impl Daemon {
         });
         let uevents = if cfg.uevents { listen_uevents() } else { None };
         let reconciler =
-            Reconciler::new(registry.clone(), metrics.clone(), refused).with_registry_sources(pulled.clone(), statuses);
+            Reconciler::new(loaded.clone(), metrics.clone(), refused).with_registry_sources(pulled.clone(), statuses);
         // The follower polls the registries on its own task: a slow registry never holds up the loop.
         let following = follower.map(|f| f.spawn(pulled_tx));
         Ok(Some(Daemon {
             cfg,
-            registry,
+            loaded,
             specs,
             endpoints,
             metrics,
@@ -101,7 +101,7 @@ impl Daemon {
 
 /// What start-up loaded: the sources that failed (by name → key, not retried until they change)
 /// and, when the config follows registry references, the follower and its channel.
-struct Loaded {
+struct Started {
     refused: HashMap<String, String>,
     follower: Option<Follower>,
     statuses: Arc<Statuses>,
@@ -112,9 +112,9 @@ struct Loaded {
 /// Load every backend the config names; `None` when `shutdown` came first.
 async fn load<F: Future<Output = ()>>(
     cfg: &Config,
-    registry: &Arc<Registry>,
+    loaded: &Arc<Loaded>,
     mut shutdown: Pin<&mut F>,
-) -> anyhow::Result<Option<Loaded>> {
+) -> anyhow::Result<Option<Started>> {
     // Backends from registries: the cached versions at once, then one look at each registry
     // (bounded by registry.timeout), so a node that can pull starts with the newest.
     let mut follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
@@ -138,9 +138,9 @@ async fn load<F: Future<Output = ()>>(
             tracing::info!("shutting down while backends were loading");
             return Ok(None);
         }
-        refused = load_all(registry, srcs) => refused,
+        refused = load_all(loaded, srcs) => refused,
     };
-    Ok(Some(Loaded { refused, follower, statuses, pulled_tx, pulled }))
+    Ok(Some(Started { refused, follower, statuses, pulled_tx, pulled }))
 }
 
 fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::uevents::Uevent>> {

@@ -6,6 +6,7 @@ pub mod answer;
 mod dirwatch;
 mod endpoint;
 mod names;
+mod plumbing;
 pub mod podresources;
 mod registration;
 mod service;

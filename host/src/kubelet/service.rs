@@ -55,10 +55,18 @@ impl DevicePluginService {
         DevicePluginService { handle, streams, cancel }
     }
 
-    fn record(&self, method: &str, ok: bool, t0: std::time::Instant) {
+    /// Run one kubelet RPC, reporting its outcome and latency to the metrics.
+    async fn timed<T>(
+        &self,
+        method: &'static str,
+        call: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        let t0 = std::time::Instant::now();
+        let out = call.await;
         if let Some(m) = &self.handle.metrics {
-            m.request(&self.handle.name, method, ok, t0.elapsed());
+            m.request(&self.handle.name, method, out.is_ok(), t0.elapsed());
         }
+        out
     }
 
     fn snapshot(&self) -> Arc<Resource> {
@@ -203,8 +211,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         &self,
         req: Request<pb::PreferredAllocationRequest>,
     ) -> Result<Response<pb::PreferredAllocationResponse>, Status> {
-        let t0 = std::time::Instant::now();
-        let out: Result<Response<pb::PreferredAllocationResponse>, Status> = async {
+        self.timed("GetPreferredAllocation", async {
             let mut out = Vec::new();
             for c in req.into_inner().container_requests {
                 let size = usize::try_from(c.allocation_size)
@@ -233,16 +240,12 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 out.push(pb::ContainerPreferredAllocationResponse { device_i_ds: answer });
             }
             Ok(Response::new(pb::PreferredAllocationResponse { container_responses: out }))
-
-        }
-        .await;
-        self.record("GetPreferredAllocation", out.is_ok(), t0);
-        out
+        })
+        .await
     }
 
     async fn allocate(&self, req: Request<pb::AllocateRequest>) -> Result<Response<pb::AllocateResponse>, Status> {
-        let t0 = std::time::Instant::now();
-        let out: Result<Response<pb::AllocateResponse>, Status> = async {
+        self.timed("Allocate", async {
             let reqs = req.into_inner().container_requests;
             let snap = self.snapshot();
             // Check every container before calling the backend once, so a bad request has no effect.
@@ -262,26 +265,21 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
             }
             Ok(Response::new(pb::AllocateResponse { container_responses: out }))
-        }
-        .await;
-        self.record("Allocate", out.is_ok(), t0);
-        out
+        })
+        .await
     }
 
     async fn pre_start_container(
         &self,
         req: Request<pb::PreStartContainerRequest>,
     ) -> Result<Response<pb::PreStartContainerResponse>, Status> {
-        let t0 = std::time::Instant::now();
-        let out: Result<Response<pb::PreStartContainerResponse>, Status> = async {
+        self.timed("PreStartContainer", async {
             let ids = req.into_inner().devices_ids;
             self.check_ids(&self.snapshot(), &ids, false)?;
             self.handle.ops.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
             Ok(Response::new(pb::PreStartContainerResponse {}))
-        }
-        .await;
-        self.record("PreStartContainer", out.is_ok(), t0);
-        out
+        })
+        .await
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::dirwatch::DirEvent;
-use super::endpoint::{EndpointCtx, FIRST_BACKOFF, MAX_BACKOFF, back_off, file_id, finish, pause, serve, stop_server};
+use super::plumbing::{EndpointCtx, FIRST_BACKOFF, MAX_BACKOFF, back_off, file_id, finish, pause, serve, stop_server};
 use super::registration::register;
 use super::service::{DevicePluginService, StreamTracker};
 use super::state::EndpointState;

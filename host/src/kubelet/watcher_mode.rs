@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::broadcast;
 
 use super::dirwatch::DirEvent;
-use super::endpoint::{EndpointCtx, FIRST_BACKOFF, back_off, finish, serve, stop_server};
+use super::plumbing::{EndpointCtx, FIRST_BACKOFF, back_off, finish, serve, stop_server};
 use super::registration::WatcherRegistration;
 use super::service::{DevicePluginService, StreamTracker};
 use super::state::EndpointState;

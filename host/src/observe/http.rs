@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
-use crate::backends::{Registry, Statuses};
+use crate::backends::{Loaded, Statuses};
 use crate::kubelet::podresources::PodAssignments;
 use crate::kubelet::{EndpointState, Endpoints};
 
@@ -23,7 +23,7 @@ use crate::kubelet::{EndpointState, Endpoints};
 #[derive(Clone)]
 pub struct Probes {
     pub endpoints: Arc<Endpoints>,
-    pub registry: Arc<Registry>,
+    pub loaded: Arc<Loaded>,
     /// The process's metrics, rendered on `/metrics` with the state read now.
     pub metrics: Arc<Metrics>,
     pub pods: Arc<PodAssignments>,
@@ -86,7 +86,7 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
-    let body = h.metrics.render(&h.registry, &h.pods.get(), &h.sources.all());
+    let body = h.metrics.render(&h.loaded, &h.pods.get(), &h.sources.all());
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
@@ -94,7 +94,7 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
     let states: std::collections::BTreeMap<String, String> =
         h.endpoints.states().await.into_iter().map(|(n, s)| (n, s.to_string())).collect();
     let resources: Vec<serde_json::Value> = h
-        .registry
+        .loaded
         .snapshot()
         .iter()
         .map(|r| {
@@ -109,7 +109,7 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
         .collect();
     Json(serde_json::json!({
         "resources": resources,
-        "backends": h.registry.summaries(),
+        "backends": h.loaded.summaries(),
         "allocations": *h.pods.get(),
         "sources": h.sources.all(),
     }))

@@ -2,7 +2,7 @@
 //!
 //! Events are counted where they happen (kubelet requests, registrations, swaps, backend call
 //! latency); state (devices by health, backend fault counters and breaker, loaded versions, pod
-//! attribution) is read from the registry at scrape time, so it can never drift from what is
+//! attribution) is read from the loaded backends at scrape time, so it can never drift from what is
 //! served. Backend fault counters belong to the loaded version: a swap starts them at zero again,
 //! which Prometheus's `rate()` reads as a counter reset.
 
@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::backends::{BackendMetrics, Registry as Backends, SourceStatus};
+use crate::backends::{BackendMetrics, Loaded, SourceStatus};
 use crate::kubelet::KubeletMetrics;
 use crate::kubelet::podresources::Assignment;
 use crate::model::Health;
@@ -189,7 +189,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text, with state read from `backends` and `pods` now.
-    pub fn render(&self, backends: &Backends, pods: &[Assignment], sources: &[SourceStatus]) -> String {
+    pub fn render(&self, backends: &Loaded, pods: &[Assignment], sources: &[SourceStatus]) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
         // scrape clearing them in between would hand out a half-filled set.
         let r = self.registry.locked();
@@ -304,7 +304,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::Metrics;
-    use crate::backends::{BackendSource, DefaultGrant, Registry};
+    use crate::backends::{BackendSource, DefaultGrant, Loaded};
     use crate::runtime::{Runtime, RuntimeConfig};
 
     /// Scrapes from several threads at once each see every series (before, one scrape could
@@ -320,14 +320,14 @@ mod tests {
         std::fs::write(d.path().join("dev/null"), "c 1:3").unwrap();
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
         let roots = crate::runtime::state::Roots::fixture(d.path());
-        let registry = Arc::new(Registry::new(rt, roots, Default::default(), DefaultGrant::Requested));
-        let r = registry.clone();
+        let loaded = Arc::new(Loaded::new(rt, roots, Default::default(), DefaultGrant::Requested));
+        let r = loaded.clone();
         tokio::task::spawn_blocking(move || r.load(src)).await.unwrap().unwrap();
-        registry.poll_once().await;
+        loaded.poll_once().await;
         let metrics = Arc::new(Metrics::new());
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let (r, m) = (registry.clone(), metrics.clone());
+                let (r, m) = (loaded.clone(), metrics.clone());
                 std::thread::spawn(move || {
                     (0..300).filter(|_| !m.render(&r, &[], &[]).contains("devplug_devices{")).count()
                 })

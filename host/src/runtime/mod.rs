@@ -6,8 +6,10 @@ pub mod bindings;
 pub mod caps;
 mod engine;
 pub mod engine_config;
+pub mod guest_log;
 mod instance;
 pub mod jail;
+pub mod limits;
 pub mod state;
 pub mod vet;
 

@@ -29,11 +29,7 @@ impl Backend for Plugin {
                 .filter(|p| !p.is_empty())
                 .collect();
         }
-        let info = Info {
-            name: "{{name}}".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            resources: vec![ResourceInfo { name: RESOURCE.into(), preferred_allocation: false, pre_start_required: false }],
-        };
+        let info = Info::new("{{name}}", env!("CARGO_PKG_VERSION"), [ResourceInfo::plain(RESOURCE)]);
         Ok((Plugin { paths }, info))
     }
 

@@ -1,12 +1,13 @@
 //! One bindings module per WIT version the host has ever shipped (Zed's extension_host model).
 //! A component is matched to a module by the versioned name of its `backend` export, semver
 //! style (0.1.x → `v0_1_0`, 0.2.x → `v0_2_0`). Adding a version means a `vX_Y_Z.rs` (its
-//! `bindgen!` and [`glue::version_glue`]), a variant in [`Bindings`] and [`Prepared`], and a
-//! line in [`VERSIONS`]. The host side of the imports is written once, in [`host_calls`].
+//! `bindgen!` and [`glue::version_glue`]), a variant in [`Bindings`] and [`Prepared`] (every
+//! `match` on them is exhaustive, so the compiler lists what else to write), and one row in
+//! [`VERSIONS`]. The host side of the imports is written once, in [`host_calls`].
 
 use std::sync::OnceLock;
 
-use wasmtime::component::{Component, Linker};
+use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 
 use super::state::HostState;
@@ -22,15 +23,41 @@ pub mod v0_2_0;
 pub use v0_1_0::devplug::backend::types as wit_interface;
 use wit_interface as wit;
 
-/// Adds one version's imports to a linker.
-type AddToLinker = fn(&mut Linker<HostState>) -> wasmtime::Result<()>;
+/// One WIT package version this host serves: everything the version-independent code needs to
+/// know about it, in one row.
+struct Version {
+    version: &'static str,
+    /// Adds the version's imports to a linker.
+    add_to_linker: fn(&mut Linker<HostState>) -> wasmtime::Result<()>,
+    /// Wraps a component linked with those imports in the version's typed exports.
+    prepare: fn(InstancePre<HostState>) -> wasmtime::Result<Prepared>,
+}
 
-/// Every WIT package version this host loads, oldest first, as (version, how to link it).
-const VERSIONS: &[(&str, AddToLinker)] =
-    &[(v0_1_0::VERSION, v0_1_0::add_to_linker), (v0_2_0::VERSION, v0_2_0::add_to_linker)];
+/// Every WIT package version this host loads, oldest first. A component is served by exactly
+/// the row [`module_for`] picks; there is no fallback row.
+const VERSIONS: &[Version] = &[
+    Version {
+        version: v0_1_0::VERSION,
+        add_to_linker: v0_1_0::add_to_linker,
+        prepare: |pre| Ok(Prepared::V0_1_0(v0_1_0::DevplugBackendPre::new(pre)?)),
+    },
+    Version {
+        version: v0_2_0::VERSION,
+        add_to_linker: v0_2_0::add_to_linker,
+        prepare: |pre| Ok(Prepared::V0_2_0(v0_2_0::DevplugBackendPre::new(pre)?)),
+    },
+];
 
-/// WIT package versions this host loads, oldest first.
-pub const SUPPORTED: &[&str] = &[v0_1_0::VERSION, v0_2_0::VERSION];
+/// WIT package versions this host loads, oldest first (read from [`VERSIONS`]).
+pub const SUPPORTED: [&str; VERSIONS.len()] = {
+    let mut out = [""; VERSIONS.len()];
+    let mut i = 0;
+    while i < VERSIONS.len() {
+        out[i] = VERSIONS[i].version;
+        i += 1;
+    }
+    out
+};
 
 /// A backend's answer: `Ok`, or the error it chose to return (not a trap).
 pub type GuestResult<T> = Result<T, String>;
@@ -56,7 +83,7 @@ pub struct Linkers {
 
 impl Linkers {
     fn get(&self, engine: &Engine, i: usize) -> Result<&Linker<HostState>, super::LoadError> {
-        let (_, add) = VERSIONS[i];
+        let add = VERSIONS[i].add_to_linker;
         let built = self.built[i].get_or_init(|| {
             let mut linker: Linker<HostState> = Linker::new(engine);
             wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(|e| format!("{e:#}"))?;
@@ -84,8 +111,8 @@ pub fn supports(version: &str) -> bool {
 /// same minor (semver compatibility; a patch release never changes the interface).
 fn module_for(version: &str) -> Option<usize> {
     let v = semver::Version::parse(version).ok()?;
-    VERSIONS.iter().position(|(known, _)| {
-        let Ok(k) = semver::Version::parse(known) else { return false };
+    VERSIONS.iter().position(|row| {
+        let Ok(k) = semver::Version::parse(row.version) else { return false };
         k.major == v.major && (k.major > 0 || k.minor == v.minor)
     })
 }
@@ -104,10 +131,7 @@ impl Prepared {
         let linker = linkers.get(engine, i)?;
         let link_error = |e: wasmtime::Error| super::LoadError::Link(format!("{e:#}"));
         let pre = linker.instantiate_pre(component).map_err(link_error)?;
-        Ok(match VERSIONS[i].0 {
-            v0_1_0::VERSION => Prepared::V0_1_0(v0_1_0::DevplugBackendPre::new(pre).map_err(link_error)?),
-            _ => Prepared::V0_2_0(v0_2_0::DevplugBackendPre::new(pre).map_err(link_error)?),
-        })
+        (VERSIONS[i].prepare)(pre).map_err(link_error)
     }
 
     pub async fn instantiate(&self, store: &mut Store<HostState>) -> wasmtime::Result<Bindings> {
@@ -197,5 +221,29 @@ mod tests {
         assert_eq!(module_for("0.3.0"), None, "a newer minor of 0.x is a different interface");
         assert_eq!(module_for("1.1.0"), None);
         assert_eq!(module_for("not-a-version"), None);
+    }
+
+    #[test]
+    fn every_version_row_serves_its_own_version() {
+        for (i, row) in VERSIONS.iter().enumerate() {
+            assert_eq!(module_for(row.version), Some(i), "{} is served by another row", row.version);
+            assert_eq!(SUPPORTED[i], row.version);
+        }
+    }
+
+    /// A component of each version is wrapped by its own row (not merely by the newest one).
+    #[test]
+    fn components_are_prepared_by_the_row_of_their_version() {
+        let rt = crate::runtime::Runtime::new(crate::runtime::RuntimeConfig::default()).unwrap();
+        let (chaos, _) = crate::backends::embedded::test_program("chaos").expect("chaos is built");
+        let cases = [
+            (std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/compat/v0.1.0.wasm")).unwrap(), "0.1.0"),
+            (std::fs::read(chaos).unwrap(), "0.2.0"),
+        ];
+        for (bytes, version) in cases {
+            let compiled = rt.compile(&bytes).unwrap();
+            let prepared = Prepared::new(rt.engine(), rt.linkers(), &compiled.component).unwrap();
+            assert_eq!(prepared.version(), version);
+        }
     }
 }

@@ -47,6 +47,7 @@ pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_jso
         "exports": exports,
         "imports": imports,
         "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
+        "warnings": manifest.as_ref().filter(|m| m.resources_unstated).map(|_| vec![Manifest::MISSING_RESOURCES]).unwrap_or_default(),
         "manifest_file": manifest_path.map(|p| p.display().to_string()),
     }))
 }

@@ -14,20 +14,21 @@ pub enum Lang {
 }
 
 const WIT: &[(&str, &str)] = &[
-    ("backend.wit", include_str!("../../wit/since_v0.2.0/backend.wit")),
-    ("host.wit", include_str!("../../wit/since_v0.2.0/host.wit")),
-    ("types.wit", include_str!("../../wit/since_v0.2.0/types.wit")),
+    ("backend.wit", include_str!("../../../wit/since_v0.2.0/backend.wit")),
+    ("host.wit", include_str!("../../../wit/since_v0.2.0/host.wit")),
+    ("types.wit", include_str!("../../../wit/since_v0.2.0/types.wit")),
 ];
 
 const SDK: &[(&str, &str)] = &[
-    ("lib.rs", include_str!("../../guests/sdk/src/lib.rs")),
-    ("device.rs", include_str!("../../guests/sdk/src/device.rs")),
-    ("edits.rs", include_str!("../../guests/sdk/src/edits.rs")),
-    ("fixture.rs", include_str!("../../guests/sdk/src/fixture.rs")),
-    ("pci.rs", include_str!("../../guests/sdk/src/pci.rs")),
-    ("sharing.rs", include_str!("../../guests/sdk/src/sharing.rs")),
-    ("sys.rs", include_str!("../../guests/sdk/src/sys.rs")),
-    ("topology.rs", include_str!("../../guests/sdk/src/topology.rs")),
+    ("lib.rs", include_str!("../../../guests/sdk/src/lib.rs")),
+    ("device.rs", include_str!("../../../guests/sdk/src/device.rs")),
+    ("edits.rs", include_str!("../../../guests/sdk/src/edits.rs")),
+    ("fixture.rs", include_str!("../../../guests/sdk/src/fixture.rs")),
+    ("info.rs", include_str!("../../../guests/sdk/src/info.rs")),
+    ("pci.rs", include_str!("../../../guests/sdk/src/pci.rs")),
+    ("sharing.rs", include_str!("../../../guests/sdk/src/sharing.rs")),
+    ("sys.rs", include_str!("../../../guests/sdk/src/sys.rs")),
+    ("topology.rs", include_str!("../../../guests/sdk/src/topology.rs")),
 ];
 
 /// Why `name` cannot name a backend, if it cannot.
@@ -59,9 +60,9 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
     files.push(("tests/fixture/sys/README".into(), "A fixture /sys: add the attributes your backend reads.\n".into()));
     let (build, test, wasm) = match lang {
         Lang::Rust => {
-            files.push(("Cargo.toml".into(), fill(include_str!("../templates/rust/Cargo.toml"))));
-            files.push(("src/lib.rs".into(), fill(include_str!("../templates/rust/lib.rs"))));
-            files.push(("devplug-sdk/Cargo.toml".into(), include_str!("../templates/rust/sdk-Cargo.toml").into()));
+            files.push(("Cargo.toml".into(), fill(include_str!("../../templates/rust/Cargo.toml"))));
+            files.push(("src/lib.rs".into(), fill(include_str!("../../templates/rust/lib.rs"))));
+            files.push(("devplug-sdk/Cargo.toml".into(), include_str!("../../templates/rust/sdk-Cargo.toml").into()));
             for (f, t) in SDK {
                 // The vendored SDK finds the WIT beside it, not in devplug's repository layout.
                 files.push((format!("devplug-sdk/src/{f}"), t.replace("\"../../wit/since_v0.2.0\"", "\"../wit\"")));
@@ -76,8 +77,8 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
         Lang::Python => {
             // Under src/, so componentize-py reads only the app, never the fixture tree (which has
             // sysfs's symlink loops).
-            files.push(("src/app.py".into(), fill(include_str!("../templates/python/app.py"))));
-            files.push(("test.sh".into(), fill(include_str!("../templates/python/test.sh"))));
+            files.push(("src/app.py".into(), fill(include_str!("../../templates/python/app.py"))));
+            files.push(("test.sh".into(), fill(include_str!("../../templates/python/test.sh"))));
             files.push((".gitignore".into(), "*.wasm\n__pycache__/\n".into()));
             (
                 format!("componentize-py -d wit -w devplug-backend componentize app -p src -o {name}.wasm"),
@@ -86,10 +87,10 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
             )
         }
         Lang::Js => {
-            files.push(("backend.js".into(), fill(include_str!("../templates/js/backend.js"))));
-            files.push(("test.js".into(), fill(include_str!("../templates/js/test.js"))));
-            files.push(("package.json".into(), fill(include_str!("../templates/js/package.json"))));
-            let lock = include_str!("../templates/js/package-lock.json").replace("devplug-example-js-fusetun", name);
+            files.push(("backend.js".into(), fill(include_str!("../../templates/js/backend.js"))));
+            files.push(("test.js".into(), fill(include_str!("../../templates/js/test.js"))));
+            files.push(("package.json".into(), fill(include_str!("../../templates/js/package.json"))));
+            let lock = include_str!("../../templates/js/package-lock.json").replace("devplug-example-js-fusetun", name);
             files.push(("package-lock.json".into(), lock));
             files.push((".gitignore".into(), "node_modules/\n*.wasm\n".into()));
             ("npm install && npm run build".to_owned(), "npm test".to_owned(), format!("{name}.wasm"))

@@ -44,7 +44,7 @@ impl Contents {
             match p.extension().and_then(|e| e.to_str()) {
                 Some("wasm") => {
                     let bytes = std::fs::read(p).with_context(|| format!("{}", p.display()))?;
-                    crate::inspect::inspect_bytes(&bytes)
+                    crate::cli::inspect::inspect_bytes(&bytes)
                         .with_context(|| format!("{} is not a loadable backend", p.display()))?;
                     let name = file_name(p)?;
                     let stem = name.trim_end_matches(".wasm").to_owned();

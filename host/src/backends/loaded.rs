@@ -1,6 +1,6 @@
-//! The registry: loaded backends, which resource each one serves, the latest device list of every
-//! resource (health polled through `discover`), and the [`ResourceCalls`] that route a resource's
-//! calls to the backend's current instance.
+//! The table of loaded backends ([`Loaded`]): loading, hot-swapping and unloading them, which
+//! resource each one serves (the first backend to claim a name keeps it), and what status reads.
+//! Polling lives in [`super::polls`], per-resource call routing in [`super::routing`].
 
 use crate::sync::Locked;
 use std::collections::{BTreeMap, HashSet};
@@ -9,97 +9,29 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
+use super::routing::ReadyResource;
 use super::settings::{BackendSettings, DefaultGrant};
+pub use super::slot::BackendMetrics;
+use super::slot::{NoMetrics, Slot};
 use super::source::{BackendSource, Origin};
 use crate::model::names::resource_name_problem;
-use crate::model::{ContainerEdits, Health, Resource, ResourceOptions};
+use crate::model::{Resource, ResourceOptions};
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::state::{Roots, Sandbox};
-use crate::runtime::{BackendInstance, CallError, LoadError, Runtime};
+use crate::runtime::{BackendInstance, LoadError, Runtime};
 
-/// See [`Registry::with_publish_hook`].
+/// See [`Loaded::with_publish_hook`].
 pub type PublishHook = Arc<dyn Fn(&Resource) + Send + Sync>;
 
-/// Where this layer reports backend calls and swaps; the daemon passes the process's metrics in
-/// (none by default), so the layer does not depend on how they are exported.
-pub trait BackendMetrics: Send + Sync + 'static {
-    /// One call (`discover`, `allocate`, ...) of `backend` that took `took`, answered or not.
-    fn backend_call(&self, backend: &str, call: &str, took: std::time::Duration);
-    /// A hot swap of `backend`, taken (`ok`) or refused.
-    fn swap(&self, backend: &str, ok: bool);
-}
-
-/// Metrics that go nowhere (tests, `devplug discover`).
-struct NoMetrics;
-
-impl BackendMetrics for NoMetrics {
-    fn backend_call(&self, _: &str, _: &str, _: std::time::Duration) {}
-    fn swap(&self, _: &str, _: bool) {}
-}
-
-/// A resource whose device list is not empty for the first time: what serving it needs. Its
-/// `devices` carry every later list; `calls` reach whichever instance is current.
-pub struct ReadyResource {
-    pub name: String,
-    pub backend: String,
-    pub options: ResourceOptions,
-    pub devices: watch::Receiver<Arc<Resource>>,
-    pub calls: Arc<ResourceCalls>,
-}
-
-/// A loaded backend; `current` is swapped atomically, in-flight calls keep the old one alive.
-struct Slot {
-    /// Where the current instance came from and its source key (content identity).
-    origin: ArcSwap<(Origin, String)>,
-    current: ArcSwap<BackendInstance>,
-    last_error: Mutex<Option<String>>,
-}
-
 /// Distinct problems remembered per resource for log-once; past this they are not logged again.
-const MAX_LOGGED: usize = 64;
+pub(super) const MAX_LOGGED: usize = 64;
 
-struct ResSlot {
-    backend: String,
-    options: ResourceOptions,
-    tx: watch::Sender<Arc<Resource>>,
-    published: bool,
-    logged: HashSet<String>,
-}
-
-/// One backend's discover, ready to run on a blocking thread.
-pub struct PollJob {
-    pub name: String,
-    slot: Arc<Slot>,
-    inst: Arc<BackendInstance>,
-}
-
-impl PollJob {
-    /// Call the backend (blocking, bounded by its discover deadline).
-    pub fn run(self) -> PollDone {
-        let t0 = std::time::Instant::now();
-        let result = self.inst.discover();
-        PollDone { job: self, result, took: t0.elapsed() }
-    }
-}
-
-/// A finished discover, for [`Registry::finish_poll`].
-pub struct PollDone {
-    job: PollJob,
-    result: Result<Vec<Resource>, CallError>,
-    took: std::time::Duration,
-}
-
-impl PollDone {
-    pub fn backend(&self) -> &str {
-        &self.job.name
-    }
-}
-
-/// What a poll found.
-#[derive(Default)]
-pub struct PollReport {
-    /// Resources that have devices for the first time: start serving them to kubelet.
-    pub ready: Vec<ReadyResource>,
+pub(super) struct ResSlot {
+    pub(super) backend: String,
+    pub(super) options: ResourceOptions,
+    pub(super) tx: watch::Sender<Arc<Resource>>,
+    pub(super) published: bool,
+    pub(super) logged: HashSet<String>,
 }
 
 /// A resource a backend no longer serves. Its stream already carries an empty device list;
@@ -150,7 +82,7 @@ pub struct StatsSnapshot {
     pub refused: u64,
 }
 
-pub struct Registry {
+pub struct Loaded {
     runtime: Arc<Runtime>,
     /// Where the backends' views of the machine are rooted.
     roots: Roots,
@@ -158,20 +90,20 @@ pub struct Registry {
     default_grant: DefaultGrant,
     /// Called with a resource's new device list before it is published (the daemon writes its
     /// CDI spec there, so kubelet never sees a device its spec does not name yet).
-    publish_hook: Option<PublishHook>,
-    backends: Mutex<BTreeMap<String, Arc<Slot>>>,
-    resources: Mutex<BTreeMap<String, ResSlot>>,
-    metrics: Arc<dyn BackendMetrics>,
+    pub(super) publish_hook: Option<PublishHook>,
+    pub(super) backends: Mutex<BTreeMap<String, Arc<Slot>>>,
+    pub(super) resources: Mutex<BTreeMap<String, ResSlot>>,
+    pub(super) metrics: Arc<dyn BackendMetrics>,
 }
 
-impl Registry {
+impl Loaded {
     pub fn new(
         runtime: Arc<Runtime>,
         roots: Roots,
         settings: BTreeMap<String, BackendSettings>,
         default_grant: DefaultGrant,
     ) -> Self {
-        Registry {
+        Loaded {
             runtime,
             roots,
             settings,
@@ -201,8 +133,32 @@ impl Registry {
     }
 
     fn capabilities(&self, src: &BackendSource) -> Result<Capabilities, LoadError> {
-        let requested = &src.manifest.requests;
-        let granted: Globs = match self.settings.get(&src.name).and_then(|s| s.grant.clone()) {
+        let settings = self.settings.get(&src.name);
+        let explicit = settings.and_then(|s| s.grant.clone());
+        let mut requested = src.manifest.requests.clone();
+        if src.manifest.resources_unstated {
+            // A manifest from before resource names were a capability: the operator's explicit
+            // grant speaks for it, so an upgrade does not silently empty a granted backend.
+            tracing::warn!(backend = %src.name, "{}", crate::backends::Manifest::MISSING_RESOURCES);
+            requested.resources = explicit.as_ref().map(|g| g.resources.clone()).unwrap_or_default();
+        }
+        let requested = &requested;
+        let granted: Globs = match explicit {
+            Some(mut g) if settings.is_some_and(|s| s.grant_resources_unstated) => {
+                // A grant written before resource names were a capability narrowed only sysfs
+                // and dev: its resource names are what the origin's default grant gives.
+                g.resources = match (&src.origin, self.default_grant) {
+                    (Origin::Embedded, _) | (_, DefaultGrant::Requested) => requested.resources.clone(),
+                    (_, DefaultGrant::None) => Vec::new(),
+                };
+                tracing::warn!(
+                    backend = %src.name,
+                    resources = ?g.resources,
+                    "[backends.{}.grant] has no `resources` (configs before devplug 0.2.0): it gets the resource names above, the default for its origin; add `resources = [...]` to the grant to choose",
+                    src.name
+                );
+                g
+            }
             Some(g) => g,
             None if src.origin == Origin::Embedded => requested.clone(),
             None => match self.default_grant {
@@ -287,7 +243,7 @@ impl Registry {
     }
 
     /// Loaded backends: name → (origin, source key).
-    pub fn loaded(&self) -> BTreeMap<String, (Origin, String)> {
+    pub fn origins(&self) -> BTreeMap<String, (Origin, String)> {
         self.backends.locked().iter().map(|(n, s)| (n.clone(), (**s.origin.load()).clone())).collect()
     }
 
@@ -360,153 +316,6 @@ impl Registry {
         retired
     }
 
-    /// One `discover` for each loaded backend not in `busy`. Each runs on its own (blocking)
-    /// and is handed back with [`finish_poll`](Self::finish_poll), so a backend that takes its
-    /// whole deadline delays no other backend's poll.
-    pub fn start_polls(&self, busy: &HashSet<String>) -> Vec<PollJob> {
-        self.backends
-            .locked()
-            .iter()
-            .filter(|(n, _)| !busy.contains(*n))
-            .map(|(n, s)| PollJob { name: n.clone(), slot: s.clone(), inst: s.current.load_full() })
-            .collect()
-    }
-
-    /// The discover of backend `name` alone (a uevent asked for it).
-    pub fn poll_job(&self, name: &str) -> Option<PollJob> {
-        let backends = self.backends.locked();
-        let s = backends.get(name)?;
-        Some(PollJob { name: name.to_owned(), slot: s.clone(), inst: s.current.load_full() })
-    }
-
-    /// Backends subscribed to kernel uevents of `subsystem`.
-    pub fn subscribers(&self, subsystem: &str) -> Vec<String> {
-        let backends = self.backends.locked();
-        backends.iter().filter(|(_, s)| s.current.load().subscribes(subsystem)).map(|(n, _)| n.clone()).collect()
-    }
-
-    /// Publish a finished poll; returns resources to start serving.
-    pub fn finish_poll(&self, done: PollDone) -> Vec<ReadyResource> {
-        let PollDone { job, result, took } = done;
-        self.metrics.backend_call(&job.name, "discover", took);
-        let mut ready = Vec::new();
-        self.publish_discovered(&job.name, &job.slot, &job.inst, result, &mut ready);
-        ready
-    }
-
-    /// Run every backend's `discover`, all at once, and update the device lists.
-    pub async fn poll_once(&self) -> PollReport {
-        let jobs = self.start_polls(&HashSet::new());
-        let runs = jobs.into_iter().map(|job| async move {
-            let name = job.name.clone();
-            tokio::task::spawn_blocking(move || job.run()).await.map_err(|e| (name, e))
-        });
-        let mut report = PollReport::default();
-        for done in futures::future::join_all(runs).await {
-            match done {
-                Ok(done) => report.ready.extend(self.finish_poll(done)),
-                Err((name, e)) => tracing::error!(backend = %name, "discover panicked in the host: {e}"),
-            }
-        }
-        report
-    }
-
-    /// Publish one backend's discover result to its resources' streams.
-    fn publish_discovered(
-        &self,
-        name: &str,
-        slot: &Arc<Slot>,
-        inst: &BackendInstance,
-        result: Result<Vec<Resource>, CallError>,
-        ready: &mut Vec<ReadyResource>,
-    ) {
-        // A discover that raced a swap or unload must not publish over the newer state.
-        let current = self.backends.locked().get(name).is_some_and(|s| Arc::ptr_eq(s, slot));
-        if !current || !std::ptr::eq(slot.current.load().as_ref(), inst) {
-            return;
-        }
-        self.note_error(name, slot, result.as_ref().err());
-        let breaker = inst.breaker_open();
-        let ok = result.is_ok();
-        let found: BTreeMap<String, Resource> = match result {
-            Ok(list) => list.into_iter().map(|r| (r.name.clone(), r)).collect(),
-            Err(_) => BTreeMap::new(),
-        };
-        let mut resources = self.resources.locked();
-        for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
-            let prev = rs.tx.borrow().clone();
-            let mut next = match found.get(rname) {
-                // Already vetted (IDs, sizes, grants) by the runtime.
-                Some(r) => r.clone(),
-                // A failed discover keeps the last list (a passing fault must not empty
-                // kubelet's view); an answer without this resource means no devices.
-                None if ok => Resource { name: rname.clone(), ..Default::default() },
-                None => (*prev).clone(),
-            };
-            if breaker {
-                next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
-            }
-            let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
-            if kubelet_changed {
-                for d in &next.devices {
-                    let before = prev.device(&d.id).map(|p| p.health);
-                    if before.is_some_and(|b| b != d.health) {
-                        tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
-                    }
-                }
-            }
-            if let Some(hook) = &self.publish_hook
-                && (kubelet_changed || next != *prev)
-            {
-                hook(&next);
-            }
-            rs.tx.send_if_modified(|v| {
-                *v = Arc::new(next);
-                kubelet_changed
-            });
-            if !rs.published && !rs.tx.borrow().devices.is_empty() {
-                rs.published = true;
-                ready.push(ReadyResource {
-                    name: rname.clone(),
-                    backend: name.to_owned(),
-                    options: rs.options,
-                    devices: rs.tx.subscribe(),
-                    calls: Arc::new(ResourceCalls {
-                        slot: slot.clone(),
-                        resource: rname.clone(),
-                        backend: name.to_owned(),
-                        metrics: self.metrics.clone(),
-                    }),
-                });
-            }
-        }
-        let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
-        for extra in extras {
-            let key = format!("undeclared {extra}");
-            if let Some(r) = resources.values_mut().find(|r| r.backend == name)
-                && r.logged.len() < MAX_LOGGED
-                && r.logged.insert(key)
-            {
-                tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
-            }
-        }
-    }
-
-    fn note_error(&self, backend: &str, slot: &Slot, err: Option<&CallError>) {
-        let mut last = slot.last_error.locked();
-        let now = err.map(|e| e.to_string());
-        if now != *last {
-            match &now {
-                Some(e) if !err.is_some_and(CallError::is_fault) => {
-                    tracing::warn!(backend, error = %e, "discover failed; keeping the last device list")
-                }
-                None if last.is_some() => tracing::info!(backend, "discover works again"),
-                _ => {}
-            }
-            *last = now;
-        }
-    }
-
     /// Current device lists, by resource name.
     pub fn snapshot(&self) -> Vec<Arc<Resource>> {
         self.resources.locked().values().map(|r| r.tx.borrow().clone()).collect()
@@ -545,58 +354,94 @@ impl Registry {
     }
 }
 
-/// One resource's calls (Allocate and friends), routed to its backend's current instance: a
-/// swap changes where they go without the caller noticing.
-pub struct ResourceCalls {
-    slot: Arc<Slot>,
-    resource: String,
-    backend: String,
-    metrics: Arc<dyn BackendMetrics>,
+/// A [`Loaded`] over a fixture `/dev` (`kvm`, `fuse`) with backends made from the embedded
+/// generic backend under other names and configs: enough to test the rules of claiming,
+/// swapping and polling without a daemon.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::path::Path;
+
+    use super::Loaded;
+    use crate::backends::{BackendSource, DefaultGrant};
+    use crate::runtime::state::Roots;
+    use crate::runtime::{Runtime, RuntimeConfig};
+
+    /// The embedded generic backend, named `name`, serving each `(resource, node)` (two shares
+    /// of the node) through its manifest's default config.
+    pub fn generic(name: &str, resources: &[(&str, &str)]) -> BackendSource {
+        let mut src = BackendSource::embedded().into_iter().find(|s| s.name == "generic").expect("generic is embedded");
+        src.name = name.to_owned();
+        let config = resources
+            .iter()
+            .map(|(name, path)| format!("[[resource]]\nname = \"{name}\"\npaths = [\"{path}\"]\ncount = 2\n"))
+            .collect();
+        src.manifest.config = Some(config);
+        src
+    }
+
+    /// One round of discovers, as the daemon runs it (backend calls block, so not inside an
+    /// async test's own runtime).
+    pub fn poll(l: &Loaded) -> crate::backends::PollReport {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        rt.block_on(l.poll_once())
+    }
+
+    pub fn loaded(machine: &Path) -> Loaded {
+        std::fs::create_dir_all(machine.join("dev")).unwrap();
+        std::fs::write(machine.join("dev/kvm"), "c 10:232").unwrap();
+        std::fs::write(machine.join("dev/fuse"), "c 10:229").unwrap();
+        let rt = Runtime::new(RuntimeConfig::default()).unwrap();
+        Loaded::new(rt, Roots::fixture(machine), Default::default(), DefaultGrant::Requested)
+    }
 }
 
-impl ResourceCalls {
-    pub async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, CallError> {
-        self.run("allocate", move |b, r| b.allocate(r, &ids)).await
+#[cfg(test)]
+mod tests {
+    use super::testing::{generic, loaded, poll};
+
+    fn resources_of(l: &super::Loaded, backend: &str) -> Vec<String> {
+        l.summaries().into_iter().find(|b| b.name == backend).map(|b| b.resources).unwrap_or_default()
     }
 
-    pub async fn preferred_allocation(
-        &self,
-        available: Vec<String>,
-        must: Vec<String>,
-        size: u32,
-    ) -> Result<Vec<String>, CallError> {
-        self.run("preferred_allocation", move |b, r| b.preferred_allocation(r, &available, &must, size)).await
+    #[test]
+    fn the_first_backend_to_claim_a_resource_name_keeps_it() {
+        let d = tempfile::tempdir().unwrap();
+        let l = loaded(d.path());
+        let second = generic("second", &[("test.io/kvm", "fuse"), ("test.io/fuse", "fuse")]);
+        l.load(generic("first", &[("test.io/kvm", "kvm")])).unwrap();
+        l.load(second.clone()).unwrap();
+        assert_eq!(resources_of(&l, "first"), ["test.io/kvm"]);
+        assert_eq!(resources_of(&l, "second"), ["test.io/fuse"], "the name first claimed is not handed over");
+        poll(&l);
+        let kvm = l.snapshot().into_iter().find(|r| r.name == "test.io/kvm").unwrap();
+        let paths: Vec<&str> = kvm.devices.iter().flat_map(|d| d.attributes.iter().map(|(_, v)| v.as_str())).collect();
+        assert_eq!(paths, ["/dev/kvm", "/dev/kvm"], "the list is the first backend's, never the second's");
+        // Once the owner is gone, the name is free for the next backend that declares it.
+        drop(l.unload("first"));
+        l.swap(second).unwrap();
+        assert_eq!(resources_of(&l, "second"), ["test.io/fuse", "test.io/kvm"]);
     }
 
-    pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
-        self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
+    #[test]
+    fn resource_names_kubelet_would_refuse_are_not_claimed() {
+        let d = tempfile::tempdir().unwrap();
+        let l = loaded(d.path());
+        l.load(generic("b", &[("kubernetes.io/kvm", "kvm"), ("test.io/fuse", "fuse")])).unwrap();
+        assert_eq!(resources_of(&l, "b"), ["test.io/fuse"]);
     }
 
-    async fn run<T: Send + 'static>(
-        &self,
-        call: &'static str,
-        f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
-    ) -> Result<T, CallError> {
-        let t0 = std::time::Instant::now();
-        let out = self.run_inner(f).await;
-        self.metrics.backend_call(&self.backend, call, t0.elapsed());
-        out
-    }
-
-    async fn run_inner<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&BackendInstance, &str) -> Result<T, CallError> + Send + 'static,
-    ) -> Result<T, CallError> {
-        let inst = self.slot.current.load_full();
-        // Kubelet's calls are short (microseconds, bounded by the call deadline): run them on
-        // this worker and let tokio move its other tasks away, instead of paying a hop to the
-        // blocking pool on every Allocate. A current-thread runtime cannot do that: hop there.
-        if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-            return tokio::task::block_in_place(|| f(&inst, &self.resource));
-        }
-        let resource = self.resource.clone();
-        tokio::task::spawn_blocking(move || f(&inst, &resource))
-            .await
-            .map_err(|e| CallError::Trap(format!("the call panicked in the host: {e}")))?
+    #[test]
+    fn a_swap_retires_the_names_the_new_version_drops_and_keeps_the_rest() {
+        let d = tempfile::tempdir().unwrap();
+        let l = loaded(d.path());
+        l.load(generic("b", &[("test.io/kvm", "kvm"), ("test.io/fuse", "fuse")])).unwrap();
+        let ready = poll(&l).ready;
+        let fuse = ready.iter().find(|r| r.name == "test.io/fuse").unwrap();
+        let swapped = l.swap(generic("b", &[("test.io/kvm", "kvm")])).unwrap();
+        let retired: Vec<&str> = swapped.retired.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(retired, ["test.io/fuse"]);
+        assert!(swapped.ready.is_empty(), "a name the old version served is not handed up again");
+        assert!(fuse.devices.borrow().devices.is_empty(), "a retired resource streams an empty list last");
+        assert_eq!(resources_of(&l, "b"), ["test.io/kvm"]);
     }
 }

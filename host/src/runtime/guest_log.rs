@@ -1,0 +1,194 @@
+//! A backend's log lines: its rate budget (its `log` calls, stdout, stderr and the host's lines
+//! about it together) and its stdout/stderr, logged line by line under its name, the last stderr
+//! lines kept for a trap's message.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+
+use crate::sync::Locked;
+
+/// Lines a backend may log in a burst, and per second after that (its `log` calls, stdout,
+/// stderr and the host's refusal lines about it together).
+const LOG_BURST: f64 = 200.0;
+const LOG_PER_SECOND: f64 = 20.0;
+
+/// A per-backend token bucket for log lines. What it drops is counted, and said once the
+/// backend is below its rate again, so an operator learns that lines are missing.
+pub struct LogBudget {
+    bucket: Mutex<(f64, Instant, u64)>,
+    pub dropped: AtomicU64,
+}
+
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget { bucket: Mutex::new((LOG_BURST, Instant::now(), 0)), dropped: AtomicU64::new(0) }
+    }
+}
+
+impl LogBudget {
+    /// Whether one more line of `backend` may be logged now.
+    pub fn admit(&self, backend: &str) -> bool {
+        let mut b = self.bucket.locked();
+        let (tokens, last, unreported) = &mut *b;
+        let now = Instant::now();
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * LOG_PER_SECOND).min(LOG_BURST);
+        *last = now;
+        if *tokens < 1.0 {
+            *unreported += 1;
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        *tokens -= 1.0;
+        if *unreported > 0 {
+            tracing::warn!(
+                backend,
+                dropped = *unreported,
+                "log lines of this backend were dropped: it logs faster than its rate limit"
+            );
+            *unreported = 0;
+        }
+        true
+    }
+}
+
+/// Guest stdout/stderr, logged line by line with the backend's name.
+pub(super) struct GuestOutput {
+    pub backend: Arc<str>,
+    pub log: Arc<LogBudget>,
+    pub stream: &'static str,
+    pub tail: Option<Arc<Mutex<VecDeque<String>>>>,
+}
+
+impl IsTerminal for GuestOutput {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for GuestOutput {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.logger())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.logger())
+    }
+}
+
+impl GuestOutput {
+    fn logger(&self) -> LineLogger {
+        LineLogger {
+            backend: self.backend.clone(),
+            log: self.log.clone(),
+            stream: self.stream,
+            tail: self.tail.clone(),
+            buf: Vec::new(),
+        }
+    }
+}
+
+/// Stderr lines kept for a trap's message.
+const LAST_WORDS: usize = 3;
+
+/// Longest line kept before it is logged anyway.
+const MAX_LINE: usize = 1024;
+
+struct LineLogger {
+    backend: Arc<str>,
+    log: Arc<LogBudget>,
+    stream: &'static str,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    buf: Vec<u8>,
+}
+
+impl LineLogger {
+    fn push(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if b == b'\n' || self.buf.len() >= MAX_LINE {
+                self.emit();
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            self.buf.push(b);
+        }
+    }
+
+    fn emit(&mut self) {
+        let line = String::from_utf8_lossy(&self.buf);
+        if let Some(tail) = &self.tail
+            && !line.trim().is_empty()
+            && !line.starts_with("note: run with")
+        {
+            let mut t = tail.locked();
+            if t.len() == LAST_WORDS {
+                t.pop_front();
+            }
+            t.push_back(crate::untrusted::clip_to(line.trim(), 512).into_owned());
+        }
+        if self.log.admit(&self.backend) {
+            tracing::info!(backend = &*self.backend, stream = self.stream, "{line}");
+        }
+        self.buf.clear();
+    }
+}
+
+impl Drop for LineLogger {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            self.emit();
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for LineLogger {
+    async fn ready(&mut self) {}
+}
+
+impl OutputStream for LineLogger {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(MAX_LINE)
+    }
+}
+
+impl tokio::io::AsyncWrite for LineLogger {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.get_mut().push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_budget_admits_a_burst_then_drops_and_counts() {
+        let b = LogBudget::default();
+        let admitted = (0..10_000).filter(|_| b.admit("x")).count();
+        assert!((200..=260).contains(&admitted), "{admitted}");
+        assert!(b.dropped.load(Ordering::Relaxed) >= 9_000);
+    }
+}
