@@ -79,7 +79,12 @@ fn benches(c: &mut Criterion) {
         b.iter(|| paths.iter().map(|p| jail.read(p).is_ok()).filter(|ok| *ok).count())
     });
     c.bench_function("jail: the same attributes in one read_many", |b| {
-        b.iter(|| jail.read_many(&paths, &mut OpenDirs::default()).iter().filter(|r| r.is_ok()).count())
+        b.iter(|| {
+            jail.read_many(&paths, &mut OpenDirs::default(), &mut devplug::runtime::limits::Meter::default())
+                .iter()
+                .filter(|r| r.is_ok())
+                .count()
+        })
     });
     let real: Vec<std::path::PathBuf> = paths.iter().map(|p| big.path().join("sys").join(p)).collect();
     c.bench_function("plain std::fs::read_to_string of the same attributes", |b| {

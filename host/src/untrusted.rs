@@ -1,6 +1,8 @@
-//! Text that came from a backend (a path it asked for, an error it returned, a panic message) is
-//! outsider input: before it reaches a log line, an error, `/status` or kubelet it is clipped, so
-//! a backend cannot make the host store or print megabytes.
+//! Text that came from a backend (a path it asked for, an error it returned, a panic message, a
+//! log line) is outsider input: before it reaches a log line, an error, `/status` or kubelet it is
+//! clipped, so a backend cannot make the host store or print megabytes, and its control
+//! characters are escaped (`\n` stays the two characters `\` `n`), so one message of a backend
+//! is always one log record: it cannot end the host's line and forge one of its own.
 
 use std::borrow::Cow;
 
@@ -15,14 +17,26 @@ pub fn clip(text: &str) -> Cow<'_, str> {
 
 /// [`clip`] with another length (panic messages get more room).
 pub fn clip_to(text: &str, keep: usize) -> Cow<'_, str> {
-    match text.char_indices().nth(keep) {
+    let clipped = match text.char_indices().nth(keep) {
         None => Cow::Borrowed(text),
         Some((cut, _)) => {
             use sha2::{Digest, Sha256};
             let digest = hex::encode(&Sha256::digest(text.as_bytes())[..4]);
             Cow::Owned(format!("{}… ({} bytes, sha256 {digest}…)", &text[..cut], text.len()))
         }
+    };
+    if !clipped.chars().any(char::is_control) {
+        return clipped;
     }
+    let mut out = String::with_capacity(clipped.len() + 8);
+    for c in clipped.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -39,5 +53,14 @@ mod tests {
         assert_ne!(a, b, "the hash tells them apart");
         // Multi-byte characters are cut on a boundary, not through one.
         assert!(clip(&"é".repeat(1000)).starts_with("éé"));
+    }
+
+    #[test]
+    fn control_characters_are_escaped_so_one_message_stays_one_line() {
+        let forged = "ok\n2026-11-25T00:00:00Z  INFO devplug: backend loaded\r\u{1b}[2K\tx";
+        let shown = clip(forged);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(shown, "ok\\n2026-11-25T00:00:00Z  INFO devplug: backend loaded\\r\\u{1b}[2K\\tx");
+        assert!(matches!(clip("plain text"), Cow::Borrowed(_)));
     }
 }

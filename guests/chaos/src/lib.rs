@@ -16,6 +16,10 @@
 //!   something outside the backend's grants (host nodes, mounts, loader env, CDI annotations);
 //! - `mode=glob-bomb`: `devfs.glob` with patterns built to panic or stall the host's glob code;
 //! - `mode=path-flood`: forty distinct 1 MiB refused paths (the host's memory and log);
+//! - `mode=list-flood|read-flood`: batched calls that make the host list `devices/big` 256
+//!   times or read the 64 KiB `devices/blob` 4,096 times in one discover (the host's work done
+//!   on the backend's behalf); the device reports how many answers came and the first refusal;
+//! - `mode=forge-log`: messages with a newline and a line that looks like the host's own;
 //! - `mode=log-flood`: thirty thousand lines through `log`, stdout and stderr;
 //! - `mode=huge-error`: a 30 MB error string;
 //! - `devices=N` with a large N: more devices than the host accepts.
@@ -83,6 +87,13 @@ impl Backend for Chaos {
             "sleep-discover" => nap(),
             "glob-bomb" => glob_bomb(sys),
             "path-flood" => path_flood(sys),
+            "list-flood" => host_work_flood(8, || {
+                sys.list_many(&vec!["devices/big".to_owned(); 32]).into_iter().map(|r| r.map(drop)).collect()
+            }),
+            "read-flood" => host_work_flood(16, || {
+                sys.read_many(&vec!["devices/blob".to_owned(); 256]).into_iter().map(|r| r.map(drop)).collect()
+            }),
+            "forge-log" => forge_log(),
             "log-flood" => log_flood(),
             "huge-error" => return Err(BackendError::Other("x".repeat(30 << 20))),
             "trap-discover" => panic!("chaos: trapping in discover as asked"),
@@ -236,6 +247,42 @@ fn path_flood(sys: &dyn Sys) -> Vec<Device> {
     }
     let attributes = vec![("refused".into(), refused.to_string())];
     vec![Device { id: "flood".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
+}
+
+/// `rounds` rounds of `batch` (each answer dropped before the next round, so the guest's own
+/// memory stays small): how many answers came back and the first refusal.
+fn host_work_flood(rounds: u32, batch: impl Fn() -> Vec<Result<(), devplug_sdk::FsError>>) -> Vec<Device> {
+    let (mut ok, mut first_error) = (0usize, None);
+    for _ in 0..rounds {
+        for r in batch() {
+            match r {
+                Ok(()) => ok += 1,
+                Err(e) => {
+                    first_error.get_or_insert_with(|| format!("{e:?}"));
+                }
+            }
+        }
+    }
+    let attributes = vec![("ok".into(), ok.to_string()), ("error".into(), first_error.unwrap_or_default())];
+    vec![Device { id: "flood".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
+}
+
+/// The line a forger wants in the host's text log, after a newline of its own.
+pub const FORGED: &str = "2026-01-01T00:00:00.000000Z  INFO devplug::daemon: FORGED backend swapped in";
+
+/// One message through every channel, each trying to end the host's line and start a forged one.
+fn forge_log() -> Vec<Device> {
+    devplug_sdk::log(devplug_sdk::Level::Warn, &format!("via log\n{FORGED}"));
+    devplug_sdk::log(devplug_sdk::Level::Warn, &format!("via log again\u{1b}[2K\r{FORGED}"));
+    println!("via stdout\r{FORGED}");
+    eprintln!("via stderr\u{1b}[2K\r{FORGED}");
+    vec![Device {
+        id: "forger".into(),
+        health: Health::Healthy,
+        numa_nodes: vec![],
+        attributes: vec![],
+        edits: edits::empty(),
+    }]
 }
 
 /// Thirty thousand lines through every channel a backend has to the host's log.

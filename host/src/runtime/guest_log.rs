@@ -135,6 +135,7 @@ impl LineLogger {
             t.push_back(crate::untrusted::clip_to(line.trim(), 512).into_owned());
         }
         if self.log.admit(&self.backend) {
+            let line = crate::untrusted::clip_to(&line, MAX_LINE);
             tracing::info!(backend = &*self.backend, stream = self.stream, "{line}");
         }
         self.buf.clear();
@@ -183,6 +184,18 @@ impl tokio::io::AsyncWrite for LineLogger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a guest writes to stdout or stderr reaches the log one line per record, its control
+    /// characters escaped (a `\r` or an escape sequence cannot rewrite the host's line).
+    #[test]
+    fn guest_output_lines_are_escaped_records() {
+        let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let out = GuestOutput { backend: "x".into(), log: Arc::default(), stream: "stderr", tail: Some(tail.clone()) };
+        let mut logger = out.logger();
+        logger.push(b"one\rforged\x1b[2K\nsecond\n");
+        let kept: Vec<String> = tail.locked().iter().cloned().collect();
+        assert_eq!(kept, ["one\\rforged\\u{1b}[2K", "second"]);
+    }
 
     #[test]
     fn the_log_budget_admits_a_burst_then_drops_and_counts() {

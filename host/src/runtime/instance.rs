@@ -159,13 +159,14 @@ impl BackendInstance {
         let mut store = Store::new(self.runtime.engine(), HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(deadline));
+        store.data_mut().begin_call(deadline);
         let (pre, config) = (&self.pre, self.config.as_str());
         let outcome = self.runtime.run_until(deadline, async {
             let b = pre.instantiate(&mut store).await?;
             let info = b.init(&mut store, config).await?;
             Ok((info, b))
         });
-        store.data_mut().open_dirs.clear();
+        store.data_mut().end_call();
         match outcome {
             Some(Ok((Ok(mut info), bindings))) => {
                 info.resources.retain(|(name, _)| match self.sandbox.returns.resource(name) {
@@ -234,12 +235,10 @@ impl BackendInstance {
             },
         };
         live.store.set_epoch_deadline(ticks(deadline));
-        live.store.data_mut().limiter.hit = false;
-        live.store.data_mut().forget_words();
+        live.store.data_mut().begin_call(deadline);
         let InitedInstance { store, bindings } = &mut live;
         let outcome = self.runtime.run_until(deadline, f(bindings, store));
-        // What a call resolved is not trusted by the next one (see `jail::OpenDirs`).
-        live.store.data_mut().open_dirs.clear();
+        live.store.data_mut().end_call();
         match outcome {
             Some(Ok(Ok(v))) => {
                 self.put_back(live);

@@ -22,7 +22,7 @@ use super::caps::{Rule, compile_glob};
 
 mod batch;
 mod nodes;
-pub use batch::{MAX_BATCH, MAX_OPEN_DIRS, OpenDirs};
+pub use batch::{Cost, MAX_BATCH, MAX_OPEN_DIRS, OpenDirs};
 pub use nodes::{NodeStat, NodeType, parse_node_descriptor};
 
 /// Longest path a backend may name.
@@ -271,10 +271,8 @@ impl Jail {
                 } else {
                     self.resolve(rel, true)?
                 };
-                let names = fs::read_dir(&r.real)
-                    .map_err(io_error)?
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .collect();
+                let names = fs::read_dir(&r.real).map_err(io_error)?;
+                let names = capped_listing(rel, names.filter_map(|e| e.ok()?.file_name().into_string().ok()))?;
                 (names, r.canonical)
             }
         };
@@ -430,11 +428,30 @@ impl GlobWalk<'_> {
 /// iterator: the borrowing one rewinds the directory when dropped, a wasted `lseek`.
 fn dir_names(rel: &str, fd: OwnedFd) -> Result<Vec<String>, FsError> {
     let dir = nix::dir::Dir::from_fd(fd).map_err(|e| FsError::Io(format!("{rel}: {}", e.desc())))?;
-    Ok(dir
-        .into_iter()
-        .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
-        .filter(|n| n != "." && n != "..")
-        .collect())
+    capped_listing(
+        rel,
+        dir.into_iter()
+            .filter_map(|e| e.ok()?.file_name().to_str().ok().map(str::to_owned))
+            .filter(|n| n != "." && n != ".."),
+    )
+}
+
+/// Entries one listing may have: a directory larger than this is refused rather than copied
+/// (sysfs's largest, `bus/pci/devices` of a big machine, has a few thousand).
+pub const MAX_LIST_ENTRIES: usize = 65_536;
+
+/// The names of a listing, refused past [`MAX_LIST_ENTRIES`] before the host holds them all.
+fn capped_listing(rel: &str, names: impl Iterator<Item = String>) -> Result<Vec<String>, FsError> {
+    let mut out = Vec::new();
+    for name in names {
+        if out.len() == MAX_LIST_ENTRIES {
+            return Err(FsError::Io(format!(
+                "{rel} has more than {MAX_LIST_ENTRIES} entries; list a narrower directory"
+            )));
+        }
+        out.push(name);
+    }
+    Ok(out)
 }
 
 /// An opened attribute's text: regular files only (a planted FIFO must not block the host), at
@@ -503,6 +520,7 @@ fn io_error(e: std::io::Error) -> FsError {
 mod tests {
     use super::*;
     use crate::backends::Manifest;
+    use crate::runtime::limits::Meter;
     use std::os::unix::fs::symlink;
 
     fn strings(v: &[&str]) -> Vec<String> {
@@ -720,19 +738,22 @@ mod tests {
         for paths in [&paths, &shuffled] {
             for dirs in [&mut OpenDirs::default(), &mut kept] {
                 let single: Vec<_> = paths.iter().map(|p| j.read(p)).collect();
-                assert_eq!(j.read_many(paths, dirs), single);
+                assert_eq!(j.read_many(paths, dirs, &mut Meter::default()), single);
                 let single: Vec<_> = paths.iter().map(|p| j.read_link(p)).collect();
-                assert_eq!(j.read_link_many(paths, dirs), single);
+                assert_eq!(j.read_link_many(paths, dirs, &mut Meter::default()), single);
                 let single: Vec<_> = paths.iter().map(|p| j.list(p)).collect();
-                assert_eq!(j.list_many(paths, dirs), single);
+                assert_eq!(j.list_many(paths, dirs, &mut Meter::default()), single);
             }
         }
         assert!(!kept.is_empty(), "the batches opened their parents in the kept set");
         // And the answers are the real ones, not equal failures.
-        let got = j.read_many(&paths[..2], &mut OpenDirs::default());
+        let got = j.read_many(&paths[..2], &mut OpenDirs::default(), &mut Meter::default());
         assert_eq!(got, [Ok("0x10de".to_owned()), Ok("s3cret".to_owned())]);
         assert!(
-            matches!(&j.read_many(&paths[3..4], &mut OpenDirs::default())[0], Err(FsError::Denied(_))),
+            matches!(
+                &j.read_many(&paths[3..4], &mut OpenDirs::default(), &mut Meter::default())[0],
+                Err(FsError::Denied(_))
+            ),
             "abs leaves the root"
         );
     }
@@ -742,7 +763,7 @@ mod tests {
         let (d, j) = sysfs();
         let vendor = vec!["bus/pci/devices/0000:00:01.0/vendor".to_owned()];
         let mut dirs = OpenDirs::default();
-        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x10de".to_owned())]);
+        assert_eq!(j.read_many(&vendor, &mut dirs, &mut Meter::default()), [Ok("0x10de".to_owned())]);
         // The device leaves and another takes its address (hot-unplug, hot-plug).
         let other = d.path().join("devices/pci0000:00/0000:00:02.0");
         fs::create_dir_all(&other).unwrap();
@@ -750,13 +771,13 @@ mod tests {
         fs::remove_file(d.path().join("bus/pci/devices/0000:00:01.0")).unwrap();
         symlink("../../../devices/pci0000:00/0000:00:02.0", d.path().join("bus/pci/devices/0000:00:01.0")).unwrap();
         // Within the call: the directory it resolved first, as a read racing the swap would see.
-        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x10de".to_owned())]);
+        assert_eq!(j.read_many(&vendor, &mut dirs, &mut Meter::default()), [Ok("0x10de".to_owned())]);
         // The directory it holds is removed: gone, not an error of another kind.
         fs::remove_dir_all(d.path().join("devices/pci0000:00/0000:00:01.0")).unwrap();
-        assert_eq!(j.read_many(&vendor, &mut dirs), [Err(FsError::NotFound)]);
+        assert_eq!(j.read_many(&vendor, &mut dirs, &mut Meter::default()), [Err(FsError::NotFound)]);
         // The next call sees the new device.
         dirs.clear();
-        assert_eq!(j.read_many(&vendor, &mut dirs), [Ok("0x1002".to_owned())]);
+        assert_eq!(j.read_many(&vendor, &mut dirs, &mut Meter::default()), [Ok("0x1002".to_owned())]);
     }
 
     #[test]
@@ -770,7 +791,7 @@ mod tests {
         let j = Jail::new(d.path(), Rule::new(&strings(&["**"]), &strings(&["**"])).unwrap());
         let paths: Vec<String> = (0..n).map(|i| format!("d{i}/a")).collect();
         let mut dirs = OpenDirs::default();
-        let got = j.read_many(&paths, &mut dirs);
+        let got = j.read_many(&paths, &mut dirs, &mut Meter::default());
         assert!(got.iter().enumerate().all(|(i, r)| r.as_deref() == Ok(i.to_string().as_str())));
         assert!(!dirs.is_empty() && dirs.len() <= MAX_OPEN_DIRS, "{} directories held", dirs.len());
     }
@@ -808,7 +829,7 @@ mod tests {
             let rule = Rule::new(&strings(&["**"]), &strings(&["infiniband", "infiniband/*", "dri/**"])).unwrap();
             let j = Jail::new(r, rule).with_fixture_nodes(fixture);
             let single: Vec<_> = paths.iter().map(|p| j.stat_node(p)).collect();
-            assert_eq!(j.stat_nodes(&paths, &mut OpenDirs::default()), single);
+            assert_eq!(j.stat_nodes(&paths, &mut OpenDirs::default(), &mut Meter::default()), single);
             if fixture {
                 assert_eq!(single[0], Ok(NodeStat { kind: NodeType::Char, major: 231, minor: 192 }));
                 assert_eq!(single[4], Ok(NodeStat { kind: NodeType::Block, major: 226, minor: 0 }));
@@ -818,7 +839,7 @@ mod tests {
         // A real node, from its metadata.
         let j = Jail::new("/dev", Rule::new(&strings(&["null"]), &strings(&["null"])).unwrap());
         assert_eq!(
-            j.stat_nodes(&["null".to_owned()], &mut OpenDirs::default()),
+            j.stat_nodes(&["null".to_owned()], &mut OpenDirs::default(), &mut Meter::default()),
             [Ok(NodeStat { kind: NodeType::Char, major: 1, minor: 3 })]
         );
     }

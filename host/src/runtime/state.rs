@@ -13,7 +13,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::caps::Capabilities;
 use super::guest_log::{GuestOutput, LogBudget};
 use super::jail::{FsError, Jail, OpenDirs};
-use super::limits::MemoryCap;
+use super::limits::{MemoryCap, Meter};
 use crate::sync::Locked;
 
 /// Refused paths already logged for one backend, so a hostile loop cannot flood the log. Paths
@@ -120,6 +120,8 @@ pub struct HostState {
     pub limiter: MemoryCap,
     /// Sysfs directories the current call's batched reads opened; closed when the call ends.
     pub open_dirs: OpenDirs,
+    /// The host work the current call may still cause (see [`Meter`]).
+    pub meter: Meter,
     /// The guest's last stderr lines in the current call: a trap's reason is often only there.
     words: Arc<Mutex<VecDeque<String>>>,
     wasi: WasiCtx,
@@ -141,6 +143,7 @@ impl HostState {
         HostState {
             limiter: MemoryCap { max: sandbox.memory_cap, hit: false, used: 0, table_elements: 0 },
             open_dirs: OpenDirs::default(),
+            meter: Meter::default(),
             words,
             sandbox,
             wasi: b.build(),
@@ -150,13 +153,24 @@ impl HostState {
 }
 
 impl HostState {
-    /// The guest's last stderr lines since [`forget_words`](Self::forget_words), joined.
+    /// The guest's last stderr lines in the current call (see [`begin_call`](Self::begin_call)), joined.
     pub fn last_words(&self) -> String {
         self.words.locked().iter().cloned().collect::<Vec<_>>().join(" | ")
     }
 
-    pub fn forget_words(&mut self) {
+    /// A guest call starts that may run for `deadline`: its meter is set to what the memory cap
+    /// leaves the backend now, its stderr tail and memory-cap flag are cleared.
+    pub fn begin_call(&mut self, deadline: std::time::Duration) {
+        self.meter = Meter::new(self.limiter.max.saturating_sub(self.limiter.used), deadline);
+        self.limiter.hit = false;
         self.words.locked().clear();
+    }
+
+    /// The guest call ended: what it resolved is not trusted by the next one (see
+    /// [`OpenDirs`]), and its meter is spent.
+    pub fn end_call(&mut self) {
+        self.open_dirs.clear();
+        self.meter = Meter::new(0, std::time::Duration::ZERO);
     }
 }
 

@@ -157,7 +157,8 @@ impl ReturnRules {
                 }
             }
         }
-        let answers = self.dev.stat_nodes(&paths, &mut OpenDirs::default());
+        let answers =
+            self.dev.stat_nodes(&paths, &mut OpenDirs::default(), &mut crate::runtime::limits::Meter::default());
         NodeStats(paths.into_iter().zip(answers).collect())
     }
 

@@ -3,7 +3,8 @@
 //! The types are the ones unchanged since 0.1.0 ([`super::wit`]).
 
 use super::wit::FsError;
-use crate::runtime::jail::{self, Jail, MAX_BATCH, NodeStat, OpenDirs};
+use crate::runtime::jail::{self, Cost, Jail, MAX_BATCH, NodeStat, OpenDirs};
+use crate::runtime::limits::Meter;
 use crate::runtime::state::{HostState, Sandbox};
 use crate::untrusted::clip;
 
@@ -42,11 +43,22 @@ impl HostState {
         }
     }
 
-    /// Run a capability call: a refusal is logged once per path, and a panic inside the host
-    /// (a devplug bug a backend found) becomes a trap of this backend, counted as its fault,
-    /// instead of unwinding through wasmtime.
-    fn checked<T>(&self, call: &str, path: &str, f: impl FnOnce(&HostState) -> Result<T, jail::FsError>) -> Answer<T> {
+    /// Run a capability call: charged to the call's [`Meter`] (the path it sent and the answer;
+    /// nothing is done once the meter is spent), a refusal is logged once per path, and a panic
+    /// inside the host (a devplug bug a backend found) becomes a trap of this backend, counted as
+    /// its fault, instead of unwinding through wasmtime.
+    fn checked<T: Cost>(
+        &mut self,
+        call: &str,
+        path: &str,
+        f: impl FnOnce(&HostState) -> Result<T, jail::FsError>,
+    ) -> Answer<T> {
+        self.meter.charge(path.len());
+        if let Err(why) = self.meter.check() {
+            return Ok(Err(FsError::Io(why)));
+        }
         let r = host_call(&self.sandbox, call, || f(self))?;
+        self.meter.charge(r.cost());
         Ok(self.answer(call, path, r))
     }
 
@@ -58,43 +70,46 @@ impl HostState {
         r.map_err(fs_error)
     }
 
-    pub fn read(&self, view: View, call: &str, path: &str) -> Answer<String> {
+    pub fn read(&mut self, view: View, call: &str, path: &str) -> Answer<String> {
         self.checked(call, path, |s| s.jail(view).read(path))
     }
 
-    pub fn list_dir(&self, view: View, call: &str, path: &str) -> Answer<Vec<String>> {
+    pub fn list_dir(&mut self, view: View, call: &str, path: &str) -> Answer<Vec<String>> {
         self.checked(call, path, |s| s.jail(view).list(path))
     }
 
-    pub fn read_link(&self, path: &str) -> Answer<String> {
+    pub fn read_link(&mut self, path: &str) -> Answer<String> {
         self.checked("sysfs.read-link", path, |s| s.sandbox.sysfs.read_link(path))
     }
 
-    pub fn canonical(&self, path: &str) -> Answer<String> {
+    pub fn canonical(&mut self, path: &str) -> Answer<String> {
         self.checked("sysfs.canonical", path, |s| s.sandbox.sysfs.resolve(path, true).map(|r| r.canonical))
     }
 
-    /// A batched call: one answer per path, in order. More than [`MAX_BATCH`] paths is an error
+    /// A batched call: one answer per path, in order, each charged to the call's [`Meter`]; once
+    /// it is spent the remaining paths get its error. More than [`MAX_BATCH`] paths is an error
     /// the backend gets back (for every path), not a trap.
     pub fn many<T>(
         &mut self,
         call: &str,
         paths: &[String],
-        f: impl FnOnce(&Jail, &[String], &mut OpenDirs) -> Vec<Result<T, jail::FsError>>,
+        f: impl FnOnce(&Jail, &[String], &mut OpenDirs, &mut Meter) -> Vec<Result<T, jail::FsError>>,
     ) -> wasmtime::Result<Vec<Result<T, FsError>>> {
         if paths.len() > MAX_BATCH {
             let e = || FsError::Io(format!("{call} takes at most {MAX_BATCH} paths, got {}", paths.len()));
             return Ok(paths.iter().map(|_| Err(e())).collect());
         }
-        let answers = host_call(&self.sandbox, call, || f(&self.sandbox.sysfs, paths, &mut self.open_dirs))?;
+        self.meter.charge(paths.iter().map(String::cost).sum());
+        let (jail, dirs, meter) = (&self.sandbox.sysfs, &mut self.open_dirs, &mut self.meter);
+        let answers = host_call(&self.sandbox, call, || f(jail, paths, dirs, meter))?;
         Ok(answers.into_iter().zip(paths).map(|(r, p)| self.answer(call, p, r)).collect())
     }
 
-    pub fn dev_stat(&self, path: &str) -> Answer<NodeStat> {
+    pub fn dev_stat(&mut self, path: &str) -> Answer<NodeStat> {
         self.checked("devfs.stat", path, |s| s.sandbox.dev.stat_node(path))
     }
 
-    pub fn dev_glob(&self, pattern: &str) -> Answer<Vec<(String, NodeStat)>> {
+    pub fn dev_glob(&mut self, pattern: &str) -> Answer<Vec<(String, NodeStat)>> {
         let paths = match self.checked("devfs.glob", pattern, |s| s.sandbox.dev.glob(pattern, GLOB_BUDGET))? {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),
@@ -105,8 +120,10 @@ impl HostState {
         // An entry that matched but resolves somewhere ungranted is left out (and logged once).
         let mut nodes = Vec::with_capacity(paths.len());
         for p in paths {
-            if let Ok(n) = self.dev_stat(&p)? {
-                nodes.push((p, n));
+            match self.dev_stat(&p)? {
+                Ok(n) => nodes.push((p, n)),
+                Err(FsError::Io(why)) if self.meter.check().is_err() => return Ok(Err(FsError::Io(why))),
+                Err(_) => {}
             }
         }
         Ok(Ok(nodes))

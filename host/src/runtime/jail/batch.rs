@@ -26,6 +26,40 @@ use nix::sys::stat::{Mode, fstatat};
 
 use super::nodes::{NodeStat, classify, from_descriptor};
 use super::{FsError, Jail, dir_names, read_attribute};
+use crate::runtime::limits::Meter;
+
+/// What an answer costs the host in bytes (its heap data and a fixed part), for the [`Meter`].
+pub trait Cost {
+    fn cost(&self) -> usize;
+}
+
+impl Cost for String {
+    fn cost(&self) -> usize {
+        std::mem::size_of::<String>() + self.len()
+    }
+}
+
+impl Cost for Vec<String> {
+    fn cost(&self) -> usize {
+        std::mem::size_of::<Vec<String>>() + self.iter().map(Cost::cost).sum::<usize>()
+    }
+}
+
+impl Cost for NodeStat {
+    fn cost(&self) -> usize {
+        std::mem::size_of::<NodeStat>()
+    }
+}
+
+impl<T: Cost> Cost for Result<T, FsError> {
+    fn cost(&self) -> usize {
+        match self {
+            Ok(v) => v.cost(),
+            Err(FsError::Denied(s) | FsError::InvalidPath(s) | FsError::Io(s)) => 32 + s.len(),
+            Err(FsError::NotFound) => 32,
+        }
+    }
+}
 
 /// Paths a single batched call may name.
 pub const MAX_BATCH: usize = 4096;
@@ -80,30 +114,47 @@ type Fast<T> = fn(&Jail, &Parent, &str, &str) -> Option<Result<T, FsError>>;
 
 impl Jail {
     /// [`Jail::read`] of every path, answers in order; parents opened in `dirs` (or found there).
-    pub fn read_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<String, FsError>> {
-        self.batch(paths, dirs, Jail::read, read_in)
+    /// Every answer is charged to `meter`; once it is spent the remaining paths get its error.
+    pub fn read_many(&self, paths: &[String], dirs: &mut OpenDirs, meter: &mut Meter) -> Vec<Result<String, FsError>> {
+        self.batch(paths, dirs, meter, Jail::read, read_in)
     }
 
     /// [`Jail::read_link`] of every path, answers in order.
-    pub fn read_link_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<String, FsError>> {
-        self.batch(paths, dirs, Jail::read_link, read_link_in)
+    pub fn read_link_many(
+        &self,
+        paths: &[String],
+        dirs: &mut OpenDirs,
+        meter: &mut Meter,
+    ) -> Vec<Result<String, FsError>> {
+        self.batch(paths, dirs, meter, Jail::read_link, read_link_in)
     }
 
     /// [`Jail::stat_node`] of every path, answers in order: a device's nodes in one pass, each
     /// directory (`/dev/infiniband`, `/dev/vfio`) opened once.
-    pub fn stat_nodes(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<NodeStat, FsError>> {
-        self.batch(paths, dirs, Jail::stat_node, stat_in)
-    }
-
-    /// [`Jail::list`] of every path, answers in order.
-    pub fn list_many(&self, paths: &[String], dirs: &mut OpenDirs) -> Vec<Result<Vec<String>, FsError>> {
-        self.batch(paths, dirs, Jail::list, list_in)
-    }
-
-    fn batch<T>(
+    pub fn stat_nodes(
         &self,
         paths: &[String],
         dirs: &mut OpenDirs,
+        meter: &mut Meter,
+    ) -> Vec<Result<NodeStat, FsError>> {
+        self.batch(paths, dirs, meter, Jail::stat_node, stat_in)
+    }
+
+    /// [`Jail::list`] of every path, answers in order.
+    pub fn list_many(
+        &self,
+        paths: &[String],
+        dirs: &mut OpenDirs,
+        meter: &mut Meter,
+    ) -> Vec<Result<Vec<String>, FsError>> {
+        self.batch(paths, dirs, meter, Jail::list, list_in)
+    }
+
+    fn batch<T: Cost>(
+        &self,
+        paths: &[String],
+        dirs: &mut OpenDirs,
+        meter: &mut Meter,
         single: fn(&Jail, &str) -> Result<T, FsError>,
         fast: Fast<T>,
     ) -> Vec<Result<T, FsError>> {
@@ -113,6 +164,10 @@ impl Jail {
         order.sort_by_key(|&i| paths[i].rsplit_once('/').map_or("", |(p, _)| p));
         let mut out: Vec<Option<Result<T, FsError>>> = (0..paths.len()).map(|_| None).collect();
         for i in order {
+            if let Err(why) = meter.check() {
+                out[i] = Some(Err(FsError::Io(why)));
+                continue;
+            }
             let rel = paths[i].as_str();
             let answer = match self.split_checked(rel) {
                 Err(e) => Err(e),
@@ -122,6 +177,7 @@ impl Jail {
                     None => single(self, rel),
                 },
             };
+            meter.charge(answer.cost());
             out[i] = Some(answer);
         }
         out.into_iter().map(|a| a.unwrap_or(Err(FsError::Io("internal: unanswered".into())))).collect()
