@@ -94,7 +94,7 @@ fn backends_dir(bytes: &[u8]) -> tempfile::TempDir {
     std::fs::write(d.path().join("compat.wasm"), bytes).unwrap();
     std::fs::write(
         d.path().join("compat.toml"),
-        "name = \"compat\"\n[requests]\nsysfs = [\"bus/pci/devices/0000:00:01.0\", \"bus/pci/devices/0000:00:01.0/*\", \"devices/**\"]\ndev = [\"widget*\"]\nresources = [\"compat.devplug.io/*\"]\n",
+        "name = \"compat\"\n[requests]\nsysfs = [\"bus/pci/devices/0000:00:01.0\", \"bus/pci/devices/0000:00:01.0/*\", \"devices/**\"]\ndev = [\"widget*\"]\nresources = [\"compat.devplug.io/*\"]\nenv = [\"COMPAT_*\"]\n",
     )
     .unwrap();
     d
@@ -208,7 +208,7 @@ fn a_0_1_0_config_still_loads_and_its_grants_still_serve() {
     let (resources, err, ok) = discover_with(&m, &["--config", &s(&file)]);
     assert!(ok, "{err}");
     assert_eq!(devices_of(&resources, "devplug.io/kvm"), ["kvm"], "{resources}\n{err}");
-    assert!(err.contains("has no `resources`") && err.contains("add `resources = [...]` to the grant"), "{err}");
+    assert!(err.contains("has no `resources`") && err.contains("add `resources = [...]`"), "{err}");
 }
 
 /// The compat backend with its manifest as 0.1.0 wrote it (no `[requests] resources`): it loads,

@@ -46,6 +46,7 @@ fn load_on(rt: &Arc<Runtime>, roots: &Roots, config: &str) -> Result<BackendInst
         procfs: vec!["**".into()],
         resources: vec!["**".into()],
         annotations: vec!["**".into()],
+        env: vec!["*".into()],
         ..Globs::default()
     };
     let caps = Capabilities::new(&manifest.requests, &granted).unwrap();
@@ -223,7 +224,12 @@ fn a_second_start_loads_from_the_compile_cache() {
     let m = Machine::generic_box();
     let cache = tempfile::tempdir().unwrap();
     let cfg = RuntimeConfig { cache_dir: Some(cache.path().join("c")), ..RuntimeConfig::default() };
-    let granted = Globs { dev: vec!["null".into()], resources: vec!["test.devplug.io/*".into()], ..Globs::default() };
+    let granted = Globs {
+        dev: vec!["null".into()],
+        resources: vec!["test.devplug.io/*".into()],
+        env: vec!["CHAOS_*".into()],
+        ..Globs::default()
+    };
     let first = Runtime::new(cfg.clone()).unwrap();
     let a =
         BackendInstance::load(&first, &chaos_bytes(), String::new(), sandbox(&m, "c", &granted, &granted, 64 << 20))

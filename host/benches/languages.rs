@@ -15,7 +15,7 @@ use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 fn sandbox(root: &Path, name: &str) -> Sandbox {
-    let g = Globs { dev: vec!["**".into()], resources: vec!["*/*".into()], ..Globs::default() };
+    let g = Globs { dev: vec!["**".into()], resources: vec!["*/*".into()], env: vec!["*".into()], ..Globs::default() };
     let caps = Capabilities::new(&g, &g).expect("caps");
     // CPython in wasm needs more than the Rust backends' default cap.
     Sandbox::new(name, &caps, &Roots::fixture(root), 256 << 20)

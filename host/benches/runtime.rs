@@ -15,7 +15,12 @@ fn chaos() -> Vec<u8> {
 }
 
 fn sandbox(root: &std::path::Path) -> Sandbox {
-    let g = Globs { dev: vec!["null".into()], resources: vec!["test.devplug.io/*".into()], ..Globs::default() };
+    let g = Globs {
+        dev: vec!["null".into()],
+        resources: vec!["test.devplug.io/*".into()],
+        env: vec!["*".into()],
+        ..Globs::default()
+    };
     let caps = Capabilities::new(&g, &g).expect("caps");
     Sandbox::new("chaos", &caps, &Roots::fixture(root), 64 << 20)
 }

@@ -22,6 +22,7 @@ fn sandbox(root: &std::path::Path) -> Sandbox {
         dev: vec!["null".into()],
         sysfs: vec!["**".into()],
         resources: vec!["test.devplug.io/*".into()],
+        env: vec!["CHAOS_*".into()],
         ..Globs::default()
     };
     let caps = Capabilities::new(&g, &g).expect("caps");

@@ -203,10 +203,11 @@ fn evil_edits(kind: &str) -> ContainerEdits {
         }],
         ..edits::empty()
     };
-    let mount = |host: &str, container: &str| ContainerEdits {
-        mounts: vec![Mount { host_path: host.into(), container_path: container.into(), read_only: false }],
+    let mount_as = |host: &str, container: &str, read_only: bool| ContainerEdits {
+        mounts: vec![Mount { host_path: host.into(), container_path: container.into(), read_only }],
         ..edits::empty()
     };
+    let mount = |host: &str, container: &str| mount_as(host, container, true);
     let annotation = |k: &str, v: &str| ContainerEdits { annotations: vec![(k.into(), v.into())], ..edits::empty() };
     match kind {
         "dev-sda" => node("/dev/sda", ""),
@@ -217,7 +218,17 @@ fn evil_edits(kind: &str) -> ContainerEdits {
         "mount-containerd" => mount("/var/run/containerd/containerd.sock", "/run/containerd.sock"),
         "mount-kubelet" => mount("/var/lib/kubelet", "/kubelet"),
         "mount-proc" => mount("/proc", "/host-proc"),
+        "mount-ld-preload" => mount("/opt/chaos/lib", "/etc/ld.so.preload"),
+        "mount-libc" => mount("/opt/chaos/lib", "/usr/lib/x86_64-linux-gnu/libc.so.6"),
+        "mount-shell" => mount("/opt/chaos/lib", "/bin/sh"),
+        "mount-passwd" => mount("/opt/chaos/lib", "/etc/passwd"),
+        "mount-sa-token" => mount("/opt/chaos/lib", "/var/run/secrets/kubernetes.io/serviceaccount"),
+        "mount-rw" => mount_as("/opt/chaos/state", "/var/lib/chaos", false),
         "env-ld-preload" => edits::env("LD_PRELOAD", "/tmp/evil.so"),
+        "env-cuda-injection" => edits::env("CUDA_INJECTION64_PATH", "/opt/chaos/lib/inject.so"),
+        "env-openssl" => edits::env("OPENSSL_CONF", "/opt/chaos/openssl.cnf"),
+        "env-glibc-tunables" => edits::env("GLIBC_TUNABLES", "glibc.malloc.check=3"),
+        "env-unrequested" => edits::env("HOME", "/opt/chaos"),
         "annotation-cdi" => annotation("cdi.k8s.io/x", "nvidia.com/gpu=all"),
         "annotation-other" => annotation("other.io/x", "y"),
         other => panic!("chaos: unknown evil kind {other:?}"),

@@ -144,20 +144,20 @@ impl Loaded {
         }
         let requested = &requested;
         let granted: Globs = match explicit {
-            Some(mut g) if settings.is_some_and(|s| s.grant_resources_unstated) => {
-                // A grant written before resource names were a capability narrowed only sysfs
-                // and dev: its resource names are what the origin's default grant gives.
-                g.resources = match (&src.origin, self.default_grant) {
-                    (Origin::Embedded, _) | (_, DefaultGrant::Requested) => requested.resources.clone(),
-                    (_, DefaultGrant::None) => Vec::new(),
+            Some(g) if settings.is_some_and(|s| s.grant_resources_unstated) => {
+                // A grant written before devplug 0.2.0 could narrow only sysfs and dev: every kind
+                // added since (resource names, env, mounts, ...) gets the origin's default grant.
+                let default = match (&src.origin, self.default_grant) {
+                    (Origin::Embedded, _) | (_, DefaultGrant::Requested) => requested.clone(),
+                    (_, DefaultGrant::None) => Globs::default(),
                 };
                 tracing::warn!(
                     backend = %src.name,
-                    resources = ?g.resources,
-                    "[backends.{}.grant] has no `resources` (configs before devplug 0.2.0): it gets the resource names above, the default for its origin; add `resources = [...]` to the grant to choose",
+                    resources = ?default.resources,
+                    "[backends.{}.grant] has no `resources` (configs before devplug 0.2.0, whose grants had only sysfs and dev): everything else gets the default for its origin, these resource names among it; add `resources = [...]` (and env, mounts, ... as needed) to the grant to choose",
                     src.name
                 );
-                g
+                Globs { sysfs: g.sysfs, dev: g.dev, ..default }
             }
             Some(g) => g,
             None if src.origin == Origin::Embedded => requested.clone(),

@@ -40,7 +40,7 @@ pub struct BackendSettings {
     #[serde(default)]
     pub image: Option<String>,
     /// `grant` is there but says nothing of `resources` (configs written before devplug 0.2.0,
-    /// when a grant had only `sysfs` and `dev`): resource names then get the origin's default
+    /// when a grant had only `sysfs` and `dev`): every kind added since gets the origin's default
     /// grant, with a warning (see `Loaded::capabilities`). Set by `Config::parse`.
     #[serde(skip)]
     pub grant_resources_unstated: bool,

@@ -37,6 +37,8 @@ enum Wake {
     Polled(PollDone),
     /// A kernel uevent of this subsystem.
     Uevent(String),
+    /// A uevent-triggered discover that was held back (see `polls::UEVENT_GAP`) is due.
+    Deferred,
     Beat,
 }
 
@@ -118,6 +120,13 @@ impl Daemon {
                 None => std::future::pending().await,
             }
         };
+        let due = polls.next_due();
+        let deferred = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             biased;
             _ = tick => Wake::Swap,
@@ -125,6 +134,7 @@ impl Daemon {
             _ = tokio::time::sleep_until(*next_poll) => Wake::Poll,
             done = polls.next() => done.map_or(Wake::Beat, Wake::Polled),
             Some(ev) = uevent => Wake::Uevent(ev.subsystem),
+            _ = deferred => Wake::Deferred,
             _ = beat.tick() => Wake::Beat,
         }
     }
@@ -148,6 +158,7 @@ impl Daemon {
                 return;
             }
             Wake::Uevent(subsystem) => return self.polls.uevent(&self.loaded, &subsystem),
+            Wake::Deferred => return self.polls.start_due(&self.loaded),
             Wake::Polled(done) => {
                 let ready = self.polls.finished(&self.loaded, done);
                 self.serve(ready).await;

@@ -18,6 +18,11 @@ use super::{OpError, ResourceHandle};
 use crate::model::{Health, Resource};
 use crate::proto::deviceplugin as pb;
 
+/// The least time between two lists sent on one ListAndWatch stream: a burst of changes (health
+/// flipping with every uevent) reaches kubelet as at most one list per gap, the newest; a change
+/// after a quiet spell goes out at once.
+pub const MIN_SEND_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Tracks the ListAndWatch streams of one serving generation, to notice kubelet letting go.
 #[derive(Default)]
 pub struct StreamTracker {
@@ -185,12 +190,14 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         self.streams.open.fetch_add(1, Ordering::AcqRel);
         let guard = StreamGuard(self.streams.clone());
         let cancel = self.cancel.clone();
-        // The current list at once, then every change (a burst collapses to the newest list,
-        // which is what kubelet needs). When this serving generation stops, a change already
-        // published is still sent first: a retired resource's last word is its empty list.
+        // The current list at once, then every change, at most one per `MIN_SEND_GAP` (a burst
+        // collapses to the newest list, which is what kubelet needs). When this serving
+        // generation stops, a change already published is still sent first, without waiting: a
+        // retired resource's last word is its empty list.
         let rx = self.handle.devices.clone();
-        let stream = futures::stream::unfold((rx, cancel, guard, true), |(mut rx, cancel, guard, first)| async move {
-            if !first {
+        let start = (rx, cancel, guard, None::<tokio::time::Instant>);
+        let stream = futures::stream::unfold(start, |(mut rx, cancel, guard, last_sent)| async move {
+            if let Some(last_sent) = last_sent {
                 tokio::select! {
                     biased;
                     changed = rx.changed() => changed.ok()?,
@@ -200,9 +207,15 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                         }
                     }
                 }
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => {}
+                    _ = tokio::time::sleep_until(last_sent + MIN_SEND_GAP) => {}
+                }
             }
             let list = to_proto_devices(&rx.borrow_and_update());
-            Some((Ok(pb::ListAndWatchResponse { devices: list }), (rx, cancel, guard, false)))
+            let sent = Some(tokio::time::Instant::now());
+            Some((Ok(pb::ListAndWatchResponse { devices: list }), (rx, cancel, guard, sent)))
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -304,5 +317,76 @@ mod tests {
     #[test]
     fn plain_choice_keeps_must_include_first() {
         assert_eq!(plain_choice(&s(&["a", "b", "c"]), &s(&["c"]), 2), s(&["c", "a"]));
+    }
+
+    struct NoOps;
+
+    #[async_trait::async_trait]
+    impl super::super::ResourceOps for NoOps {
+        async fn allocate(&self, _: Vec<String>) -> Result<crate::model::ContainerEdits, OpError> {
+            Err(OpError::Unavailable("not in this test".into()))
+        }
+        async fn preferred_allocation(&self, _: Vec<String>, _: Vec<String>, _: u32) -> Result<Vec<String>, OpError> {
+            Err(OpError::Unavailable("not in this test".into()))
+        }
+        async fn pre_start(&self, _: Vec<String>) -> Result<(), OpError> {
+            Err(OpError::Unavailable("not in this test".into()))
+        }
+    }
+
+    /// A resource with one device whose ID says which state it is.
+    fn state(i: u32) -> Arc<Resource> {
+        let device = crate::model::Device {
+            id: format!("d{i}"),
+            health: Health::Healthy,
+            numa_nodes: vec![],
+            attributes: vec![],
+            edits: Default::default(),
+        };
+        Arc::new(Resource { name: "a.io/b".into(), devices: vec![device], ..Default::default() })
+    }
+
+    /// A storm of changes (one every 2 ms for 2 s, as health flipping with every uevent would
+    /// make) reaches kubelet as at most one list per `MIN_SEND_GAP`, the last state always
+    /// among them; a change after a quiet spell goes out at once. Time is tokio's paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn list_and_watch_coalesces_bursts_and_always_sends_the_last_state() {
+        use pb::device_plugin_server::DevicePlugin;
+        use tokio_stream::StreamExt;
+        let (tx, rx) = tokio::sync::watch::channel(state(0));
+        let handle = ResourceHandle {
+            name: "a.io/b".into(),
+            options: Default::default(),
+            devices: rx,
+            ops: Arc::new(NoOps),
+            delivery: Default::default(),
+            metrics: None,
+        };
+        let svc = DevicePluginService::new(handle, Arc::default(), CancellationToken::new());
+        let mut stream = svc.list_and_watch(Request::new(pb::Empty {})).await.unwrap().into_inner();
+        let id = |r: pb::ListAndWatchResponse| r.devices[0].id.clone();
+        assert_eq!(id(stream.next().await.unwrap().unwrap()), "d0");
+        tokio::time::sleep(MIN_SEND_GAP * 2).await;
+        let t0 = tokio::time::Instant::now();
+        tx.send(state(1)).unwrap();
+        assert_eq!(id(stream.next().await.unwrap().unwrap()), "d1");
+        assert_eq!(t0.elapsed(), std::time::Duration::ZERO, "the first change after a quiet spell waits for nothing");
+        let storm = tokio::spawn(async move {
+            for i in 2..1002 {
+                tx.send(state(i)).unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            tx
+        });
+        let t0 = tokio::time::Instant::now();
+        let mut sent = Vec::new();
+        while sent.last().is_none_or(|last| last != "d1001") {
+            sent.push(id(stream.next().await.unwrap().unwrap()));
+        }
+        let took = t0.elapsed();
+        let _tx = storm.await.unwrap();
+        let most = (took.as_millis() / MIN_SEND_GAP.as_millis()) as usize + 1;
+        assert!(sent.len() <= most, "{} lists in {took:?} (at most {most})", sent.len());
+        assert!(sent.len() >= 10, "the storm is still seen while it lasts: {sent:?}");
     }
 }

@@ -21,9 +21,21 @@ pub struct Globs {
     /// and later. Driver state the kernel keeps nowhere else; grant narrowly.
     #[serde(default)]
     pub procfs: Vec<String>,
-    /// Host paths it may bind-mount into containers, absolute (`/usr/lib/firmware/**`).
+    /// Host paths it may bind-mount into containers, absolute (`/usr/lib/firmware/**`);
+    /// read-only unless also in `writable_mounts`.
     #[serde(default)]
     pub mounts: Vec<String>,
+    /// Container paths its mounts may land on, absolute (`/usr/local/vendor/**`).
+    #[serde(default)]
+    pub mount_targets: Vec<String>,
+    /// Host paths it may mount read-write, absolute; everything else is mounted read-only.
+    #[serde(default)]
+    pub writable_mounts: Vec<String>,
+    /// Env keys it may set in containers (`NVIDIA_*`). Keys that make a loader, shell or runtime
+    /// run code (`LD_*`, `CUDA_INJECTION*`, `OPENSSL_*`, …) stay refused unless the operator's
+    /// grant names that exact key.
+    #[serde(default)]
+    pub env: Vec<String>,
     /// Extended resource names it may serve (`nvidia.com/*`).
     #[serde(default)]
     pub resources: Vec<String>,
@@ -120,6 +132,14 @@ pub struct Capabilities {
     pub procfs: Rule,
     /// Host paths, matched without their leading `/`.
     pub mounts: Rule,
+    /// Container paths, matched without their leading `/`.
+    pub mount_targets: Rule,
+    /// Host paths that may be mounted read-write, matched without their leading `/`.
+    pub writable_mounts: Rule,
+    pub env: Rule,
+    /// Env keys the operator's grant names literally (no wildcard): the only way a code-loading
+    /// key passes.
+    pub env_named: std::collections::BTreeSet<String>,
     pub resources: Rule,
     pub annotations: Rule,
     pub uevents: Rule,
@@ -132,6 +152,16 @@ impl Capabilities {
             dev: Rule::new(&requested.dev, &granted.dev)?.keyed("dev"),
             procfs: Rule::new(&requested.procfs, &granted.procfs)?.keyed("procfs"),
             mounts: Rule::new(&absolute_globs(&requested.mounts)?, &absolute_globs(&granted.mounts)?)?,
+            mount_targets: Rule::new(
+                &absolute_globs(&requested.mount_targets)?,
+                &absolute_globs(&granted.mount_targets)?,
+            )?,
+            writable_mounts: Rule::new(
+                &absolute_globs(&requested.writable_mounts)?,
+                &absolute_globs(&granted.writable_mounts)?,
+            )?,
+            env: Rule::new(&requested.env, &granted.env)?,
+            env_named: granted.env.iter().filter(|k| !k.contains(['*', '?', '[', '{'])).cloned().collect(),
             resources: Rule::new(&requested.resources, &granted.resources)?,
             annotations: Rule::new(&requested.annotations, &granted.annotations)?,
             uevents: Rule::new(&requested.uevents, &granted.uevents)?,

@@ -6,8 +6,13 @@
 //!   granted) and must be a real character or block device; the numbers read there are kept on
 //!   the node, so the CDI spec never looks the path up again.
 //! - A mount's host path must be absolute, clean and match the backend's `mounts` capability;
-//!   its container path must be absolute, clean and not `/`, `/proc`, `/sys` or `/dev`.
-//! - Env keys are plain names and never loader or interpreter hooks (`LD_*`, `PYTHONPATH`, …).
+//!   its container path must match `mount_targets` and never cover what a container's programs
+//!   load or trust (the loader and its config, libc, shells, `/etc/passwd|shadow|group`, the
+//!   service-account token dir, `/proc`, `/sys`, `/dev`); it is read-only unless its host path
+//!   matches `writable_mounts`.
+//! - Env keys are plain names matching the backend's `env` capability; keys that make a loader,
+//!   shell or runtime run code (`LD_*`, `CUDA_INJECTION*`, `OPENSSL_*`, `PYTHONPATH`, …) pass only
+//!   when the operator's grant names that exact key.
 //! - Annotation keys must match the backend's `annotations` capability and never `cdi.k8s.io/`
 //!   (the host writes those itself).
 //! - Resource names must match the backend's `resources` capability.
@@ -34,44 +39,112 @@ pub const MAX_STRING: usize = 4096;
 /// All the strings of one answer together.
 pub const MAX_ANSWER_BYTES: usize = 8 << 20;
 
-/// Env keys a container runtime or dynamic loader acts on before the workload runs: a backend
-/// that could set them could run code in every container that gets its devices.
-const FORBIDDEN_ENV: &[&str] = &[
+/// Env keys a dynamic loader, libc, shell or language runtime acts on before or as the workload
+/// runs (code to load, options to inject, where to find modules): a backend that could set them
+/// could run code in every container that gets its devices. Refused unless the operator's grant
+/// names the exact key.
+const HOOK_ENV: &[&str] = &[
+    "BASHOPTS",
     "BASH_ENV",
+    "CLASSPATH",
+    "DOTNET_STARTUP_HOOKS",
     "ENV",
     "GCONV_PATH",
     "GETCONF_DIR",
+    "GIO_EXTRA_MODULES",
+    "GIO_MODULE_DIR",
+    "GLIBC_TUNABLES",
+    "GTK_MODULES",
     "HOSTALIASES",
+    "IFS",
     "JAVA_TOOL_OPTIONS",
+    "JDK_JAVA_OPTIONS",
     "LOCALDOMAIN",
     "LOCPATH",
-    "MALLOC_TRACE",
+    "LUA_CPATH",
+    "LUA_PATH",
     "NIS_PATH",
     "NLSPATH",
     "NODE_OPTIONS",
+    "NODE_PATH",
     "PATH",
     "PERL5LIB",
     "PERL5OPT",
-    "PYTHONHOME",
-    "PYTHONPATH",
-    "PYTHONSTARTUP",
+    "PERLLIB",
+    "PROMPT_COMMAND",
+    "PS4",
+    "QT_PLUGIN_PATH",
     "RESOLV_HOST_CONF",
     "RES_OPTIONS",
     "RUBYLIB",
     "RUBYOPT",
+    "SHELLOPTS",
     "TMPDIR",
     "TZDIR",
     "_JAVA_OPTIONS",
 ];
-const FORBIDDEN_ENV_PREFIXES: &[&str] = &["LD_", "DYLD_", "MALLOC_"];
+/// Prefixes of the same kind: the loader's and libc's (`LD_`, `DYLD_`, `MALLOC_`), CUDA's
+/// injection hooks, OpenSSL's config and engines, exported bash functions, .NET profilers, and
+/// Python's startup knobs.
+const HOOK_ENV_PREFIXES: &[&str] =
+    &["LD_", "DYLD_", "MALLOC_", "CUDA_INJECTION", "OPENSSL_", "BASH_FUNC_", "CORECLR_", "COMPlus_", "PYTHON"];
 
-/// Container paths no mount may cover.
-const FORBIDDEN_MOUNT_TARGETS: &[&str] = &["/", "/proc", "/sys", "/dev"];
+/// Container paths no mount may cover, whatever the grants: a container's root, kernel views,
+/// the directories its programs and libraries come from.
+const FORBIDDEN_MOUNT_TARGETS: &[&str] = &[
+    "/",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/usr",
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libexec",
+    "/var/run",
+    "/run",
+];
+/// Files no mount may cover: the loader's config and cache, and the user and group databases.
+const FORBIDDEN_MOUNT_FILES: &[&str] = &[
+    "/etc/ld.so.preload",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/passwd",
+    "/etc/shadow",
+    "/etc/group",
+    "/etc/gshadow",
+    "/etc/sudoers",
+    "/etc/nsswitch.conf",
+];
+/// Trees no mount may land in: kernel views, the loader's config dir, and where Kubernetes puts
+/// a pod's service-account token and other secrets.
+const FORBIDDEN_MOUNT_TREES: &[&str] =
+    &["/proc/", "/sys/", "/etc/ld.so.conf.d/", "/var/run/secrets/", "/run/secrets/", "/etc/sudoers.d/"];
+/// Program directories whose shells and loader and libc files no mount may replace.
+const PROGRAM_DIRS: &[&str] =
+    &["/bin", "/sbin", "/usr/bin", "/usr/sbin", "/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64"];
+/// Shells (and `env`, which scripts run through), by file name.
+const SHELLS: &[&str] = &["sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox", "env"];
+/// File-name prefixes of the dynamic loader and the C library's parts.
+const LOADER_FILES: &[&str] =
+    &["ld-linux", "ld-musl", "ld.so", "libc.so", "libc-", "libc.musl", "libpthread", "libdl.", "libm.so", "librt."];
 
 /// What a backend may hand out: its dev jail for nodes, and the rules for the rest.
 pub struct ReturnRules {
     dev: std::sync::Arc<Jail>,
     mounts: Rule,
+    mount_targets: Rule,
+    writable_mounts: Rule,
+    env: Rule,
+    env_named: std::collections::BTreeSet<String>,
     annotations: Rule,
     resources: Rule,
 }
@@ -81,6 +154,10 @@ impl ReturnRules {
         ReturnRules {
             dev,
             mounts: caps.mounts.clone(),
+            mount_targets: caps.mount_targets.clone(),
+            writable_mounts: caps.writable_mounts.clone(),
+            env: caps.env.clone(),
+            env_named: caps.env_named.clone(),
             annotations: caps.annotations.clone(),
             resources: caps.resources.clone(),
         }
@@ -187,12 +264,12 @@ impl ReturnRules {
         for m in &e.mounts {
             size.add(&m.container_path)?;
             size.add(&m.host_path)?;
-            self.mount(&m.host_path, &m.container_path)?;
+            self.mount(&m.host_path, &m.container_path, m.read_only)?;
         }
         for (k, v) in &e.env {
             size.add(k)?;
             size.add(v)?;
-            env_key(k)?;
+            self.env_key(k)?;
         }
         for (k, v) in &e.annotations {
             size.add(k)?;
@@ -230,14 +307,19 @@ impl ReturnRules {
         Ok(())
     }
 
-    fn mount(&self, host: &str, container: &str) -> Result<(), String> {
+    fn mount(&self, host: &str, container: &str, read_only: bool) -> Result<(), String> {
         let field = |what: &str, why: String| format!("mount {what}: {why}");
         clean_absolute(container).map_err(|why| field("container path", why))?;
-        if FORBIDDEN_MOUNT_TARGETS.contains(&container)
-            || container.starts_with("/proc/")
-            || container.starts_with("/sys/")
-        {
-            return Err(field("container path", format!("{container} must not be mounted over")));
+        if let Some(why) = protected_target(container) {
+            return Err(field("container path", format!("{container} must not be mounted over: {why}")));
+        }
+        if !self.mount_targets.allows(&container[1..]) {
+            let why = if self.mount_targets.requested(&container[1..]) {
+                "not granted to this backend (grant.mount_targets)"
+            } else {
+                "not requested in the backend's manifest ([requests] mount_targets)"
+            };
+            return Err(field("container path", format!("{}: {why}", clip(container))));
         }
         clean_absolute(host).map_err(|why| field("host path", why))?;
         let rel = &host[1..];
@@ -264,6 +346,15 @@ impl ReturnRules {
                 ));
             }
         }
+        if !read_only && !self.writable_mounts.allows(&host[1..]) {
+            return Err(field(
+                "host path",
+                format!(
+                    "{} is mounted read-write but is not in writable_mounts (requested and granted); mount it read-only",
+                    clip(host)
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -283,17 +374,53 @@ impl ReturnRules {
     }
 }
 
-/// An env key a process may have and no loader or interpreter acts on.
-fn env_key(k: &str) -> Result<(), String> {
-    let plain = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !plain {
-        return Err(format!("env key {:?} is not a plain name ([A-Za-z_][A-Za-z0-9_]*)", clip(k)));
+impl ReturnRules {
+    /// An env key the backend may set: a plain name it requested and was granted; a key that
+    /// makes programs load or run code only when the operator's grant names it exactly.
+    fn env_key(&self, k: &str) -> Result<(), String> {
+        let plain = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain {
+            return Err(format!("env key {:?} is not a plain name ([A-Za-z_][A-Za-z0-9_]*)", clip(k)));
+        }
+        let hook = HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p));
+        if hook && !(self.env.allows(k) && self.env_named.contains(k)) {
+            return Err(format!(
+                "env key {k} changes how programs load or start; it passes only if the operator's grant names it exactly (grant.env = [\"{k}\"])"
+            ));
+        }
+        if !self.env.allows(k) {
+            let why = if self.env.requested(k) {
+                "not granted to this backend (grant.env)"
+            } else {
+                "not requested in the backend's manifest ([requests] env)"
+            };
+            return Err(format!("env key {k}: {why}"));
+        }
+        Ok(())
     }
-    if FORBIDDEN_ENV.contains(&k) || FORBIDDEN_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) {
-        return Err(format!("env key {k} changes how programs load or start; no backend may set it"));
+}
+
+/// Why no mount may land on container path `p` (clean and absolute), if it is protected.
+fn protected_target(p: &str) -> Option<&'static str> {
+    if FORBIDDEN_MOUNT_TARGETS.contains(&p) {
+        return Some("a directory the container's programs or kernel views live in");
     }
-    Ok(())
+    if FORBIDDEN_MOUNT_FILES.contains(&p) {
+        return Some("the loader's configuration or the user and group databases");
+    }
+    if FORBIDDEN_MOUNT_TREES.iter().any(|t| p.starts_with(t)) {
+        return Some("kernel views, the loader's configuration, or the pod's secrets");
+    }
+    let (dir, name) = p.rsplit_once('/')?;
+    let dir = if dir.is_empty() { "/" } else { dir };
+    // A program dir itself, or a dir inside one (`/usr/lib/x86_64-linux-gnu`), holds the shells,
+    // the loader and libc.
+    let in_program_dir = PROGRAM_DIRS.iter().any(|d| dir == *d || dir.starts_with(&format!("{d}/")));
+    if in_program_dir && (SHELLS.contains(&name) || LOADER_FILES.iter().any(|f| name.starts_with(f))) {
+        return Some("a shell, the dynamic loader or libc");
+    }
+    None
 }
 
 /// Absolute, and no `.`, `..`, empty component or NUL.
@@ -342,6 +469,15 @@ mod tests {
         let requested = Globs {
             dev: vec!["null".into(), "shm/*".into(), "mem".into()],
             mounts: vec!["/opt/vendor/**".into(), "/".into()],
+            mount_targets: vec!["/**".into()],
+            writable_mounts: vec!["/opt/vendor/rw/**".into()],
+            env: vec![
+                "NVIDIA_*".into(),
+                "VENDOR_*".into(),
+                "LD_*".into(),
+                "CUDA_INJECTION64_PATH".into(),
+                "A=B".into(),
+            ],
             resources: vec!["example.com/*".into()],
             annotations: vec!["example.com/*".into(), "cdi.k8s.io/*".into()],
             ..Globs::default()
@@ -358,6 +494,9 @@ mod tests {
             procfs: vec![],
             dev: all.clone(),
             mounts: vec!["/**".into()],
+            mount_targets: vec!["/**".into()],
+            writable_mounts: vec![],
+            env: vec!["*".into()],
             resources: all.clone(),
             annotations: all,
             uevents: vec![],
@@ -376,6 +515,13 @@ mod tests {
     }
 
     fn mount(host: &str, container: &str) -> ContainerEdits {
+        ContainerEdits {
+            mounts: vec![Mount { host_path: host.into(), container_path: container.into(), read_only: true }],
+            ..Default::default()
+        }
+    }
+
+    fn rw_mount(host: &str, container: &str) -> ContainerEdits {
         ContainerEdits {
             mounts: vec![Mount { host_path: host.into(), container_path: container.into(), read_only: false }],
             ..Default::default()
@@ -406,8 +552,23 @@ mod tests {
             (mount("/opt/vendor/lib", "/"), "must not be mounted over"),
             (mount("/opt/vendor/../../etc", "/e"), "not clean"),
             (mount("opt/vendor/lib", "/e"), "not an absolute path"),
+            (mount("/opt/vendor/lib", "/etc/ld.so.preload"), "the loader's configuration"),
+            (mount("/opt/vendor/lib", "/etc/passwd"), "user and group databases"),
+            (mount("/opt/vendor/lib", "/usr/lib/x86_64-linux-gnu/libc.so.6"), "dynamic loader or libc"),
+            (mount("/opt/vendor/lib", "/lib64/ld-linux-x86-64.so.2"), "dynamic loader or libc"),
+            (mount("/opt/vendor/lib", "/bin/sh"), "a shell"),
+            (mount("/opt/vendor/lib", "/var/run/secrets/kubernetes.io/serviceaccount"), "pod's secrets"),
+            (mount("/opt/vendor/lib", "/etc"), "must not be mounted over"),
+            (rw_mount("/opt/vendor/lib", "/usr/local/vendor"), "not in writable_mounts"),
             (env("LD_PRELOAD"), "changes how programs load"),
             (env("PYTHONPATH"), "changes how programs load"),
+            (env("CUDA_INJECTION64_PATH"), "grant names it exactly"),
+            (env("OPENSSL_CONF"), "changes how programs load"),
+            (env("GLIBC_TUNABLES"), "changes how programs load"),
+            (env("SHELLOPTS"), "changes how programs load"),
+            (env("JDK_JAVA_OPTIONS"), "changes how programs load"),
+            (env("BASH_FUNC_ls%%"), "not a plain name"),
+            (env("HOME"), "not requested in the backend's manifest ([requests] env)"),
             (env("A=B"), "not a plain name"),
             (ann("cdi.k8s.io/x"), "host's to write"),
             (ann("other.io/x"), "not requested"),
@@ -432,6 +593,23 @@ mod tests {
         assert_eq!(e.device_nodes[0].numbers, Some(NodeNumbers { block: false, major: 1, minor: 3 }));
         assert!(r.resource("example.com/x").is_ok());
         assert!(r.resource("nvidia.com/gpu").unwrap_err().contains("does not request"));
+        // Read-write only where requested and granted.
+        let rw = rules(d.path(), &Globs { writable_mounts: vec!["/opt/vendor/rw/**".into()], ..all() });
+        rw.allocate("example.com/x", &mut rw_mount("/opt/vendor/rw/state", "/var/lib/vendor")).unwrap();
+    }
+
+    /// A code-loading env key passes only when the operator's grant names that exact key; a
+    /// glob that happens to match it is not enough.
+    #[test]
+    fn hook_env_keys_need_the_operators_exact_word() {
+        let d = tempfile::tempdir().unwrap();
+        let env =
+            |k: &str| ContainerEdits { env: vec![(k.into(), "/opt/vendor/inject.so".into())], ..Default::default() };
+        let by_glob = rules(d.path(), &Globs { env: vec!["*".into()], ..all() });
+        assert!(by_glob.allocate("example.com/x", &mut env("CUDA_INJECTION64_PATH")).is_err());
+        let named = rules(d.path(), &Globs { env: vec!["CUDA_INJECTION64_PATH".into()], ..all() });
+        named.allocate("example.com/x", &mut env("CUDA_INJECTION64_PATH")).unwrap();
+        assert!(named.allocate("example.com/x", &mut env("NVIDIA_VISIBLE_DEVICES")).unwrap_err().contains("grant.env"));
     }
 
     #[test]
