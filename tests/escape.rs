@@ -323,12 +323,11 @@ async fn a_benign_backend_keeps_its_pace_beside_two_flooding_ones() {
     let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
     let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
     let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
-    for r in ["test.devplug.io/lister", "test.devplug.io/reader"] {
-        kubelet.wait_plugin(r, T).await.unwrap_or_else(|e| panic!("{r}: {e}\n{}", d.log()));
-    }
+    kubelet.wait_plugin("test.devplug.io/reader", T).await.unwrap_or_else(|e| panic!("reader: {e}\n{}", d.log()));
     let mut lists = plugin.devices.clone();
     let t0 = Instant::now();
-    for i in 0..10 {
+    // 15 lists at a 200 ms poll: longer than one whole flooding discover (2 s deadline).
+    for i in 0..15 {
         tokio::time::timeout(T, lists.changed())
             .await
             .unwrap_or_else(|_| panic!("list {i}: the benign stream stalled\n{}", d.log()))
@@ -336,7 +335,10 @@ async fn a_benign_backend_keeps_its_pace_beside_two_flooding_ones() {
         let (code, _) = devplug::cli::http_get(&addr, "/healthz").await.unwrap();
         assert_eq!(code, 200, "healthz went red while the floods ran");
     }
-    eprintln!("benign lists beside two floods: one every {:?} (poll interval 200ms)", t0.elapsed() / 10);
+    eprintln!("benign lists beside two floods: one every {:?} (poll interval 200ms)", t0.elapsed() / 15);
+    // The list flood ran meanwhile: it answered (within its budget) or was cut off at its deadline.
+    let listed = kubelet.plugin("test.devplug.io/lister").await.is_some();
+    assert!(listed || d.log().contains("backend=lister call=\"discover\""), "the list flood never ran\n{}", d.log());
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
     let peak_kib: u64 = status
         .lines()
@@ -387,4 +389,72 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     let (srcs, _) = devplug::backends::sources(&cfg.catalog(), &[]);
     let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
+}
+
+/// Resident memory of process `pid`, in MiB.
+fn rss_mib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    kib >> 10
+}
+
+/// Memory the host allocated because a backend asked is given back once it is done (issue 24):
+/// a backend sending 16 MiB paths on every 100 ms poll is added, floods for a while, and is
+/// removed; devplug's resident memory returns to within 32 MiB of what it was before. (glibc
+/// raised its mmap threshold after the first freed 16 MiB block and kept the later ones in its
+/// per-thread arenas: +180–245 MiB that never went back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_flood_made_the_host_allocate_is_given_back() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    backend(&backends, "chaos", "mode=churn devices=3");
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(["--cache-dir", &cache_dir().display().to_string(), "--poll-interval", "100ms"].map(str::to_owned));
+    let d = Devplug::spawn(&args);
+    let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let mut lists = plugin.devices.clone();
+    let churn = |n: usize| {
+        let mut lists = lists.clone();
+        async move {
+            for _ in 0..n {
+                tokio::time::timeout(T, lists.changed()).await.unwrap().unwrap();
+            }
+        }
+    };
+    churn(10).await;
+    let before = rss_mib(d.pid());
+    // The flooder arrives (a new file in the watched dir), floods for 20 polls, and goes.
+    let staging = root.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    backend(&staging, "flooder", "mode=big-path-flood resource=test.devplug.io/flooder");
+    std::fs::rename(staging.join("flooder.toml"), backends.join("flooder.toml")).unwrap();
+    std::fs::rename(staging.join("flooder.wasm"), backends.join("flooder.wasm")).unwrap();
+    let flooder =
+        kubelet.wait_plugin("test.devplug.io/flooder", T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let flood_polls = d.log().matches("refused a backend's access").count();
+    churn(20).await;
+    let during = rss_mib(d.pid());
+    std::fs::remove_file(backends.join("flooder.wasm")).unwrap();
+    tokio::time::timeout(T, async {
+        let mut devices = flooder.devices.clone();
+        while !devices.borrow_and_update().is_empty() {
+            devices.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    churn(20).await;
+    let after = rss_mib(d.pid());
+    lists.borrow_and_update();
+    eprintln!(
+        "RSS: {before} MiB before the flood, {during} MiB during it, {after} MiB after ({flood_polls} refusals logged)"
+    );
+    assert!(after <= before + 32, "{after} MiB after the flood, {before} MiB before\n{}", d.log());
 }

@@ -1,7 +1,8 @@
 //! Backends from a real OCI registry (Debian's `docker-registry`, distribution 2.8, on
 //! 127.0.0.1): `devplug push`/`pull`/`sign` cross-checked with skopeo and openssl, and `devplug
 //! run` following a tag under Allocate load, refusing what fails or does not verify, serving
-//! from its cache with the registry down, and pulling through basic auth.
+//! from its cache with the registry down, and pulling through basic auth. A deliberately
+//! hostile registry (`support::hostile_registry`) tries to flood a pull.
 
 mod support;
 
@@ -427,4 +428,42 @@ fn https_registries_are_trusted_through_ca_file_and_digests_pin() {
     let missing = format!("{}/devplug/chaos@sha256:{}", reg.addr, "0".repeat(64));
     let (ok, _, err) = devplug(&["pull", &missing, "--config", cfg_s]);
     assert!(!ok && !err.is_empty(), "a digest the registry does not have pulls nothing");
+}
+
+/// A registry that sends a blob for ever, sends 64 MiB where the descriptor said 1,000 bytes, or
+/// drips a byte every 100 ms: `devplug pull` stops at the descriptor's size or at
+/// `registry.timeout` (the whole transfer, not each read), says which, and the registry could
+/// push only what the socket buffers held before devplug stopped reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_registry_cannot_flood_a_pull() {
+    use support::hostile_registry::{Blob, HostileRegistry, LAYER_SIZE};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("devplug.toml");
+    std::fs::write(&config, "[registry]\ntimeout = \"2s\"\n").unwrap();
+    let too_much = format!("more than the {LAYER_SIZE} bytes the descriptor announced");
+    for (blob, needle) in [
+        (Blob::Endless, too_much.as_str()),
+        (Blob::LyingLength, too_much.as_str()),
+        (Blob::Drip, "took longer than 2s (registry.timeout)"),
+    ] {
+        let reg = HostileRegistry::start(blob).await;
+        let reference = format!("{}/evil:latest", reg.addr);
+        let args =
+            ["pull", reference.as_str(), "--plain-http", reg.addr.as_str(), "--config", config.to_str().unwrap()]
+                .map(str::to_owned);
+        let t0 = Instant::now();
+        let (ok, _, err) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            devplug(&args)
+        })
+        .await
+        .unwrap();
+        let took = t0.elapsed();
+        let sent = reg.sent();
+        eprintln!("{blob:?}: refused after {took:?}; the registry got {sent} body bytes into the socket");
+        assert!(!ok, "{blob:?}: the pull succeeded");
+        assert!(err.contains(needle), "{blob:?}: {err}");
+        assert!(sent < 16 << 20, "{blob:?}: {sent} bytes left the registry before devplug stopped");
+        assert!(took < Duration::from_secs(20), "{blob:?}: took {took:?}");
+    }
 }

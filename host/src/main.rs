@@ -8,6 +8,7 @@ use devplug::cli::{
 use devplug::observe;
 
 fn main() -> std::process::ExitCode {
+    devplug::daemon::tune_allocator();
     let cli = Cli::parse();
     observe::init_logging(cli.log_format);
     if !matches!(cli.command, Command::Run(_)) {

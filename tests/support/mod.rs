@@ -7,6 +7,7 @@ pub mod binary;
 pub mod daemon;
 pub mod fixtures;
 pub mod hardware;
+pub mod hostile_registry;
 pub mod kubelet;
 pub mod load;
 pub mod podman;

@@ -16,6 +16,8 @@
 //!   something outside the backend's grants (host nodes, mounts, loader env, CDI annotations);
 //! - `mode=glob-bomb`: `devfs.glob` with patterns built to panic or stall the host's glob code;
 //! - `mode=path-flood`: forty distinct 1 MiB refused paths (the host's memory and log);
+//! - `mode=big-path-flood`: eight distinct 16 MiB refused paths per discover (memory the host
+//!   must give back);
 //! - `mode=list-flood|read-flood`: batched calls that make the host list `devices/big` 256
 //!   times or read the 64 KiB `devices/blob` 4,096 times in one discover (the host's work done
 //!   on the backend's behalf); the device reports how many answers came and the first refusal;
@@ -87,6 +89,7 @@ impl Backend for Chaos {
             "sleep-discover" => nap(),
             "glob-bomb" => glob_bomb(sys),
             "path-flood" => path_flood(sys),
+            "big-path-flood" => big_path_flood(sys),
             "list-flood" => host_work_flood(8, || {
                 sys.list_many(&vec!["devices/big".to_owned(); 32]).into_iter().map(|r| r.map(drop)).collect()
             }),
@@ -294,6 +297,20 @@ fn forge_log() -> Vec<Device> {
         attributes: vec![],
         edits: edits::empty(),
     }]
+}
+
+/// Eight distinct 16 MiB refused paths per discover: each is copied into the host before it is
+/// refused, so the host's allocator must give that memory back.
+fn big_path_flood(sys: &dyn Sys) -> Vec<Device> {
+    let mut refused = 0u32;
+    for i in 0..8u32 {
+        let path = format!("class/secret/{i}-{}", "p".repeat(16 << 20));
+        if sys.read(&path).is_err() {
+            refused += 1;
+        }
+    }
+    let attributes = vec![("refused".into(), refused.to_string())];
+    vec![Device { id: "flood".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
 }
 
 /// Thirty thousand lines through every channel a backend has to the host's log.

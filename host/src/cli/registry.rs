@@ -49,10 +49,23 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<serde_json::Value> {
     let auth = settings.auth_for(&r)?;
     let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
     let guess = args.name.clone().unwrap_or_else(|| r.repository().rsplit('/').next().unwrap_or("backend").to_owned());
-    let digest = artifact::resolve(&client, &auth, &r).await?;
+    // The whole transfer is bounded, not only each read: a registry that drips a byte at a time
+    // cannot hold `pull` for ever.
+    let settings_timeout = settings.timeout;
+    let within = |what: &'static str| {
+        move |_| anyhow::anyhow!("{what} took longer than {:?} (registry.timeout)", settings_timeout)
+    };
+    let digest = tokio::time::timeout(settings_timeout, artifact::resolve(&client, &auth, &r))
+        .await
+        .map_err(within("resolving"))??;
     let pinned = artifact::pinned(&r, &digest);
-    let state = signature::verify(&client, &auth, &pinned, &digest, key.as_ref()).await?;
-    let pulled = artifact::pull(&client, &auth, &pinned, &guess).await?;
+    let state =
+        tokio::time::timeout(settings_timeout, signature::verify(&client, &auth, &pinned, &digest, key.as_ref()))
+            .await
+            .map_err(within("the signature check"))??;
+    let pulled = tokio::time::timeout(settings_timeout, artifact::pull(&client, &auth, &pinned, &guess))
+        .await
+        .map_err(within("the pull"))??;
     // A Wasm artifact says its backend's name; `--name` wins, as the config key does in `run`.
     let name = args.name.clone().or_else(|| pulled.name.clone()).unwrap_or(guess);
     let src = BackendSource::from_registry(&name, &args.reference, pulled.clone())?;

@@ -13,6 +13,7 @@ mod serve;
 mod specs;
 mod start;
 mod trim;
+pub use trim::tune_allocator;
 
 use std::future::Future;
 use std::pin::Pin;

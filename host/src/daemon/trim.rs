@@ -9,6 +9,20 @@
 //! also keeps the heap that start-up freed; `malloc_trim` returns it. Measured in
 //! docs/BENCHMARKS.md ("Start and idle memory").
 
+/// Keep large blocks out of glibc's arenas, so memory freed after a backend's flood goes back to
+/// the kernel. glibc raises its mmap threshold (up to 32 MiB) each time an mmapped block is
+/// freed; from then on blocks that size come from per-thread arenas and stay with the process
+/// after `free` (a backend sending 16 MiB paths left +180–245 MiB behind, one arena per blocking
+/// thread). Setting the threshold fixes it (no more dynamic raising): every block of 1 MiB or
+/// more is its own mapping, unmapped when freed. Call once, first thing in `main`.
+pub fn tune_allocator() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 /// Page out the binary's clean mappings and trim the heap. Best effort: failures are logged at
 /// debug level and change nothing else.
 pub fn after_start() {

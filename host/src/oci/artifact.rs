@@ -70,9 +70,14 @@ async fn manifest_raw(
         .map_err(|e| anyhow::Error::new(e).context(reference.to_string()))
 }
 
-/// What `reference` resolves to now, without pulling anything else.
+/// What `reference` resolves to now, without pulling anything else: a `HEAD` of the manifest (its
+/// `Docker-Content-Digest`), so a follow tick never downloads an unchanged manifest's body.
+/// oci-client falls back to a `GET` for a registry that sends no digest header.
 pub async fn resolve(client: &Client, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
-    Ok(manifest_raw(client, auth, reference).await?.1)
+    client
+        .fetch_manifest_digest(reference, auth)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context(reference.to_string()))
 }
 
 /// Whether `err` says some content did not match its digest: the artifact's fault, not the
@@ -147,14 +152,64 @@ pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, n
     Ok(Pulled { digest, component, manifest: text, layout: "devplug-pack", name: Some(name.to_owned()) })
 }
 
+/// The blob `layer` names, at most its descriptor's size (itself at most [`MAX_LAYER`]): a
+/// registry that sends more (an endless body, a Content-Length that lies) is cut off there.
 async fn blob(client: &Client, reference: &Reference, layer: &OciDescriptor) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(usize::try_from(layer.size).unwrap_or(0));
-    // oci-client checks the bytes against the descriptor's digest (and the registry's header).
+    let size = usize::try_from(layer.size)
+        .map_err(|_| anyhow::anyhow!("{reference}: blob {} has a negative size", layer.digest))?;
+    capped_blob(client, reference, layer, size).await
+}
+
+/// Blob `layer`, refused past `max` bytes; oci-client checks the bytes against the descriptor's
+/// digest (and the registry's digest header) as they stream.
+pub async fn capped_blob(
+    client: &Client,
+    reference: &Reference,
+    layer: &OciDescriptor,
+    max: usize,
+) -> anyhow::Result<Vec<u8>> {
+    let mut out = CappedWriter { buf: Vec::with_capacity(max.min(MAX_LAYER as usize)), max };
     client
         .pull_blob(reference, layer, &mut out)
         .await
         .map_err(|e| anyhow::Error::new(e).context(format!("{reference}: blob {}", layer.digest)))?;
-    Ok(out)
+    Ok(out.buf)
+}
+
+/// A sink that refuses to hold more than `max` bytes: the error ends the transfer.
+struct CappedWriter {
+    buf: Vec<u8>,
+    max: usize,
+}
+
+impl tokio::io::AsyncWrite for CappedWriter {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let me = self.get_mut();
+        if me.buf.len() + data.len() > me.max {
+            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                "the registry sent more than the {} bytes the descriptor announced; refused",
+                me.max
+            ))));
+        }
+        me.buf.extend_from_slice(data);
+        std::task::Poll::Ready(Ok(data.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
 }
 
 /// The regular files at the root of a tar layer (later layers win, as in an image).

@@ -117,6 +117,9 @@ pub fn check(key: &VerifyingKey, payload: &[u8], signature_b64: &str, digest: &s
 }
 
 /// Look up and check the signatures of `digest` in `reference`'s repository.
+/// The largest simple-signing payload devplug reads (cosign's are a few hundred bytes).
+const MAX_PAYLOAD: usize = 64 * 1024;
+
 pub async fn verify(
     client: &Client,
     auth: &RegistryAuth,
@@ -140,15 +143,18 @@ pub async fn verify(
             why.push("a layer without a signature annotation".to_owned());
             continue;
         };
-        if layer.size > 64 * 1024 {
+        if !(0..=MAX_PAYLOAD as i64).contains(&layer.size) {
             why.push(format!("a payload of {} bytes", layer.size));
             continue;
         }
-        let mut payload = Vec::new();
-        if let Err(e) = client.pull_blob(&sig_ref, layer, &mut payload).await {
-            why.push(format!("payload {}: {e}", layer.digest));
-            continue;
-        }
+        // At most the descriptor's size: a registry that streams more is cut off there.
+        let payload = match super::artifact::capped_blob(client, &sig_ref, layer, layer.size as usize).await {
+            Ok(p) => p,
+            Err(e) => {
+                why.push(format!("payload {}: {e:#}", layer.digest));
+                continue;
+            }
+        };
         match check(key, &payload, sig, digest) {
             Ok(()) => return Ok(SignatureState::Verified),
             Err(e) => why.push(e),
