@@ -88,8 +88,8 @@ impl Backend for Chaos {
             "spin-discover" => spin(),
             "sleep-discover" => nap(),
             "glob-bomb" => glob_bomb(sys),
-            "path-flood" => path_flood(sys),
-            "big-path-flood" => big_path_flood(sys),
+            "path-flood" => path_flood(sys, 40, 1 << 20),
+            "big-path-flood" => path_flood(sys, 8, 16 << 20),
             "list-flood" => host_work_flood(8, || {
                 sys.list_many(&vec!["devices/big".to_owned(); 32]).into_iter().map(|r| r.map(drop)).collect()
             }),
@@ -250,11 +250,12 @@ fn glob_bomb(sys: &dyn Sys) -> Vec<Device> {
     vec![Device { id: "bomb".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
 }
 
-/// Distinct refused paths, 1 MiB each: the host must neither keep nor log them whole.
-fn path_flood(sys: &dyn Sys) -> Vec<Device> {
+/// `count` distinct refused paths of `size` bytes: each is copied into the host before it is
+/// refused, so the host must neither keep nor log them whole, and must give the memory back.
+fn path_flood(sys: &dyn Sys, count: u32, size: usize) -> Vec<Device> {
     let mut refused = 0u32;
-    for i in 0..40u32 {
-        let path = format!("class/secret/{i}-{}", "p".repeat(1 << 20));
+    for i in 0..count {
+        let path = format!("class/secret/{i}-{}", "p".repeat(size));
         if sys.read(&path).is_err() {
             refused += 1;
         }
@@ -297,20 +298,6 @@ fn forge_log() -> Vec<Device> {
         attributes: vec![],
         edits: edits::empty(),
     }]
-}
-
-/// Eight distinct 16 MiB refused paths per discover: each is copied into the host before it is
-/// refused, so the host's allocator must give that memory back.
-fn big_path_flood(sys: &dyn Sys) -> Vec<Device> {
-    let mut refused = 0u32;
-    for i in 0..8u32 {
-        let path = format!("class/secret/{i}-{}", "p".repeat(16 << 20));
-        if sys.read(&path).is_err() {
-            refused += 1;
-        }
-    }
-    let attributes = vec![("refused".into(), refused.to_string())];
-    vec![Device { id: "flood".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
 }
 
 /// Thirty thousand lines through every channel a backend has to the host's log.
