@@ -226,3 +226,35 @@ async fn an_idle_devplug_logs_state_changes_not_polls() {
     let new: Vec<&str> = log.lines().skip(settled).collect();
     assert!(new.len() <= 2, "an idle devplug logged {} lines over 100 polls:\n{}", new.len(), new.join("\n"));
 }
+
+/// The HTTP endpoints come up before the backends load (issue 28): with a backend whose `init`
+/// sleeps (a cold compile or a slow vendor init looks the same from outside), `/healthz` and
+/// `/status` answer and `/readyz` says "not ready" while that init is still under way, so a
+/// liveness probe never restarts a devplug that is only busy starting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_while_backends_are_still_loading() {
+    let s = setup();
+    std::fs::remove_file(s.backends.join("chaos.wasm")).unwrap();
+    chaos(&s.backends, 0, "mode=sleep-init");
+    let cfg = s.backends.parent().unwrap().join("devplug.toml");
+    std::fs::write(&cfg, "[limits]\ndiscover_timeout = \"60s\"\n").unwrap();
+    let mut args = run_args(&s.kdir, &s.backends, &s.machine);
+    args.extend(["--config".into(), cfg.display().to_string()]);
+    let mut d = Devplug::spawn(&args);
+    d.wait_log("serving /healthz, /readyz, /metrics and /status", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    d.wait_log("chaos: napping", T).unwrap();
+    let t0 = Instant::now();
+    let (healthz, _) = get(&addr, "/healthz").await;
+    let (readyz, why) = get(&addr, "/readyz").await;
+    let (status, body) = get(&addr, "/status").await;
+    eprintln!("probes answered in {:?} while a backend's init slept", t0.elapsed());
+    assert_eq!(healthz, 200);
+    assert_eq!(readyz, 503, "{why}");
+    assert!(why.contains("still starting"), "{why}");
+    assert_eq!(status, 200, "{body}");
+    assert!(!d.log().contains("backends loaded"), "the init was over before the probes were asked:\n{}", d.log());
+    assert!(d.terminate(T).unwrap().success());
+}

@@ -160,6 +160,8 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
     for f in &files {
         let (ok, out) = validate(f, K8S);
         assert!(ok && out.contains("passed for resource daemonset/devplug"), "{}:\n{out}", f.display());
+        // A slow first load must not meet the liveness probe (issue 28).
+        assert!(std::fs::read_to_string(f).unwrap().contains("startupProbe:"), "{}: no startupProbe", f.display());
     }
     // The schema is not a rubber stamp: before image volumes existed, the same DaemonSet fails.
     let (ok, out) = validate(&dir.join("devplug.yaml"), "1.30.0");
@@ -194,6 +196,7 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
         std::fs::write(&f, &yaml).unwrap();
         let (ok, report) = validate(&f, K8S);
         assert!(ok && report.contains("passed for resource daemonset/devplug"), "chart ({name}):\n{report}\n{yaml}");
+        assert!(yaml.contains("startupProbe:"), "chart ({name}): no startupProbe");
         match name {
             "init-container" => assert!(yaml.contains("initContainers:") && !yaml.contains("reference:"), "{yaml}"),
             "no-backends" => assert!(!yaml.contains("/backends") && !yaml.contains("kind: Service\n"), "{yaml}"),

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::polls::Polls;
 use super::{BEAT, Daemon, specs};
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, Follower, Loaded, Reconciler, Statuses, load_all, sources};
+use crate::backends::{BackendSource, Follower, Loaded, Reconciler, load_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
@@ -36,12 +36,11 @@ impl Daemon {
             loaded = loaded.with_publish_hook(specs::writer(s.clone(), &cfg));
         }
         let loaded = Arc::new(loaded);
-        let Some(Started { refused, follower, statuses, pulled_tx, pulled }) = load(&cfg, &loaded, shutdown).await?
-        else {
-            return Ok(None);
-        };
-        tracing::info!(loaded = loaded.origins().len(), "backends loaded");
+        let follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
+        let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
 
+        // The HTTP endpoints come up first: `/healthz` answers while backends load (a cold compile
+        // of a big backend takes seconds), `/readyz` says not ready until they are served.
         let paths = KubeletPaths {
             device_plugin_dir: cfg.kubelet_dir.clone(),
             plugins_registry_dir: cfg.plugins_registry_dir(),
@@ -67,6 +66,23 @@ impl Daemon {
             sources: statuses.clone(),
         };
         observe::serve(cfg.metrics_addr, probes, stop.clone()).await?;
+        let loading = tokio::spawn({
+            let heartbeat = heartbeat.clone();
+            async move {
+                let mut beat = tokio::time::interval(BEAT);
+                loop {
+                    beat.tick().await;
+                    heartbeat.beat();
+                }
+            }
+        });
+        let started = load(&cfg, &loaded, follower, shutdown).await;
+        loading.abort();
+        let Some(Started { refused, follower, pulled_tx, pulled }) = started? else {
+            stop.cancel();
+            return Ok(None);
+        };
+        tracing::info!(loaded = loaded.origins().len(), "backends loaded");
         let ticks = cfg.backends_dir.as_deref().and_then(|dir| {
             // A missing or unwatchable directory is logged; the backends loaded at start serve on.
             DirTicks::new(dir).map_err(|e| tracing::error!("{e:#}; backends will not be hot-swapped")).ok()
@@ -104,7 +120,6 @@ impl Daemon {
 struct Started {
     refused: HashMap<String, String>,
     follower: Option<Follower>,
-    statuses: Arc<Statuses>,
     pulled_tx: watch::Sender<Vec<BackendSource>>,
     pulled: watch::Receiver<Vec<BackendSource>>,
 }
@@ -113,12 +128,11 @@ struct Started {
 async fn load<F: Future<Output = ()>>(
     cfg: &Config,
     loaded: &Arc<Loaded>,
+    mut follower: Option<Follower>,
     mut shutdown: Pin<&mut F>,
 ) -> anyhow::Result<Option<Started>> {
     // Backends from registries: the cached versions at once, then one look at each registry
     // (bounded by registry.timeout), so a node that can pull starts with the newest.
-    let mut follower = Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?;
-    let statuses = follower.as_ref().map(Follower::statuses).unwrap_or_default();
     let (pulled_tx, pulled) = tokio::sync::watch::channel(Vec::new());
     if let Some(f) = follower.as_mut() {
         tokio::select! {
@@ -140,7 +154,7 @@ async fn load<F: Future<Output = ()>>(
         }
         refused = load_all(loaded, srcs) => refused,
     };
-    Ok(Some(Started { refused, follower, statuses, pulled_tx, pulled }))
+    Ok(Some(Started { refused, follower, pulled_tx, pulled }))
 }
 
 fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::uevents::Uevent>> {
