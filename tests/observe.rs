@@ -165,6 +165,27 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
     let header = out.lines().find(|l| l.starts_with("RESOURCE")).unwrap();
     let row = out.lines().find(|l| l.starts_with("test.devplug.io/widget")).unwrap();
     assert_eq!(header.find("KUBELET"), row.find("Registered"), "misaligned:\n{out}");
+    // Two digests, each named for what it is (issue 28).
+    assert!(out.contains("COMPONENT SHA256") && !out.contains(" DIGEST "), "{out}");
+    // `--devices`: what devplug serves, device by device.
+    let (code, out, err) = run(&["status", "--addr", &addr, "--devices", "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let devices = v["resources"][0]["devices"].as_array().unwrap();
+    let ids: Vec<&str> = devices.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "trap-3"], "{v}");
+    assert_eq!(devices[0]["health"], "Healthy");
+    assert_eq!(devices[1]["nodes"], serde_json::json!(["/dev/null:/dev/null"]), "{v}");
+    assert_eq!(devices[1]["numa_nodes"], serde_json::json!([1]), "{v}");
+    assert_eq!(devices[1]["attributes"]["index"], "1", "{v}");
+    let (code, table, err) = run(&["status", "--addr", &addr, "--devices"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("test.devplug.io/widget") && l.contains("widget-1") && l.contains("Healthy")),
+        "{table}"
+    );
     drop(d);
 }
 

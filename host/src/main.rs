@@ -110,11 +110,16 @@ fn pack(args: &PackArgs) -> anyhow::Result<()> {
 }
 
 async fn status(args: &StatusArgs) -> anyhow::Result<()> {
-    let (code, body) = cli::http_get(&args.addr, "/status").await?;
+    let path = if args.devices { "/status/devices" } else { "/status" };
+    let (code, body) = cli::http_get(&args.addr, path).await?;
     anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);
     let v: serde_json::Value = serde_json::from_str(&body)?;
     match args.format {
         Format::Json => print_json(&v),
+        Format::Table if args.devices => {
+            print!("{}", cli::devices_table(&v));
+            Ok(())
+        }
         Format::Table => {
             print!("{}", cli::status_table(&v));
             Ok(())

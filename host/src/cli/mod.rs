@@ -90,6 +90,9 @@ pub struct StatusArgs {
     pub addr: String,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    /// Every device served: health, NUMA nodes, attributes (CDI names among them), nodes.
+    #[arg(long)]
+    pub devices: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -372,4 +375,4 @@ pub use commands::{allocate, cdi_generate, discover};
 pub use http::http_get;
 pub use inspect::inspect;
 pub use registry::{pull, push, sign};
-pub use tables::{discover_table, status_table};
+pub use tables::{devices_table, discover_table, status_table};

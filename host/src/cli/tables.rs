@@ -11,7 +11,9 @@ pub fn status_table(v: &serde_json::Value) -> String {
     }
     out.push_str(&table(&rows, &[false, true, true, false]));
     let mut rows = vec![
-        ["BACKEND", "VERSION", "DIGEST", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"].map(str::to_owned).to_vec(),
+        ["BACKEND", "VERSION", "COMPONENT SHA256", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"]
+            .map(str::to_owned)
+            .to_vec(),
     ];
     for b in v["backends"].as_array().into_iter().flatten() {
         let digest: String = str_of(&b["digest"]).chars().take(12).collect();
@@ -31,7 +33,9 @@ pub fn status_table(v: &serde_json::Value) -> String {
     let sources = v["sources"].as_array().cloned().unwrap_or_default();
     if !sources.is_empty() {
         let mut rows = vec![
-            ["BACKEND", "REFERENCE", "DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"].map(str::to_owned).to_vec(),
+            ["BACKEND", "REFERENCE", "MANIFEST DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"]
+                .map(str::to_owned)
+                .to_vec(),
         ];
         for s in &sources {
             let digest: String = str_of(&s["digest"]).trim_start_matches("sha256:").chars().take(12).collect();
@@ -67,6 +71,31 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
     }
     out
+}
+
+/// `devplug status --devices` as a table: one row per device.
+pub fn devices_table(v: &serde_json::Value) -> String {
+    let str_of = |x: &serde_json::Value| x.as_str().map(str::to_owned).unwrap_or_else(|| x.to_string());
+    let mut rows = vec![
+        ["RESOURCE", "DEVICE", "HEALTH", "NUMA", "NODES (HOST:CONTAINER)", "ATTRIBUTES"].map(str::to_owned).to_vec(),
+    ];
+    for r in v["resources"].as_array().into_iter().flatten() {
+        for d in r["devices"].as_array().into_iter().flatten() {
+            let list =
+                |x: &serde_json::Value| x.as_array().into_iter().flatten().map(str_of).collect::<Vec<_>>().join(",");
+            let attrs: Vec<String> =
+                d["attributes"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}={}", str_of(v))).collect();
+            rows.push(vec![
+                str_of(&r["name"]),
+                str_of(&d["id"]),
+                str_of(&d["health"]),
+                list(&d["numa_nodes"]),
+                list(&d["nodes"]),
+                attrs.join(" "),
+            ]);
+        }
+    }
+    table(&rows, &[false; 6])
 }
 
 /// Rows as columns as wide as their widest cell (`right` aligns numbers), two spaces apart.

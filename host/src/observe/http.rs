@@ -115,6 +115,39 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
     }))
 }
 
+/// `/status/devices`: every resource's devices as devplug serves them — health, NUMA nodes,
+/// attributes (a backend's `cdi-name` among them) and the device nodes a container gets.
+async fn status_devices(State(h): State<Probes>) -> Json<serde_json::Value> {
+    let resources: Vec<serde_json::Value> = h
+        .loaded
+        .snapshot()
+        .iter()
+        .map(|r| {
+            let devices: Vec<serde_json::Value> = r
+                .devices
+                .iter()
+                .map(|d| {
+                    let nodes: Vec<String> = d
+                        .edits
+                        .device_nodes
+                        .iter()
+                        .map(|n| format!("{}:{}", n.host_path(), n.container_path))
+                        .collect();
+                    serde_json::json!({
+                        "id": d.id,
+                        "health": d.health.as_str(),
+                        "numa_nodes": d.numa_nodes,
+                        "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                        "nodes": nodes,
+                    })
+                })
+                .collect();
+            serde_json::json!({ "name": r.name, "devices": devices })
+        })
+        .collect();
+    Json(serde_json::json!({ "resources": resources }))
+}
+
 /// Serve the probes until `stop`. Binding errors are returned so a port clash is reported.
 pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
     let app = Router::new()
@@ -122,6 +155,7 @@ pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) ->
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status))
+        .route("/status/devices", get(status_devices))
         .with_state(probes);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
