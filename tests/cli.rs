@@ -75,6 +75,20 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
     assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "widget-3"]);
     assert_eq!(v["backends"][0]["wit_version"], "0.2.0");
 
+    // `--no-embedded` as `run` takes it: with a config and no --backend, nothing embedded loads.
+    let cdir = tempfile::tempdir().unwrap();
+    let cfg = cdir.path().join("devplug.toml");
+    std::fs::write(&cfg, "default_grant = \"requested\"\n").unwrap();
+    let dev = m.dev();
+    let base = ["discover", "--config", cfg.to_str().unwrap(), "--dev-root", dev.to_str().unwrap(), "--dev-fixtures"];
+    let (code, out, err) = run(&[&base[..], &["--no-embedded", "--format", "json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["backends"], serde_json::json!([]), "{v}");
+    let (code, out, _) = run(&[&base[..], &["--format", "json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(code == 0 && v["backends"].as_array().unwrap().len() == 4, "without it the embedded four load: {v}");
+
     let junk = bdir.path().join("junk.wasm");
     std::fs::write(&junk, b"definitely not wasm").unwrap();
     let (code, out, err) = run(&["discover", "--backend", junk.to_str().unwrap(), "--format", "table"]);

@@ -62,6 +62,14 @@ fn push_pull_sign_agree_with_skopeo_and_openssl_and_bad_artifacts_are_refused() 
     let (_, other_pub) = openssl_keypair(work.path(), "other");
     let r1 = reg.reference("chaos", "1.0.1");
     let d1 = push(&reg, &r1, &version(work.path(), 1, "ok"), &[]);
+    // Pushing a backend into a repository named for another is allowed, and said (issue 28).
+    let other = reg.reference("gpu", "1");
+    let wasm = version(work.path(), 1, "ok");
+    let (ok, v, err) = devplug(&["push", &other, wasm.to_str().unwrap(), "--plain-http", &reg.addr]);
+    assert!(ok, "{err}");
+    let warning = v["warning"].as_str().unwrap_or_else(|| panic!("no warning: {v}"));
+    assert!(warning.contains("[backends.chaos]") && warning.contains("[backends.gpu] would refuse it"), "{warning}");
+    assert!(err.contains("pushing backend \"chaos\" into repository"), "{err}");
 
     // skopeo (containers/image) sees the same manifest, in the Wasm OCI artifact layout.
     let out = skopeo(&["inspect", "--raw", "--tls-verify=false", &format!("docker://{r1}")]);
@@ -381,9 +389,9 @@ async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_ser
     d.wait_log("running from cache", T).unwrap();
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let addr = metrics_addr(&d);
-    let st = source_status(&addr).await;
+    // `/status` answers from the start, before the first look at the registry has failed.
+    let st = wait_status(&addr, "the unreachable registry reported", |s| s["last_error"].is_string()).await;
     assert_eq!(st["from_cache"], true, "{st}");
-    assert!(st["last_error"].is_string(), "the unreachable registry is reported: {st}");
 
     // The registry is back: following resumes.
     reg.restart();
@@ -466,4 +474,28 @@ async fn a_hostile_registry_cannot_flood_a_pull() {
         assert!(sent < 16 << 20, "{blob:?}: {sent} bytes left the registry before devplug stopped");
         assert!(took < Duration::from_secs(20), "{blob:?}: took {took:?}");
     }
+}
+
+/// A registry that does not answer (nothing listens on its port) is logged once when the outage
+/// starts, then counted (`failing_checks` in `/status`), not logged at every poll (issue 28).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_outage_is_logged_once_and_counted() {
+    let work = tempfile::tempdir().unwrap();
+    let (m, kdir) = (Machine::generic_box(), work.path().join("kubelet"));
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let backends = work.path().join("empty");
+    std::fs::create_dir_all(&backends).unwrap();
+    let cfg = work.path().join("devplug.toml");
+    std::fs::write(
+        &cfg,
+        format!("[backends.ghost]\nimage = \"{dead}/ghost:1\"\n[registry]\npoll = \"100ms\"\ntimeout = \"2s\"\nplain_http = [\"{dead}\"]\n"),
+    )
+    .unwrap();
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(["--config".into(), cfg.display().to_string()]);
+    let d = Devplug::spawn(&args);
+    let addr = metrics_addr(&d);
+    let s = wait_status(&addr, "five failed checks in a row", |s| s["failing_checks"].as_u64() >= Some(5)).await;
+    assert!(s["last_error"].as_str().is_some(), "{s}");
+    assert_eq!(count(&d, "registry check failed"), 1, "{}", d.log());
 }

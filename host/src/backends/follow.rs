@@ -37,6 +37,9 @@ pub struct SourceStatus {
     pub checks: u64,
     /// Why the last look, pull or verification failed (cleared by the next good look).
     pub last_error: Option<String>,
+    /// Looks that failed in a row (logged once when the failure starts or changes, counted
+    /// here after that).
+    pub failing_checks: u64,
     /// Why the host refused the version on offer (its init or first discover failed); stays
     /// until another version is offered.
     pub swap_error: Option<String>,
@@ -127,6 +130,7 @@ impl Follower {
                     last_check: None,
                     checks: 0,
                     last_error: None,
+                    failing_checks: 0,
                     swap_error: None,
                 },
             );
@@ -202,10 +206,21 @@ impl Follower {
             Some(s) => format!("serving {}", origin_digest(s)),
             None => "nothing to serve yet".to_owned(),
         };
-        let from_cache = self.statuses.0.locked().get(&e.backend).is_some_and(|s| s.from_cache);
-        let note = if from_cache { " from the node's cache" } else { "" };
-        tracing::warn!(backend = %e.backend, reference = %e.text, "registry check failed ({serving}{note}): {why}");
-        self.statuses.update(&e.backend, |s| s.last_error = Some(why));
+        let (from_cache, same) = self
+            .statuses
+            .0
+            .locked()
+            .get(&e.backend)
+            .map_or((false, false), |s| (s.from_cache, s.last_error.as_deref() == Some(why.as_str())));
+        // An outage is logged when it starts or its reason changes; the repeats are counted.
+        if !same {
+            let note = if from_cache { " from the node's cache" } else { "" };
+            tracing::warn!(backend = %e.backend, reference = %e.text, "registry check failed ({serving}{note}): {why}; logged again only if the reason changes");
+        }
+        self.statuses.update(&e.backend, |s| {
+            s.last_error = Some(why);
+            s.failing_checks += 1;
+        });
     }
 
     async fn check(&mut self, i: usize) -> anyhow::Result<bool> {
@@ -219,9 +234,13 @@ impl Follower {
         }
         let digest = artifact::resolve(&self.client, &auth, &e.reference).await?;
         if current.as_deref() == Some(digest.as_str()) {
+            let backend = e.backend.clone();
             self.statuses.update(&e.backend, |s| {
+                if s.last_error.take().is_some() {
+                    tracing::info!(backend = %backend, failed = s.failing_checks, "registry check works again");
+                }
+                s.failing_checks = 0;
                 s.last_check = Some(now());
-                s.last_error = None;
                 s.from_cache = false;
             });
             return Ok(false);
@@ -308,6 +327,7 @@ impl Follower {
             if !from_cache {
                 s.last_check = Some(now());
                 s.last_error = None;
+                s.failing_checks = 0;
             }
         });
         Ok(())

@@ -40,7 +40,7 @@ async fn load_and_poll(
     };
     let loaded = Arc::new(Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
     let mut sources = Vec::new();
-    if args.backends.is_empty() || args.embedded {
+    if !args.no_embedded && (args.backends.is_empty() || args.embedded) {
         sources.extend(BackendSource::embedded());
     }
     let mut errors = Vec::new();

@@ -225,7 +225,7 @@ pub struct RunArgs {
     /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
     #[arg(long)]
     pub dev_fixtures: bool,
-    /// Address for /healthz and /readyz.
+    /// Address for /healthz, /readyz, /metrics, /status and /status/devices.
     #[arg(long)]
     pub metrics_addr: Option<SocketAddr>,
     /// Directory for compiled backends (skips compilation on restart).
@@ -296,8 +296,12 @@ pub struct SourceArgs {
     #[arg(long = "backend")]
     pub backends: Vec<PathBuf>,
     /// Also load the embedded backends when --backend is given.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_embedded")]
     pub embedded: bool,
+    /// Do not load the embedded backends (as `run --no-embedded`): only --backend files and the
+    /// config's registry backends.
+    #[arg(long)]
+    pub no_embedded: bool,
     /// The manifest of a single --backend, when it is not NAME.toml beside the .wasm.
     #[arg(long, requires = "backends")]
     pub manifest: Option<PathBuf>,

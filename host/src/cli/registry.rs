@@ -28,8 +28,22 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
     };
     // The backend's name is its file's, as `run` names it (`gpu-1.3.0.wasm` is `gpu`).
     let name = src.name.clone();
+    // A node follows `[backends.NAME] image`, and refuses an artifact that names another backend:
+    // say so now rather than on the node.
+    let repo_name = r.repository().rsplit('/').next().unwrap_or_default();
+    let mismatch = (repo_name != name).then(|| {
+        let warning = format!(
+            "pushing backend {name:?} into repository {:?}: a node takes it only as [backends.{name}] image = \"...\"; a config entry [backends.{repo_name}] would refuse it (rename the file {repo_name}.wasm, or push to a repository named {name})",
+            r.repository()
+        );
+        tracing::warn!("{warning}");
+        warning
+    });
     let digest = artifact::push(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
+    if let Some(w) = mismatch {
+        out["warning"] = serde_json::json!(w);
+    }
     if let Some(key) = &args.sign_key {
         let key = signature::load_private_key(key)?;
         let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
