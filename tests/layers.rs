@@ -23,7 +23,9 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted"]),
     ("config", &["backends", "kubelet", "runtime", "oci", "model"]),
 ];
-const ANYTHING: &[&str] = &["daemon", "cli", "main", "lib"];
+/// The process and its commands; `local_kubelet` is the binary's `devplug try` (the test suite's
+/// kubelet stand-in, compiled in).
+const ANYTHING: &[&str] = &["daemon", "cli", "main", "lib", "local_kubelet"];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).expect("read host/src") {

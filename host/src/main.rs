@@ -7,14 +7,16 @@ use devplug::cli::{
 };
 use devplug::observe;
 
+mod local_kubelet;
+
 fn main() -> std::process::ExitCode {
     devplug::daemon::tune_allocator();
     let cli = Cli::parse();
     observe::init_logging(cli.log_format);
-    if !matches!(cli.command, Command::Run(_)) {
+    if !matches!(cli.command, Command::Run(_) | Command::Try(_)) {
         // A one-shot command whose reader went away (`devplug discover | head`) ends quietly,
-        // as Unix tools do, instead of panicking in `println!`. The daemon keeps Rust's default
-        // (SIGPIPE ignored): nothing it writes may kill it.
+        // as Unix tools do, instead of panicking in `println!`. The daemon, and `try` which runs
+        // it, keep Rust's default (SIGPIPE ignored): nothing they write may kill them.
         // SAFETY: SIG_DFL installs no handler code, so nothing can run in signal context.
         let _ = unsafe {
             nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
@@ -44,6 +46,7 @@ fn main() -> std::process::ExitCode {
 async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Run(args) => devplug::daemon::run(args.config()?, shutdown_signal()).await,
+        Command::Try(args) => local_kubelet::run(&args, shutdown_signal()).await,
         Command::Discover(args) => discover(args).await,
         Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
         Command::Pack(args) => pack(&args),

@@ -202,6 +202,13 @@ impl Kubelet {
         self.shared.refusals.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// Every plugin registered now, by resource name.
+    pub async fn plugins(&self) -> Vec<Plugin> {
+        let mut all: Vec<Plugin> = self.shared.plugins.lock().await.values().map(|(p, _)| p.clone()).collect();
+        all.sort_by(|a, b| a.resource.cmp(&b.resource));
+        all
+    }
+
     /// The plugin registered for `resource`, if any.
     pub async fn plugin(&self, resource: &str) -> Option<Plugin> {
         self.shared.plugins.lock().await.get(resource).map(|(p, _)| p.clone())

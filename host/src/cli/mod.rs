@@ -41,6 +41,10 @@ pub struct Cli {
 pub enum Command {
     /// Serve every backend's resources to kubelet (the DaemonSet's job).
     Run(RunArgs),
+    /// Try devplug without a cluster: `run` against a local kubelet (the same rules the test
+    /// suite's kubelet enforces) that prints each registration and device list, and takes
+    /// `allocate RESOURCE ID...|COUNT`, `list` and `quit` on stdin.
+    Try(RunArgs),
     /// Run each backend's discover once and print what it found.
     Discover(DiscoverArgs),
     /// Show a backend component's WIT version, imports, exports, capabilities and size.
