@@ -557,3 +557,29 @@ async fn preferred_allocations_on_the_dgx_stay_within_one_numa_node_when_they_ca
     }
     daemon.stop().await.unwrap();
 }
+
+/// `devplug discover --learn-requests` (issue 28): the requests it learns for the gpu backend
+/// on the DGX H100 are enough — granted exactly those, the backend discovers the same devices,
+/// attributes and nodes as with its full manifest — and needed: granted nothing, it finds none.
+#[test]
+fn learned_requests_are_enough_and_needed() {
+    let m = fixture("dgx-h100");
+    let learned = on_machine(&["discover", "--learn-requests", "gpu"], &m, &cache_dir(), &[]);
+    assert!(learned.contains("\"bus/pci/devices/*/vendor\","), "{learned}");
+    assert!(learned.contains("\"driver/nvidia/gpus/*/information\","), "{learned}");
+    let gpus = |grant: &str| -> serde_json::Value {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("devplug.toml");
+        std::fs::write(&file, grant).unwrap();
+        let out =
+            on_machine(&["discover"], &m, &cache_dir(), &["--format", "json", "--config", file.to_str().unwrap()]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").cloned().unwrap_or_default()
+    };
+    let full = gpus("");
+    assert_eq!(full["devices"].as_array().unwrap().len(), 8, "{full}");
+    let with_learned = gpus(&learned.replace("[requests]", "[backends.gpu.grant]"));
+    assert_eq!(with_learned, full, "the learned requests change what the backend sees");
+    let none = gpus("[backends.gpu.grant]\n");
+    assert!(none["devices"].as_array().is_none_or(|d| d.is_empty()), "without them it finds nothing: {none}");
+}

@@ -66,6 +66,12 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
+    if let Some(name) = args.learn_requests.clone() {
+        // Backend calls block (each under its own deadline): off the async threads.
+        let text = tokio::task::spawn_blocking(move || cli::learn_requests(&args.source, &name)).await??;
+        print!("{text}");
+        return Ok(());
+    }
     let format = args.format;
     let v = cli::discover(args).await?;
     match format {

@@ -330,6 +330,10 @@ pub struct SourceArgs {
 pub struct DiscoverArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    /// Instead of listing devices, run backend NAME with everything granted and print the
+    /// narrowest `[requests]` that allows exactly what its init and discover touched.
+    #[arg(long, value_name = "NAME")]
+    pub learn_requests: Option<String>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -374,6 +378,7 @@ pub struct InspectArgs {
 mod commands;
 mod http;
 pub mod inspect;
+mod learn;
 pub mod pack;
 mod registry;
 pub mod scaffold;
@@ -382,5 +387,6 @@ mod tables;
 pub use commands::{allocate, cdi_generate, discover};
 pub use http::http_get;
 pub use inspect::inspect;
+pub use learn::learn_requests;
 pub use registry::{pull, push, sign};
 pub use tables::{devices_table, discover_table, status_table};

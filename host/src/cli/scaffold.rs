@@ -53,7 +53,7 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
     let mut files: Vec<(String, String)> = WIT.iter().map(|(f, t)| (format!("wit/{f}"), (*t).to_owned())).collect();
     files.push((
         "devplug.toml".into(),
-        format!("# What this backend may see and hand out; the operator grants it (or less) in devplug's config.\n# Its name is its .wasm file's name; `devplug pack X.wasm devplug.toml` stores this as X.toml.\n[requests]\nsysfs = []\ndev = [\"{name}*\"]\nresources = [\"{resource}\"]\n# Env keys it sets in containers, and mounts (host paths, their container paths): none yet.\nenv = []\nmounts = []\nmount_targets = []\n"),
+        format!("# What this backend may see and hand out; the operator grants it (or less) in devplug's config.\n# Its name is its .wasm file's name; `devplug pack X.wasm devplug.toml` stores this as X.toml.\n[requests]\n# A PCI example: list the functions, read their IDs (as asked and where the links lead). Run\n# `devplug discover --learn-requests {name} --backend {name}.wasm` to print exactly what yours uses.\nsysfs = [\"bus/pci/devices\", \"bus/pci/devices/*\", \"bus/pci/devices/*/{{vendor,device,class,numa_node}}\", \"devices/pci*/**/{{vendor,device,class,numa_node}}\"]\ndev = [\"{name}*\"]\nresources = [\"{resource}\"]\n# Env keys it sets in containers, and mounts (host paths, their container paths): none yet.\nenv = []\nmounts = []\nmount_targets = []\n"),
     ));
     files.push((format!("tests/fixture/dev/{name}0"), "c 240:0\n".into()));
     files.push((format!("tests/fixture/dev/{name}1"), "c 240:1\n".into()));

@@ -9,6 +9,7 @@ pub mod engine_config;
 pub mod guest_log;
 mod instance;
 pub mod jail;
+pub mod learn;
 pub mod limits;
 pub mod state;
 pub mod vet;

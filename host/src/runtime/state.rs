@@ -93,6 +93,8 @@ pub struct Sandbox {
     /// Kernel uevent subsystems that trigger its `discover`.
     pub uevents: super::caps::Rule,
     pub memory_cap: usize,
+    /// Records every capability call that was answered (`devplug discover --learn-requests`).
+    pub learn: Option<Arc<super::learn::Learned>>,
 }
 
 impl Sandbox {
@@ -110,7 +112,14 @@ impl Sandbox {
             refusals: Arc::new(RefusalLog::default()),
             log: Arc::new(LogBudget::default()),
             memory_cap,
+            learn: None,
         }
+    }
+
+    /// The same sandbox, recording what the backend touches into `learned`.
+    pub fn learning(mut self, learned: Arc<super::learn::Learned>) -> Self {
+        self.learn = Some(learned);
+        self
     }
 }
 

@@ -66,6 +66,8 @@ impl HostState {
     fn answer<T>(&self, call: &str, path: &str, r: Result<T, jail::FsError>) -> Result<T, FsError> {
         if let Err(e @ (jail::FsError::Denied(_) | jail::FsError::InvalidPath(_))) = &r {
             self.sandbox.refusals.refused(&self.sandbox, call, path, e);
+        } else if let Some(learned) = &self.sandbox.learn {
+            learned.record(call, path);
         }
         r.map_err(fs_error)
     }

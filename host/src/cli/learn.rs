@@ -1,0 +1,234 @@
+//! `devplug discover --learn-requests NAME`: run backend NAME's `init` and `discover` with a grant
+//! of everything on this machine (or a fixture tree), record every path it read, listed, resolved,
+//! stat'ed or globbed, and print the narrowest `[requests]` that allows exactly that: each path
+//! as asked and as it resolves (sysfs is full of links), PCI addresses and instance numbers
+//! turned into wildcards so the manifest fits other machines too, one comment per line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::SourceArgs;
+use crate::backends::{BackendSource, manifest_for};
+use crate::model::Resource;
+use crate::runtime::caps::{Capabilities, Globs};
+use crate::runtime::jail::Jail;
+use crate::runtime::learn::Learned;
+use crate::runtime::state::{Roots, Sandbox};
+use crate::runtime::{BackendInstance, Runtime, RuntimeConfig};
+
+/// The `[requests]` backend `name` needs, as TOML with a comment per line.
+pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
+    let mut sources = BackendSource::embedded();
+    for path in &args.backends {
+        sources.push(BackendSource::from_file_with(path, manifest_for(path, args.manifest.as_deref()).as_deref())?);
+    }
+    let src = sources
+        .into_iter()
+        .rev()
+        .find(|s| s.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no backend named {name} (embedded, or a --backend file {name}.wasm)"))?;
+    let every: Vec<String> = vec!["**".into()];
+    let all = Globs {
+        sysfs: every.clone(),
+        dev: every.clone(),
+        procfs: every.clone(),
+        mounts: vec!["/**".into()],
+        mount_targets: vec!["/**".into()],
+        writable_mounts: vec!["/**".into()],
+        env: vec!["*".into()],
+        resources: vec!["*/*".into()],
+        annotations: every,
+        uevents: vec![],
+    };
+    let caps = Capabilities::new(&all, &all).map_err(anyhow::Error::msg)?;
+    let roots = Roots {
+        sys: args.sysfs_root.clone(),
+        dev: args.dev_root.clone(),
+        proc: args.proc_root.clone(),
+        dev_fixtures: args.dev_fixtures,
+    };
+    let learned = Arc::new(Learned::default());
+    let runtime = Runtime::new(RuntimeConfig { cache_dir: args.cache_dir.clone(), ..RuntimeConfig::default() })?;
+    let sandbox = Sandbox::new(name, &caps, &roots, runtime.config.memory_cap).learning(learned.clone());
+    let config = src.manifest.config.clone().unwrap_or_default();
+    let inst = BackendInstance::load(&runtime, &src.bytes, config, sandbox)?;
+    let found = inst.discover()?;
+    let sysfs = Jail::new(&roots.sys, caps.sysfs.clone());
+    let procfs = Jail::new(&roots.proc, caps.procfs.clone());
+    let dev = Jail::new(&roots.dev, caps.dev.clone()).with_fixture_nodes(roots.dev_fixtures);
+    let mut out = Requests::default();
+    for ((call, path), times) in learned.seen() {
+        let (view, what) = call.split_once('.').unwrap_or(("", call.as_str()));
+        let (jail, list) = match view {
+            "sysfs" => (&sysfs, &mut out.sysfs),
+            "procfs" => (&procfs, &mut out.procfs),
+            "devfs" => (&dev, &mut out.dev),
+            _ => continue,
+        };
+        let how = format!("{what} ×{times}");
+        if what == "glob" {
+            // The pattern itself is the narrowest request that lets the glob see its matches.
+            list.add(&path, &how, &path, false);
+            continue;
+        }
+        list.add(&path, &how, &path, true);
+        // Sysfs is full of links: the path as it resolves must be allowed too.
+        let follow = !what.starts_with("read-link");
+        if let Ok(r) = jail.resolve(&path, follow)
+            && !r.canonical.is_empty()
+            && r.canonical != path
+        {
+            list.add(&r.canonical, &format!("{what}, resolved"), &path, true);
+        }
+        // A listing shows only allowed entries: request what it showed (and where each leads).
+        if what.starts_with("list-dir")
+            && let Ok(entries) = jail.list(&path)
+        {
+            for e in entries {
+                let entry = if path.is_empty() { e } else { format!("{path}/{e}") };
+                list.add(&entry, "listed", &path, true);
+                if let Ok(r) = jail.resolve(&entry, true)
+                    && !r.canonical.is_empty()
+                {
+                    list.add(&r.canonical, "listed, resolved", &entry, true);
+                }
+            }
+        }
+    }
+    out.outputs(inst.info().resources.iter().map(|(n, _)| n.clone()), &found);
+    Ok(out.render(name, &args.sysfs_root.display().to_string()))
+}
+
+/// One kind of request: pattern → (how it was used, an example path).
+#[derive(Default)]
+struct Patterns(BTreeMap<String, (BTreeSet<String>, String)>);
+
+impl Patterns {
+    fn add(&mut self, path: &str, how: &str, example: &str, generalize: bool) {
+        let pattern = if generalize { general(path) } else { path.to_owned() };
+        let e = self.0.entry(pattern).or_insert_with(|| (BTreeSet::new(), example.to_owned()));
+        e.0.insert(how.split(" ×").next().unwrap_or(how).to_owned());
+    }
+}
+
+#[derive(Default)]
+struct Requests {
+    sysfs: Patterns,
+    dev: Patterns,
+    procfs: Patterns,
+    resources: Patterns,
+    env: Patterns,
+    mounts: Patterns,
+    mount_targets: Patterns,
+    writable_mounts: Patterns,
+    annotations: Patterns,
+}
+
+impl Requests {
+    /// What the backend handed out in `init` and `discover`.
+    fn outputs(&mut self, names: impl Iterator<Item = String>, found: &[Resource]) {
+        for n in names {
+            self.resources.add(&n, "served", &n, false);
+        }
+        for r in found {
+            let edits = std::iter::once(&r.common_edits).chain(r.devices.iter().map(|d| &d.edits));
+            for e in edits {
+                for (k, _) in &e.env {
+                    self.env.add(k, "set", &r.name, false);
+                }
+                for (k, _) in &e.annotations {
+                    self.annotations.add(k, "set", &r.name, false);
+                }
+                for m in &e.mounts {
+                    self.mounts.add(&m.host_path, "mounted", &r.name, false);
+                    self.mount_targets.add(&m.container_path, "mounted at", &r.name, false);
+                    if !m.read_only {
+                        self.writable_mounts.add(&m.host_path, "mounted read-write", &r.name, false);
+                    }
+                }
+            }
+        }
+    }
+
+    fn render(&self, name: &str, root: &str) -> String {
+        let mut out = format!(
+            "# Learned by `devplug discover --learn-requests {name}` on {root}: what init and discover\n\
+             # used. allocate may hand out more (see `devplug allocate`); review before shipping.\n\
+             [requests]\n"
+        );
+        for (key, p) in [
+            ("sysfs", &self.sysfs),
+            ("dev", &self.dev),
+            ("procfs", &self.procfs),
+            ("resources", &self.resources),
+            ("env", &self.env),
+            ("mounts", &self.mounts),
+            ("mount_targets", &self.mount_targets),
+            ("writable_mounts", &self.writable_mounts),
+            ("annotations", &self.annotations),
+        ] {
+            if p.0.is_empty() {
+                out.push_str(&format!("{key} = []\n"));
+                continue;
+            }
+            out.push_str(&format!("{key} = [\n"));
+            for (pattern, (how, example)) in &p.0 {
+                let how: Vec<&str> = how.iter().map(String::as_str).collect();
+                let line = format!("  {},", toml_string(pattern));
+                out.push_str(&format!("{line:<60} # {} (e.g. {example})\n", how.join(", ")));
+            }
+            out.push_str("]\n");
+        }
+        out
+    }
+}
+
+fn toml_string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
+}
+
+/// `path` with the parts that differ between machines as wildcards: PCI addresses and root
+/// complexes (`0000:3b:00.0`, `pci0000:3a`) become `*`, numbered instances (`card1`, `mlx5_0`,
+/// `virtfn3`, `gpu0`) `NAME[0-9]*`.
+fn general(path: &str) -> String {
+    path.split('/')
+        .map(|c| {
+            let pci = |s: &str| {
+                let b = s.as_bytes();
+                b.len() == 12
+                    && b[4] == b':'
+                    && b[7] == b':'
+                    && b[10] == b'.'
+                    && s.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+            };
+            if pci(c)
+                || (c.starts_with("pci") && c.len() == 10 && c[3..].chars().all(|x| x.is_ascii_hexdigit() || x == ':'))
+            {
+                return "*".to_owned();
+            }
+            let digits = c.len() - c.trim_end_matches(|x: char| x.is_ascii_digit()).len();
+            let stem = &c[..c.len() - digits];
+            if digits > 0 && stem.chars().any(|x| x.is_ascii_alphabetic()) {
+                return format!("{stem}[0-9]*");
+            }
+            c.to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::general;
+
+    #[test]
+    fn machine_specific_parts_become_wildcards() {
+        assert_eq!(general("bus/pci/devices/0000:3b:00.0/vendor"), "bus/pci/devices/*/vendor");
+        assert_eq!(general("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/net"), "devices/*/*/*/net");
+        assert_eq!(general("class/drm/card1"), "class/drm/card[0-9]*");
+        assert_eq!(general("driver/nvidia/capabilities/gpu0/mig"), "driver/nvidia/capabilities/gpu[0-9]*/mig");
+        assert_eq!(general("bus/pci/devices"), "bus/pci/devices");
+        assert_eq!(general("mlx5_core"), "mlx5_core", "a name that ends in letters stays");
+        assert_eq!(general("infiniband/mlx5_0"), "infiniband/mlx5_[0-9]*");
+    }
+}
