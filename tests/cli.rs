@@ -311,3 +311,23 @@ fn try_serves_a_local_kubelet_and_allocates_on_command() {
     };
     assert!(status.success(), "{status:?}");
 }
+
+/// `devplug config --defaults` prints the config reference, and docs/config.md is that same
+/// text (issue 28): `DEVPLUG_BLESS=1 cargo test --test cli` rewrites the page after the
+/// reference changes.
+#[test]
+fn the_config_reference_command_and_page_agree() {
+    let (code, out, err) = run(&["config", "--defaults"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, devplug::config::REFERENCE);
+    let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.md");
+    let want = devplug::config::reference_page();
+    if std::env::var_os("DEVPLUG_BLESS").is_some() {
+        std::fs::write(&page, &want).unwrap();
+    }
+    assert_eq!(
+        std::fs::read_to_string(&page).unwrap_or_default(),
+        want,
+        "docs/config.md is stale (DEVPLUG_BLESS=1 to rewrite)"
+    );
+}

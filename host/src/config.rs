@@ -86,6 +86,18 @@ impl Default for Limits {
     }
 }
 
+/// Every key with its default and one line of doc: `devplug config --defaults`, and the source
+/// of docs/config.md (tests keep the file, the command and [`Config::default`] equal).
+pub const REFERENCE: &str = include_str!("config_reference.toml");
+
+/// docs/config.md, made from [`REFERENCE`].
+pub fn reference_page() -> String {
+    format!(
+        "# Configuration reference\n\nGenerated from `host/src/config_reference.toml` (also printed by `devplug config --defaults`);\n\
+         edit that file, not this one. `devplug run --config devplug.toml`; flags override the file.\n\n```toml\n{REFERENCE}```\n"
+    )
+}
+
 /// Everything `devplug run` needs.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -264,6 +276,74 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The field names a `Deserialize` struct asks for, caught from its `deserialize_struct`.
+    fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+        struct Catch(Option<&'static [&'static str]>);
+        #[derive(Debug)]
+        struct Caught;
+        impl std::fmt::Display for Caught {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("caught")
+            }
+        }
+        impl std::error::Error for Caught {}
+        impl serde::de::Error for Caught {
+            fn custom<M: std::fmt::Display>(_: M) -> Self {
+                Caught
+            }
+        }
+        impl<'de> serde::Deserializer<'de> for &mut Catch {
+            type Error = Caught;
+            fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Caught> {
+                Err(Caught)
+            }
+            fn deserialize_struct<V: serde::de::Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Caught> {
+                self.0 = Some(fields);
+                Err(Caught)
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+                unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut c = Catch(None);
+        let _ = T::deserialize(&mut c);
+        c.0.expect("a struct")
+    }
+
+    /// `devplug config --defaults` is the truth: parsed, it is `Config::default()`, and it names
+    /// every key of every table, so a new key without a line there fails here.
+    #[test]
+    fn the_reference_is_the_defaults_and_names_every_key() {
+        assert_eq!(format!("{:?}", Config::parse(REFERENCE).unwrap()), format!("{:?}", Config::default()));
+        let named = |key: &str| {
+            REFERENCE.lines().any(|l| l.trim_start_matches('#').trim_start().starts_with(&format!("{key} =")))
+        };
+        let tables = [
+            ("", fields::<Config>()),
+            ("limits", fields::<Limits>()),
+            ("registry", fields::<crate::oci::RegistrySettings>()),
+            ("resources.NAME", fields::<ResourceSettings>()),
+            ("backends.NAME", fields::<BackendSettings>()),
+            ("backends.NAME.grant", fields::<crate::runtime::caps::Globs>()),
+        ];
+        let mut missing = Vec::new();
+        for (table, keys) in tables {
+            for k in keys {
+                let is_table = ["limits", "registry", "resources", "backends", "grant"].contains(k);
+                if !is_table && !named(k) {
+                    missing.push(format!("{table}.{k}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "keys with no line in config_reference.toml: {missing:?}");
+    }
 
     #[test]
     fn parses_a_full_config() {

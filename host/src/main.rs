@@ -47,6 +47,10 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     match cmd {
         Command::Run(args) => devplug::daemon::run(args.config()?, shutdown_signal()).await,
         Command::Try(args) => local_kubelet::run(&args, shutdown_signal()).await,
+        Command::Config(_) => {
+            print!("{}", devplug::config::REFERENCE);
+            Ok(())
+        }
         Command::Discover(args) => discover(args).await,
         Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
         Command::Pack(args) => pack(&args),

@@ -41,6 +41,8 @@ pub struct Cli {
 pub enum Command {
     /// Serve every backend's resources to kubelet (the DaemonSet's job).
     Run(RunArgs),
+    /// Print every config key with its default and one line of doc (docs/config.md).
+    Config(ConfigArgs),
     /// Try devplug without a cluster: `run` against a local kubelet (the same rules the test
     /// suite's kubelet enforces) that prints each registration and device list, and takes
     /// `allocate RESOURCE ID...|COUNT`, `list` and `quit` on stdin.
@@ -85,6 +87,13 @@ pub struct NewBackendArgs {
     /// Where to create it (default: ./NAME).
     #[arg(long)]
     pub dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ConfigArgs {
+    /// Every key with its default (the only view so far).
+    #[arg(long, default_value_t = true)]
+    pub defaults: bool,
 }
 
 #[derive(clap::Args, Debug)]
