@@ -331,3 +331,19 @@ fn the_config_reference_command_and_page_agree() {
         "docs/config.md is stale (DEVPLUG_BLESS=1 to rewrite)"
     );
 }
+
+/// The Python/JavaScript API page documents the WIT version `devplug new` builds against, not an
+/// older one (issue 28): the scaffolded JS backend's imports and the page name the same version.
+#[test]
+fn the_language_api_page_names_the_version_new_backends_use() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let page = std::fs::read_to_string(repo.join("docs/api-python-js.md")).unwrap();
+    let js = std::fs::read_to_string(repo.join("host/templates/js/backend.js")).unwrap();
+    let newest = devplug::runtime::bindings::SUPPORTED.last().unwrap();
+    assert!(js.contains(&format!("@{newest}\"")), "the JS template imports another version than {newest}");
+    assert!(page.contains(&format!("`devplug:backend@{newest}`")), "docs/api-python-js.md does not name {newest}");
+    assert!(!page.contains("devplug:backend/sysfs@0.1.0"), "the page still shows 0.1.0 imports");
+    for call in ["read_many", "readMany", "procfs.read"] {
+        assert!(page.contains(call), "the page does not show {call}");
+    }
+}
