@@ -10,6 +10,7 @@ pub mod cdi;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod dra;
 pub mod durable;
 pub mod fswatch;
 pub mod kubelet;

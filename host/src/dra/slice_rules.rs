@@ -1,0 +1,351 @@
+//! The rules kube-apiserver (`resource.k8s.io/v1`, 1.36) applies to a ResourceSlice, checked by
+//! devplug before it sends one, so a backend's bad description is refused with the backend,
+//! device and field named, and a pool is never half-published. Field paths and the order of the
+//! checks follow the server's: the test over `shared/k8s/resourceslice-verdicts.jsonl` (every
+//! case the real server accepted or refused) holds devplug to the same verdicts.
+
+use std::collections::HashSet;
+
+use serde_json::Value;
+
+/// Devices in one slice; 64 when any device has taints or consumes counters.
+pub const MAX_DEVICES: usize = 128;
+pub const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
+/// Attributes and capacities of one device, together.
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// The name part of an attribute or capacity name (a C identifier).
+pub const MAX_ATTRIBUTE_NAME: usize = 32;
+/// A string or version attribute's value.
+pub const MAX_ATTRIBUTE_VALUE: usize = 64;
+
+/// One reason the server would refuse the slice: the field path it names, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub field: String,
+    pub message: String,
+}
+
+fn problem(field: impl Into<String>, message: impl Into<String>) -> Problem {
+    Problem { field: field.into(), message: message.into() }
+}
+
+/// Every reason `slice` (a ResourceSlice as JSON) would be refused, in the server's order; empty
+/// when it would be accepted.
+pub fn problems(slice: &Value) -> Vec<Problem> {
+    // Quantities that do not parse fail the decoding itself (HTTP 400), before any validation.
+    let mut out = quantity_problems(slice);
+    if !out.is_empty() {
+        return out;
+    }
+    let spec = &slice["spec"];
+    if let Some(name) = slice["metadata"]["name"].as_str()
+        && let Some(why) = subdomain_problem(name)
+    {
+        out.push(problem("metadata.name", why));
+    }
+    let selectors = [
+        spec.get("nodeName").and_then(Value::as_str).is_some_and(|s| !s.is_empty()),
+        spec.get("nodeSelector").is_some_and(|v| !v.is_null()),
+        spec["allNodes"] == true,
+        spec["perDeviceNodeSelection"] == true,
+    ];
+    match selectors.iter().filter(|s| **s).count() {
+        1 => {}
+        0 => out.push(problem(
+            "spec",
+            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required",
+        )),
+        _ => {
+            out.push(problem("spec", "exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection`"))
+        }
+    }
+    pool_problems(&spec["pool"], &mut out);
+    let devices = spec["devices"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let counters = spec["sharedCounters"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if !devices.is_empty() && !counters.is_empty() {
+        out.push(problem("spec", "only one of `sharedCounters` or `devices` is allowed"));
+    }
+    for (i, set) in counters.iter().enumerate() {
+        let at = format!("spec.sharedCounters[{i}]");
+        if let Some(why) = set["name"].as_str().and_then(label_problem) {
+            out.push(problem(format!("{at}.name"), why));
+        }
+        for name in set["counters"].as_object().into_iter().flatten().map(|(k, _)| k) {
+            if let Some(why) = label_problem(name) {
+                out.push(problem(format!("{at}.counters"), format!("{name:?}: {why}")));
+            }
+        }
+    }
+    let limited = devices.iter().any(|d| {
+        d["taints"].as_array().is_some_and(|t| !t.is_empty())
+            || d["consumesCounters"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    let max = if limited { MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { MAX_DEVICES };
+    if devices.len() > max {
+        out.push(problem("spec.devices", format!("Too many: {}: must have at most {max} items", devices.len())));
+    }
+    let mut names = HashSet::new();
+    for (i, d) in devices.iter().enumerate() {
+        device_problems(i, d, &mut names, &mut out);
+    }
+    out
+}
+
+fn pool_problems(pool: &Value, out: &mut Vec<Problem>) {
+    let name = pool["name"].as_str().unwrap_or_default();
+    if name.len() > 253 {
+        out.push(problem("spec.pool.name", "Too long: may not be more than 253 bytes"));
+    }
+    // A pool name is one or more DNS subdomains joined by slashes.
+    if let Some(why) = name.split('/').find_map(subdomain_problem_unbounded) {
+        out.push(problem("spec.pool.name", format!("{name:?}: {why}")));
+    }
+    if pool["generation"].as_i64().is_some_and(|g| g < 0) {
+        out.push(problem("spec.pool.generation", "must be greater than or equal to zero"));
+    }
+    if pool["resourceSliceCount"].as_i64().is_none_or(|c| c <= 0) {
+        out.push(problem("spec.pool.resourceSliceCount", "must be greater than zero"));
+    }
+}
+
+fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, out: &mut Vec<Problem>) {
+    let at = format!("spec.devices[{i}]");
+    let name = d["name"].as_str().unwrap_or_default();
+    if let Some(why) = label_problem(name) {
+        out.push(problem(format!("{at}.name"), format!("{name:?}: {why}")));
+    } else if !names.insert(name.to_owned()) {
+        out.push(problem(at.clone(), format!("Duplicate value: {name:?}")));
+    }
+    let attributes = d["attributes"].as_object();
+    let capacity = d["capacity"].as_object();
+    let total = attributes.map_or(0, |a| a.len()) + capacity.map_or(0, |c| c.len());
+    if total > MAX_ATTRIBUTES_AND_CAPACITIES {
+        out.push(problem(
+            at.clone(),
+            format!(
+                "{total}: the total number of attributes and capacities must not exceed {MAX_ATTRIBUTES_AND_CAPACITIES}"
+            ),
+        ));
+    }
+    for (key, v) in attributes.into_iter().flatten() {
+        if let Some(why) = qualified_name_problem(key) {
+            out.push(problem(format!("{at}.attributes"), why));
+            continue;
+        }
+        let kinds = ["int", "bool", "string", "version"].iter().filter(|k| !v[**k].is_null()).count();
+        if kinds != 1 {
+            out.push(problem(format!("{at}.attributes[{key}]"), "exactly one value must be specified"));
+            continue;
+        }
+        if let Some(s) = v["string"].as_str()
+            && s.len() > MAX_ATTRIBUTE_VALUE
+        {
+            out.push(problem(
+                format!("{at}.attributes[{key}].string"),
+                format!("Too long: may not be more than {MAX_ATTRIBUTE_VALUE} bytes"),
+            ));
+        }
+        if let Some(s) = v["version"].as_str()
+            && (s.len() > MAX_ATTRIBUTE_VALUE || semver::Version::parse(s).is_err())
+        {
+            out.push(problem(
+                format!("{at}.attributes[{key}].version"),
+                "must be a string compatible with semver.org spec 2.0.0",
+            ));
+        }
+    }
+    let shared = d["allowMultipleAllocations"] == true;
+    for (key, v) in capacity.into_iter().flatten() {
+        if let Some(why) = qualified_name_problem(key) {
+            out.push(problem(format!("{at}.capacity"), why));
+            continue;
+        }
+        if !v["requestPolicy"].is_null() && !shared {
+            out.push(problem(
+                format!("{at}.capacity[{key}].requestPolicy"),
+                "Forbidden: allowMultipleAllocations must be true",
+            ));
+        }
+    }
+    for (j, c) in d["consumesCounters"].as_array().into_iter().flatten().enumerate() {
+        if let Some(why) = c["counterSet"].as_str().and_then(label_problem) {
+            out.push(problem(format!("{at}.consumesCounters[{j}].counterSet"), why));
+        }
+    }
+    for (j, t) in d["taints"].as_array().into_iter().flatten().enumerate() {
+        let key = t["key"].as_str().unwrap_or_default();
+        if let Some(why) = label_key_problem(key) {
+            out.push(problem(format!("{at}.taints[{j}].key"), format!("{key:?}: {why}")));
+        }
+        let effect = t["effect"].as_str().unwrap_or_default();
+        if !["NoSchedule", "NoExecute", "None"].contains(&effect) {
+            out.push(problem(
+                format!("{at}.taints[{j}].effect"),
+                format!("Unsupported value: {effect:?}: supported values: \"NoExecute\", \"NoSchedule\", \"None\""),
+            ));
+        }
+    }
+    let conditions = d["bindingConditions"].as_array().is_some_and(|c| !c.is_empty());
+    let failures = d["bindingFailureConditions"].as_array().is_some_and(|c| !c.is_empty());
+    if conditions && !failures {
+        out.push(problem(
+            format!("{at}.bindingFailureConditions"),
+            "bindingFailureConditions are required to use bindingConditions",
+        ));
+    }
+}
+
+/// Every quantity the slice carries (capacities, counters, counters consumed), as the decoder
+/// reads them.
+fn quantity_problems(slice: &Value) -> Vec<Problem> {
+    let spec = &slice["spec"];
+    let mut out = Vec::new();
+    let mut check = |field: String, v: &Value| {
+        if let Some(q) = v["value"].as_str()
+            && !is_quantity(q)
+        {
+            out.push(problem(
+                field,
+                format!(
+                    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {q:?}"
+                ),
+            ));
+        }
+    };
+    for (i, d) in spec["devices"].as_array().into_iter().flatten().enumerate() {
+        for (k, v) in d["capacity"].as_object().into_iter().flatten() {
+            check(format!("spec.devices[{i}].capacity[{k}].value"), v);
+        }
+        for (j, c) in d["consumesCounters"].as_array().into_iter().flatten().enumerate() {
+            for (k, v) in c["counters"].as_object().into_iter().flatten() {
+                check(format!("spec.devices[{i}].consumesCounters[{j}].counters[{k}].value"), v);
+            }
+        }
+    }
+    for (i, s) in spec["sharedCounters"].as_array().into_iter().flatten().enumerate() {
+        for (k, v) in s["counters"].as_object().into_iter().flatten() {
+            check(format!("spec.sharedCounters[{i}].counters[{k}].value"), v);
+        }
+    }
+    out
+}
+
+/// A Kubernetes quantity: a number, then a binary-SI, decimal-SI or exponent suffix.
+pub fn is_quantity(q: &str) -> bool {
+    let body = q.strip_prefix(['+', '-']).unwrap_or(q);
+    let digits = body.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(body.len());
+    let (number, suffix) = body.split_at(digits);
+    if !number.chars().any(|c| c.is_ascii_digit()) || number.matches('.').count() > 1 {
+        return false;
+    }
+    const SUFFIXES: &[&str] = &["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"];
+    if SUFFIXES.contains(&suffix) {
+        return true;
+    }
+    match suffix.strip_prefix(['e', 'E']) {
+        Some(exp) => {
+            let exp = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+            !exp.is_empty() && exp.chars().all(|c| c.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+/// A lowercase RFC 1123 label (at most 63 characters).
+pub fn label_problem(s: &str) -> Option<String> {
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    let ok = !s.is_empty()
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    (!ok).then(|| "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character".into())
+}
+
+/// A lowercase RFC 1123 subdomain (at most 253 characters).
+pub fn subdomain_problem(s: &str) -> Option<String> {
+    if s.len() > 253 {
+        return Some("must be no more than 253 characters".into());
+    }
+    subdomain_problem_unbounded(s)
+}
+
+fn subdomain_problem_unbounded(s: &str) -> Option<String> {
+    let ok = !s.is_empty()
+        && s.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    (!ok).then(|| "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into())
+}
+
+/// An attribute or capacity name: `[domain/]name`, the domain a DNS subdomain of at most 63
+/// characters, the name a C identifier of at most 32 bytes.
+pub fn qualified_name_problem(s: &str) -> Option<String> {
+    let (domain, name) = match s.split_once('/') {
+        Some((d, n)) => (Some(d), n),
+        None => (None, s),
+    };
+    if let Some(d) = domain {
+        if d.len() > 63 {
+            return Some(format!("{d:?}: must be no more than 63 characters"));
+        }
+        if let Some(why) = subdomain_problem(d) {
+            return Some(format!("{d:?}: {why}"));
+        }
+    }
+    if name.len() > MAX_ATTRIBUTE_NAME {
+        return Some(format!("Too long: may not be more than {MAX_ATTRIBUTE_NAME} bytes"));
+    }
+    let c_ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    (!c_ident).then(|| format!("{name:?}: a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric characters or '_'"))
+}
+
+/// A label key as taints use it: `[prefix/]name`, the name `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`
+/// of at most 63 characters, the prefix a DNS subdomain.
+pub fn label_key_problem(s: &str) -> Option<String> {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    if let Some(p) = prefix
+        && let Some(why) = subdomain_problem(p)
+    {
+        return Some(format!("prefix part {why}"));
+    }
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+    (!ok).then(|| "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_parse_as_the_api_server_reads_them() {
+        for ok in ["80Gi", "108", "1.5", "1e3", "+5m", "-1", "2E-3", "0.5Ki"] {
+            assert!(is_quantity(ok), "{ok}");
+        }
+        for bad in ["80 GiB", "abc", "1..2", "", "Gi", "1e", "5x"] {
+            assert!(!is_quantity(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_follow_the_servers_shapes() {
+        assert!(label_problem("gpu-0").is_none());
+        assert!(label_problem("0000:07:00.0").is_some(), "a PCI address is not a device name");
+        assert!(qualified_name_problem("devplug.io/pci").is_none());
+        assert!(qualified_name_problem("x".repeat(33).as_str()).unwrap().contains("32 bytes"));
+        assert!(label_key_problem("devplug.io/unhealthy").is_none());
+        assert!(label_key_problem("bad key!").is_some());
+    }
+}
