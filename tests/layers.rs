@@ -15,7 +15,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("fswatch", &[]),
     ("proto", &[]),
     ("model", &[]),
-    ("dra", &[]),
+    ("dra", &["model"]),
     ("runtime", &["model", "sync", "durable", "untrusted"]),
     ("oci", &["sync", "durable", "untrusted"]),
     ("backends", &["runtime", "oci", "model", "sync", "durable", "untrusted", "fswatch"]),

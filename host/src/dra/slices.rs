@@ -1,0 +1,214 @@
+//! A backend's devices as the ResourceSlices of one pool: what devplug will publish for a
+//! resource served through DRA. Device IDs become DNS labels (a PCI address such as
+//! `0000:07:00.0` is not one), stably and distinctly, with the way back kept in [`Pool::ids`];
+//! attributes are typed strings (what a WIT 0.1/0.2 backend says), plus the device-plugin
+//! resource name and NUMA node; an Unhealthy device carries a `NoSchedule` taint with the reason.
+//! Every slice is checked with [`super::slice_rules`] before it is handed out: one bad device
+//! refuses the whole pool, naming backend, device and field, so a pool is never half-published.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::slice_rules;
+use crate::model::{Health, Resource};
+
+/// The taint an Unhealthy device carries.
+pub const UNHEALTHY_TAINT: &str = "devplug.io/unhealthy";
+
+/// A pool ready to publish: its slices and, by device name, the ID each name stands for.
+#[derive(Debug)]
+pub struct Pool {
+    pub slices: Vec<Value>,
+    pub ids: BTreeMap<String, (String, String)>,
+}
+
+/// Why a pool was not built: the backend, device and field, and what the API server's rule says.
+#[derive(Debug, thiserror::Error)]
+#[error("backend {backend}, device {device:?}: {field}: {message}")]
+pub struct PoolError {
+    pub backend: String,
+    pub device: String,
+    pub field: String,
+    pub message: String,
+}
+
+/// Device ID → a lowercase RFC 1123 label: the ID itself when it is one, otherwise its letters
+/// and digits lowercased with everything else as `-`, and a short hash of the ID so two IDs
+/// never share a name.
+pub fn device_name(id: &str) -> String {
+    if slice_rules::label_problem(id).is_none() {
+        return id.to_owned();
+    }
+    let mut base: String =
+        id.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    while base.contains("--") {
+        base = base.replace("--", "-");
+    }
+    let base = base.trim_matches('-');
+    use sha2::{Digest, Sha256};
+    let hash = hex::encode(&Sha256::digest(id.as_bytes())[..4]);
+    let keep = &base[..base.len().min(63 - 1 - hash.len())];
+    let keep = keep.trim_end_matches('-');
+    if keep.is_empty() { format!("d-{hash}") } else { format!("{keep}-{hash}") }
+}
+
+/// An attribute key as a C identifier of at most 32 bytes (`unhealthy`, `cdi_name`, `pci_addr`).
+fn attribute_name(key: &str) -> String {
+    let mut s: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if !s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        s.insert(0, '_');
+    }
+    s.truncate(slice_rules::MAX_ATTRIBUTE_NAME);
+    s
+}
+
+/// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
+/// lists of the `resources` it serves through DRA, at `generation`.
+pub fn pool(
+    backend: &str,
+    driver: &str,
+    node: &str,
+    pool: &str,
+    generation: i64,
+    resources: &[Resource],
+) -> Result<Pool, PoolError> {
+    let fail = |device: &str, field: String, message: String| PoolError {
+        backend: backend.to_owned(),
+        device: device.to_owned(),
+        field,
+        message,
+    };
+    let mut ids = BTreeMap::new();
+    let mut devices = Vec::new();
+    for r in resources {
+        for d in &r.devices {
+            let name = device_name(&d.id);
+            if let Some((other, _)) = ids.insert(name.clone(), (d.id.clone(), r.name.clone())) {
+                return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
+            }
+            let mut attributes = serde_json::Map::new();
+            attributes.insert("resource".into(), json!({ "string": r.name }));
+            if let Some(numa) = d.numa_nodes.first() {
+                attributes.insert("numa".into(), json!({ "int": numa }));
+            }
+            for (k, v) in &d.attributes {
+                attributes.insert(attribute_name(k), json!({ "string": v }));
+            }
+            let mut device = json!({ "name": name, "attributes": attributes });
+            if d.health == Health::Unhealthy {
+                let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
+                let value: String =
+                    why.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(63).collect();
+                let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
+                device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
+            }
+            devices.push((d.id.clone(), device));
+        }
+    }
+    let tainted = devices.iter().any(|(_, d)| !d["taints"].is_null());
+    let per_slice = if tainted { slice_rules::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { slice_rules::MAX_DEVICES };
+    let chunks: Vec<&[(String, Value)]> =
+        if devices.is_empty() { vec![&devices[..]] } else { devices.chunks(per_slice).collect() };
+    let count = chunks.len();
+    let mut slices = Vec::with_capacity(count);
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let slice = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": { "name": format!("{}-{}", device_name(&format!("{node}-{pool}")), i) },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": { "name": pool, "generation": generation, "resourceSliceCount": count },
+                "devices": chunk.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>(),
+            },
+        });
+        if let Some(p) = slice_rules::problems(&slice).into_iter().next() {
+            // Name the device the field is about, when it is about one.
+            let device = p
+                .field
+                .strip_prefix("spec.devices[")
+                .and_then(|rest| rest.split(']').next()?.parse::<usize>().ok())
+                .and_then(|j| chunk.get(j))
+                .map_or_else(|| "(the pool)".to_owned(), |(id, _)| id.clone());
+            return Err(fail(&device, p.field, p.message));
+        }
+        slices.push(slice);
+    }
+    Ok(Pool { slices, ids })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ContainerEdits, Device};
+
+    fn device(id: &str, health: Health, attrs: &[(&str, &str)]) -> Device {
+        Device {
+            id: id.into(),
+            health,
+            numa_nodes: vec![1],
+            attributes: attrs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
+            edits: ContainerEdits::default(),
+        }
+    }
+
+    fn resource(name: &str, devices: Vec<Device>) -> Resource {
+        Resource { name: name.into(), devices, ..Default::default() }
+    }
+
+    #[test]
+    fn device_ids_become_stable_distinct_labels() {
+        assert_eq!(device_name("kvm-0"), "kvm-0", "a label stays itself");
+        let a = device_name("0000:07:00.0");
+        let b = device_name("0000:07:00.1");
+        assert!(slice_rules::label_problem(&a).is_none() && slice_rules::label_problem(&b).is_none(), "{a} {b}");
+        assert_ne!(a, b);
+        assert_eq!(a, device_name("0000:07:00.0"), "the same ID always gets the same name");
+        assert!(a.starts_with("0000-07-00-0-"), "{a}");
+        let long = device_name(&"GPU_".repeat(40));
+        assert!(long.len() <= 63 && slice_rules::label_problem(&long).is_none(), "{long}");
+        assert!(slice_rules::label_problem(&device_name("::")).is_none());
+    }
+
+    #[test]
+    fn a_pool_is_chunked_typed_tainted_and_valid() {
+        let many: Vec<Device> = (0..300)
+            .map(|i| device(&format!("0000:{:02x}:00.{}", i / 8, i % 8), Health::Healthy, &[("model", "A100")]))
+            .collect();
+        let p = pool("gpu", "gpu.devplug.io", "node-a", "node-a", 3, &[resource("nvidia.com/gpu", many)]).unwrap();
+        let sizes: Vec<usize> = p.slices.iter().map(|s| s["spec"]["devices"].as_array().unwrap().len()).collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        assert!(
+            p.slices
+                .iter()
+                .all(|s| s["spec"]["pool"]["resourceSliceCount"] == 3 && s["spec"]["pool"]["generation"] == 3)
+        );
+        let first = &p.slices[0]["spec"]["devices"][0];
+        assert_eq!(first["attributes"]["resource"]["string"], "nvidia.com/gpu");
+        assert_eq!(first["attributes"]["numa"]["int"], 1);
+        assert_eq!(p.ids[first["name"].as_str().unwrap()].0, "0000:00:00.0", "the way back from a name");
+        // One Unhealthy device: a taint with the reason, and 64 devices a slice.
+        let mut some = (0..100).map(|i| device(&format!("d{i}"), Health::Healthy, &[])).collect::<Vec<_>>();
+        some[7] = device("d7", Health::Unhealthy, &[("unhealthy", "AER: 3 fatal errors")]);
+        let p = pool("gpu", "gpu.devplug.io", "node-a", "node-a", 1, &[resource("nvidia.com/gpu", some)]).unwrap();
+        assert_eq!(p.slices.len(), 2);
+        let taint = &p.slices[0]["spec"]["devices"][7]["taints"][0];
+        assert_eq!(taint["key"], UNHEALTHY_TAINT);
+        assert_eq!(taint["value"], "AER3fatalerrors");
+    }
+
+    #[test]
+    fn a_bad_description_refuses_the_whole_pool_naming_backend_device_and_field() {
+        let devices = vec![
+            device("ok", Health::Healthy, &[]),
+            device("talkative", Health::Healthy, &[("paths", &"/dev/x,".repeat(20))]),
+        ];
+        let e = pool("generic", "generic.devplug.io", "node-a", "node-a", 1, &[resource("devplug.io/x", devices)])
+            .unwrap_err();
+        assert_eq!((e.backend.as_str(), e.device.as_str()), ("generic", "talkative"));
+        assert_eq!(e.field, "spec.devices[1].attributes[paths].string");
+        assert!(e.to_string().contains("64 bytes"), "{e}");
+    }
+}
