@@ -29,7 +29,13 @@ fn main() -> anyhow::Result<()> {
 fn protos(root: &Path) -> anyhow::Result<()> {
     let proto = root.join("proto");
     println!("cargo:rerun-if-changed={}", proto.display());
-    let files = ["deviceplugin/v1beta1/api.proto", "podresources/v1/api.proto", "pluginregistration/v1/api.proto"];
+    let files = [
+        "deviceplugin/v1beta1/api.proto",
+        "podresources/v1/api.proto",
+        "pluginregistration/v1/api.proto",
+        "dra/v1/api.proto",
+        "dra/v1beta1/api.proto",
+    ];
     let fds = protox::compile(files, [&proto])?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;
     Ok(())

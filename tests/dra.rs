@@ -98,3 +98,103 @@ fn first_party_devices_on_the_fixtures_make_valid_pools() {
     }
     assert!(pools >= 10, "only {pools} pools");
 }
+
+/// What a backend and the API server would decide, for the plugin tests: a claim named `bad`
+/// fails, every other gets one device with a CDI ID named after it. It counts its calls, so the
+/// tests see the checkpoint answering instead.
+#[derive(Default)]
+struct CountingPreparer {
+    prepares: std::sync::atomic::AtomicU32,
+    unprepares: std::sync::atomic::AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
+    async fn prepare(
+        &self,
+        claim: &devplug::dra::checkpoint::ClaimRef,
+    ) -> Result<Vec<devplug::dra::checkpoint::PreparedDevice>, String> {
+        self.prepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if claim.name == "bad" {
+            return Err("no device fits claim bad".into());
+        }
+        Ok(vec![devplug::dra::checkpoint::PreparedDevice {
+            request_names: vec!["gpu".into()],
+            pool_name: "node-a".into(),
+            device_name: "gpu-0".into(),
+            cdi_device_ids: vec![format!("devplug.io/gpu={}", claim.name)],
+        }])
+    }
+
+    async fn unprepare(
+        &self,
+        _: &devplug::dra::checkpoint::ClaimRef,
+        _: &[devplug::dra::checkpoint::PreparedDevice],
+    ) -> Result<(), String> {
+        self.unprepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// DRA, step 3: the kubelet-facing plugin over a real Unix socket, in both API versions kubelet
+/// speaks. One entry per claim, a failed claim is its entry's error (the RPC succeeds), a
+/// repeated prepare is answered from the checkpoint without preparing again, also after a
+/// restart of the plugin, and unprepare is idempotent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_restart() {
+    use devplug::dra::checkpoint::Checkpoint;
+    use devplug::dra::plugin::{DraPlugin, serve};
+    use devplug::proto::dra::{v1, v1beta1};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("dra.sock");
+    let state = dir.path().join("state");
+    let preparer = Arc::new(CountingPreparer::default());
+    let start = || {
+        let plugin = Arc::new(DraPlugin::new(preparer.clone(), Checkpoint::open(&state).unwrap()));
+        let stop = tokio_util::sync::CancellationToken::new();
+        (serve(plugin, &socket, stop.clone()).unwrap(), stop)
+    };
+    let claim = |name: &str| v1::Claim { namespace: "ml".into(), uid: format!("uid-{name}"), name: name.into() };
+    let (server, stop) = start();
+    let channel = support::uds::connect(&socket, std::time::Duration::from_secs(10)).await.unwrap();
+    let mut kubelet = v1::dra_plugin_client::DraPluginClient::new(channel);
+    let req = v1::NodePrepareResourcesRequest { claims: vec![claim("train"), claim("bad")] };
+    let first = kubelet.node_prepare_resources(req.clone()).await.unwrap().into_inner();
+    assert_eq!(first.claims.len(), 2, "one entry per claim");
+    assert_eq!(first.claims["uid-train"].devices[0].cdi_device_ids, ["devplug.io/gpu=train"]);
+    assert!(first.claims["uid-train"].error.is_empty());
+    assert_eq!(first.claims["uid-bad"].error, "no device fits claim bad");
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2);
+    // Asked again: the prepared claim comes from the checkpoint; the failed one is tried again.
+    let again = kubelet.node_prepare_resources(req.clone()).await.unwrap().into_inner();
+    assert_eq!(again.claims["uid-train"], first.claims["uid-train"]);
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 3, "only the failed claim was prepared again");
+    // devplug restarts: the checkpoint on disk answers, in the older version too.
+    stop.cancel();
+    server.await.unwrap();
+    let (server, stop) = start();
+    let channel = support::uds::connect(&socket, std::time::Duration::from_secs(10)).await.unwrap();
+    let mut old_kubelet = v1beta1::dra_plugin_client::DraPluginClient::new(channel.clone());
+    let beta = v1beta1::NodePrepareResourcesRequest {
+        claims: vec![v1beta1::Claim { namespace: "ml".into(), uid: "uid-train".into(), name: "train".into() }],
+    };
+    let after = old_kubelet.node_prepare_resources(beta).await.unwrap().into_inner();
+    assert_eq!(after.claims["uid-train"].devices[0].cdi_device_ids, ["devplug.io/gpu=train"]);
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 3, "nothing prepared again after the restart");
+    // Unprepare undoes it once; a repeat (or a claim never prepared here) succeeds.
+    let mut kubelet = v1::dra_plugin_client::DraPluginClient::new(channel);
+    for _ in 0..2 {
+        let un = v1::NodeUnprepareResourcesRequest { claims: vec![claim("train"), claim("never")] };
+        let un = kubelet.node_unprepare_resources(un).await.unwrap().into_inner();
+        assert_eq!(un.claims.len(), 2);
+        assert!(un.claims.values().all(|c| c.error.is_empty()), "{un:?}");
+    }
+    assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 1);
+    let fresh = kubelet.node_prepare_resources(req).await.unwrap().into_inner();
+    assert!(fresh.claims["uid-train"].error.is_empty());
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 5, "an unprepared claim is prepared afresh");
+    stop.cancel();
+    server.await.unwrap();
+}

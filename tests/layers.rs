@@ -15,7 +15,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("fswatch", &[]),
     ("proto", &[]),
     ("model", &[]),
-    ("dra", &["model"]),
+    ("dra", &["model", "proto", "durable", "sync"]),
     ("runtime", &["model", "sync", "durable", "untrusted"]),
     ("oci", &["sync", "durable", "untrusted"]),
     ("backends", &["runtime", "oci", "model", "sync", "durable", "untrusted", "fswatch"]),

@@ -15,6 +15,16 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
+/// Kubelet's DRA plugin API (`/k8s.io.kubelet.pkg.apis.dra.{v1,v1beta1}.DRAPlugin`).
+pub mod dra {
+    pub mod v1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    pub mod v1beta1 {
+        tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+    }
+}
+
 /// Plugin-watcher registration (`/pluginregistration.Registration`).
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");

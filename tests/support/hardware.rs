@@ -651,7 +651,7 @@ fn plain(t: &mut Tree) {
 }
 
 /// Every file and link under `root`, as (relative path → content or `-> target`), for comparing
-/// a committed tree with a freshly generated one.
+/// a committed tree with a freshly generated one (directories only through what they hold).
 pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let mut stack = vec![root.to_owned()];
@@ -664,10 +664,9 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
             if ft.is_symlink() {
                 out.insert(rel, format!("-> {}", std::fs::read_link(&p).expect("link").display()));
             } else if ft.is_dir() {
-                // Only directories git can hold (those with something in them) are compared.
-                if std::fs::read_dir(&p).is_ok_and(|mut r| r.next().is_some()) {
-                    out.insert(rel.clone() + "/", String::new());
-                }
+                // Directories are not compared: git holds a directory only through the files
+                // below it (a `gpuN/mig` chain with no file in it vanishes from a clone), and
+                // every file's path already names its directories.
                 stack.push(p);
             } else {
                 out.insert(rel, std::fs::read_to_string(&p).unwrap_or_else(|_| "<binary>".into()));

@@ -72,22 +72,30 @@ pub struct Nvidia {
 impl Nvidia {
     /// Minors for `list`: the driver's word, else the one already known, else (at init) the PCI
     /// order, else the next free one.
-    fn assign_minors(&self, list: &[PciDevice], facts: &BTreeMap<String, DriverInfo>, at_init: bool) {
-        let mut minors = self.minors.borrow_mut();
-        for (i, d) in list.iter().enumerate() {
-            let said = facts.get(&d.address).and_then(|f| f.minor);
-            let next = if at_init { i as u32 } else { minors.values().max().map_or(0, |m| m + 1) };
-            let minor = said.or_else(|| minors.get(&d.address).copied()).unwrap_or(next);
+    /// Each GPU's minor: the driver's word, else the next numbers after the highest the driver
+    /// reported, in PCI order. A function of what the machine shows now and of nothing an
+    /// instance remembers, so every instance of the backend (a pool serves calls) agrees on
+    /// which `/dev/nvidiaN` and `NVIDIA_VISIBLE_DEVICES` a GPU gets.
+    fn assign_minors(&self, list: &[PciDevice], facts: &BTreeMap<String, DriverInfo>) {
+        let said = |d: &PciDevice| facts.get(&d.address).and_then(|f| f.minor);
+        let mut next = list.iter().filter_map(said).max().map_or(0, |m| m + 1);
+        let mut minors = BTreeMap::new();
+        for d in list {
+            let minor = said(d).unwrap_or_else(|| {
+                next += 1;
+                next - 1
+            });
             minors.insert(d.address.clone(), minor);
         }
+        *self.minors.borrow_mut() = minors;
     }
 
-    /// Learn the GPUs present at init (minors by PCI order where the driver does not say), so
+    /// Learn the GPUs present at init (minors as [`Self::assign_minors`] gives them), so
     /// `allocate` on a fresh instance knows them before any discover.
     pub fn init(&self, sys: &dyn Sys, pci: &PciCache, cfg: &Config) {
         let list = gpus(pci, sys, Vendor::Nvidia);
         let facts = self.driver.of(sys, &list);
-        self.assign_minors(&list, &facts, true);
+        self.assign_minors(&list, &facts);
         self.resources(sys, pci, cfg);
     }
 
@@ -96,7 +104,7 @@ impl Nvidia {
     pub fn resources(&self, sys: &dyn Sys, pci: &PciCache, cfg: &Config) -> Vec<Resource> {
         let list = gpus(pci, sys, Vendor::Nvidia);
         let facts = self.driver.of(sys, &list);
-        self.assign_minors(&list, &facts, false);
+        self.assign_minors(&list, &facts);
         let minors = self.minors.borrow().clone();
         let sick = PciDevice::sickness_many(sys, &list, |drv| drv == "nvidia");
         let mut found = Found::default();

@@ -1,0 +1,171 @@
+//! The DRA kubelet plugin service (`DRAPlugin`, versions `v1` and `v1beta1` on one socket):
+//! `NodePrepareResources` and `NodeUnprepareResources` as kubelet expects them. One entry per
+//! claim in every answer (a claim's failure is its entry's error, never the RPC's); a claim
+//! prepared once is answered the same way again from the [`Checkpoint`], also after a restart;
+//! unpreparing a claim this node does not hold succeeds (kubelet may repeat it).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
+use crate::proto::dra::{v1, v1beta1};
+
+/// What preparing a claim means for this node: the backend decides the devices' CDI edits for
+/// the claim's allocation, the host writes them. Unpreparing undoes that.
+#[async_trait::async_trait]
+pub trait ClaimPreparer: Send + Sync + 'static {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String>;
+    async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String>;
+}
+
+/// One driver's plugin: its preparer and checkpoint.
+pub struct DraPlugin {
+    preparer: Arc<dyn ClaimPreparer>,
+    checkpoint: Checkpoint,
+    /// Kubelet may call prepare and unprepare concurrently; one claim is handled at a time.
+    busy: tokio::sync::Mutex<()>,
+}
+
+impl DraPlugin {
+    pub fn new(preparer: Arc<dyn ClaimPreparer>, checkpoint: Checkpoint) -> Self {
+        DraPlugin { preparer, checkpoint, busy: tokio::sync::Mutex::new(()) }
+    }
+
+    /// Prepare each claim (or answer from the checkpoint); by claim UID.
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+        let _one = self.busy.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in claims {
+            let answer = match self.checkpoint.get(&claim.uid) {
+                Some((_, devices)) => Ok(devices),
+                None => match self.preparer.prepare(&claim).await {
+                    Ok(devices) => match self.checkpoint.put(&claim, &devices) {
+                        Ok(()) => Ok(devices),
+                        Err(e) => Err(format!("prepared, but the checkpoint could not be written: {e}")),
+                    },
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = &answer {
+                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepare failed: {e}");
+            }
+            out.insert(claim.uid.clone(), answer);
+        }
+        out
+    }
+
+    /// Unprepare each claim this node holds (a claim it does not hold is already unprepared).
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+        let _one = self.busy.lock().await;
+        let mut out = BTreeMap::new();
+        for claim in claims {
+            let answer = match self.checkpoint.get(&claim.uid) {
+                None => Ok(()),
+                Some((held, devices)) => match self.preparer.unprepare(&held, &devices).await {
+                    Ok(()) => self.checkpoint.remove(&claim.uid).map(drop).map_err(|e| format!("checkpoint: {e}")),
+                    Err(e) => Err(e),
+                },
+            };
+            out.insert(claim.uid.clone(), answer);
+        }
+        out
+    }
+}
+
+/// The same service in each API version kubelet may speak: the generated types of `v1` and
+/// `v1beta1` are distinct but alike, so one macro writes both.
+macro_rules! version {
+    ($wrapper:ident, $m:ident) => {
+        /// The plugin as `$m.DRAPlugin`.
+        #[derive(Clone)]
+        pub struct $wrapper(pub Arc<DraPlugin>);
+
+        #[tonic::async_trait]
+        impl $m::dra_plugin_server::DraPlugin for $wrapper {
+            async fn node_prepare_resources(
+                &self,
+                req: tonic::Request<$m::NodePrepareResourcesRequest>,
+            ) -> Result<tonic::Response<$m::NodePrepareResourcesResponse>, tonic::Status> {
+                let claims = req
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
+                    .collect();
+                let claims = self
+                    .0
+                    .prepare(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let entry = match r {
+                            Ok(devices) => $m::NodePrepareResourceResponse {
+                                devices: devices
+                                    .into_iter()
+                                    .map(|d| $m::Device {
+                                        request_names: d.request_names,
+                                        pool_name: d.pool_name,
+                                        device_name: d.device_name,
+                                        cdi_device_ids: d.cdi_device_ids,
+                                    })
+                                    .collect(),
+                                error: String::new(),
+                            },
+                            Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: e },
+                        };
+                        (uid, entry)
+                    })
+                    .collect();
+                Ok(tonic::Response::new($m::NodePrepareResourcesResponse { claims }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                req: tonic::Request<$m::NodeUnprepareResourcesRequest>,
+            ) -> Result<tonic::Response<$m::NodeUnprepareResourcesResponse>, tonic::Status> {
+                let claims = req
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| (uid, $m::NodeUnprepareResourceResponse { error: r.err().unwrap_or_default() }))
+                    .collect();
+                Ok(tonic::Response::new($m::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
+}
+
+version!(V1, v1);
+version!(V1beta1, v1beta1);
+
+/// Serve `plugin` in both versions on the Unix socket `path` (a stale socket there is replaced)
+/// until `stop`.
+pub fn serve(plugin: Arc<DraPlugin>, path: &Path, stop: CancellationToken) -> std::io::Result<JoinHandle<()>> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let incoming = UnixListenerStream::new(tokio::net::UnixListener::bind(path)?);
+    let router = tonic::transport::Server::builder()
+        .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)));
+    let shown = path.display().to_string();
+    Ok(tokio::spawn(async move {
+        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {
+            tracing::warn!(socket = %shown, error = %e, "DRA plugin server stopped with an error");
+        }
+    }))
+}
