@@ -85,18 +85,19 @@ macro_rules! version {
         #[derive(Clone)]
         pub struct $wrapper(pub Arc<DraPlugin>);
 
+        impl $wrapper {
+            fn refs(claims: Vec<$m::Claim>) -> Vec<ClaimRef> {
+                claims.into_iter().map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name }).collect()
+            }
+        }
+
         #[tonic::async_trait]
         impl $m::dra_plugin_server::DraPlugin for $wrapper {
             async fn node_prepare_resources(
                 &self,
                 req: tonic::Request<$m::NodePrepareResourcesRequest>,
             ) -> Result<tonic::Response<$m::NodePrepareResourcesResponse>, tonic::Status> {
-                let claims = req
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
-                    .collect();
+                let claims = Self::refs(req.into_inner().claims);
                 let claims = self
                     .0
                     .prepare(claims)
@@ -128,12 +129,7 @@ macro_rules! version {
                 &self,
                 req: tonic::Request<$m::NodeUnprepareResourcesRequest>,
             ) -> Result<tonic::Response<$m::NodeUnprepareResourcesResponse>, tonic::Status> {
-                let claims = req
-                    .into_inner()
-                    .claims
-                    .into_iter()
-                    .map(|c| ClaimRef { namespace: c.namespace, uid: c.uid, name: c.name })
-                    .collect();
+                let claims = Self::refs(req.into_inner().claims);
                 let claims = self
                     .0
                     .unprepare(claims)
