@@ -339,15 +339,10 @@ async fn a_benign_backend_keeps_its_pace_beside_two_flooding_ones() {
     // The list flood ran meanwhile: it answered (within its budget) or was cut off at its deadline.
     let listed = kubelet.plugin("test.devplug.io/lister").await.is_some();
     assert!(listed || d.log().contains("backend=lister call=\"discover\""), "the list flood never ran\n{}", d.log());
-    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid())).unwrap();
-    let peak_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap();
-    eprintln!("devplug peak RSS with two flooding backends: {} MiB", peak_kib >> 10);
+    let peak = memory_mib(d.pid(), "VmHWM");
+    eprintln!("devplug peak RSS with two flooding backends: {peak} MiB");
     // Two backends' caps (64 MiB each) plus the host's own ~60 MiB (debug build) and a margin.
-    assert!(peak_kib >> 10 < 2 * (64 + 32) + 100, "peak RSS {} MiB", peak_kib >> 10);
+    assert!(peak < 2 * (64 + 32) + 100, "peak RSS {peak} MiB");
 }
 
 /// One message of a backend is one log record: a newline, carriage return or escape sequence in
@@ -391,15 +386,19 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
 }
 
-/// Resident memory of process `pid`, in MiB.
-fn rss_mib(pid: i32) -> u64 {
+/// A memory line of process `pid`'s `/proc/PID/status` (`VmRSS`, `VmHWM`), in MiB.
+fn memory_mib(pid: i32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let kib: u64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap();
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
     kib >> 10
+}
+
+fn rss_mib(pid: i32) -> u64 {
+    memory_mib(pid, "VmRSS")
 }
 
 /// Memory the host allocated because a backend asked is given back once it is done (issue 24):
