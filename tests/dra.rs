@@ -198,3 +198,167 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
     stop.cancel();
     server.await.unwrap();
 }
+
+/// DRA, step 4: the API-server stand-in the end-to-end tests publish to answers every recorded
+/// case as the real kube-apiserver 1.36 did: the HTTP status, and for refusals the causes'
+/// field paths (in order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_stand_in_answers_every_recorded_case_as_the_real_server_did() {
+    let api = support::apiserver::ApiServer::start(&["node-a"]).await;
+    let text = std::fs::read_to_string(corpus()).expect("the recorded corpus");
+    let mut wrong = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let case: serde_json::Value = serde_json::from_str(line).unwrap();
+        api.store.lock().unwrap().slices.clear();
+        let (code, answer) = api.post("/apis/resource.k8s.io/v1/resourceslices", &case["object"]).await;
+        let name = case["name"].as_str().unwrap_or("?");
+        if u64::from(code) != case["status"].as_u64().unwrap() {
+            wrong.push(format!("{name}: {code}, recorded {}: {answer}", case["status"]));
+            continue;
+        }
+        let recorded: Vec<&str> = case["fields"].as_array().into_iter().flatten().filter_map(|f| f.as_str()).collect();
+        let given: Vec<&str> =
+            answer["details"]["causes"].as_array().into_iter().flatten().filter_map(|c| c["field"].as_str()).collect();
+        if recorded.first() != given.first() {
+            wrong.push(format!("{name}: causes {given:?}, recorded {recorded:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+const T: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Wait until `f` holds, polling (the stand-ins' state is plain data).
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let end = tokio::time::Instant::now() + T;
+    while !f() {
+        assert!(tokio::time::Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The pieces of a node serving the embedded generic backend's `/dev/null` (two shares)
+/// through DRA: an API server with Node `node-a`, a kubelet whose plugin watcher has DRA's
+/// handler, and the daemon's config (CDI specs in the machine's `/var/run/cdi`, where podman
+/// reads them, held by `SystemCdi`).
+struct DraNode {
+    dir: tempfile::TempDir,
+    api: std::sync::Arc<support::apiserver::ApiServer>,
+    kubelet: support::kubelet::Kubelet,
+    dra: std::sync::Arc<support::kubelet_dra::DraKubelet>,
+    resource: String,
+    cfg: devplug::config::Config,
+}
+
+const NODE: &str = "node-a";
+const DRIVER: &str = "generic.devplug.io";
+
+async fn dra_node(cdi: &std::path::Path, api: devplug::config::Api) -> DraNode {
+    use devplug::backends::BackendSettings;
+    let dir = tempfile::tempdir().unwrap();
+    let api_server = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
+    let kubeconfig = dir.path().join("kubeconfig");
+    api_server.write_kubeconfig(&kubeconfig);
+    let (dp_dir, registry) = (dir.path().join("device-plugins"), dir.path().join("plugins_registry"));
+    let kubelet = support::kubelet::Kubelet::start_with_watcher(&dp_dir, &registry).await;
+    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_34, NODE, api_server.clone());
+    kubelet.handle("DRAPlugin", dra.clone());
+    let resource = format!("e2e-{}.devplug.io/null", std::process::id());
+    let generic = format!(
+        "[[resource]]\nname = \"{resource}\"\npaths = [\"null\"]\ncount = 2\ncontainer_path = \"/dev/devplug-null\"\n\
+         env = {{ DEVPLUG_E2E = \"null-ok\" }}\n"
+    );
+    let mut cfg = devplug::config::Config {
+        kubelet_dir: dp_dir,
+        plugins_registry_dir: Some(registry),
+        registration: devplug::kubelet::RegistrationMode::PluginWatcher,
+        embedded: true,
+        cdi_dir: cdi.to_owned(),
+        uevents: false,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        poll_interval: std::time::Duration::from_millis(200),
+        cache_dir: Some(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")),
+        ..Default::default()
+    };
+    for off in ["gpu", "nic", "fpga"] {
+        cfg.backends.insert(off.into(), BackendSettings { enabled: false, ..Default::default() });
+    }
+    cfg.backends.insert("generic".into(), BackendSettings { config: generic, ..Default::default() });
+    cfg.resources.insert(resource.clone(), devplug::config::ResourceSettings { allocate: None, write_cdi: None, api });
+    cfg.dra.kubeconfig = Some(kubeconfig);
+    cfg.dra.node_name = Some(NODE.into());
+    cfg.dra.plugins_dir = Some(dir.path().join("plugins"));
+    cfg.dra.resync = std::time::Duration::from_secs(1);
+    DraNode { dir, api: api_server, kubelet, dra, resource, cfg }
+}
+
+/// DRA end to end on this machine, in-process: the embedded generic backend's devices published
+/// as slices the API stand-in accepts (owned by the Node), the plugin registered through
+/// kubelet's watcher in v1, a claim prepared into CDI IDs that podman resolves to the right
+/// `/dev` node, a repeat answered the same, an unknown device refused in its own entry, devplug
+/// restarted with the claim prepared, kubelet restarted (slices wiped and put back), unprepare.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
+    use support::podman::{Podman, SystemCdi, text};
+    let podman = tokio::task::spawn_blocking(Podman::new).await.unwrap();
+    let system_cdi = SystemCdi::take();
+    let mut n = dra_node(system_cdi.dir(), devplug::config::Api::Dra).await;
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+
+    n.dra.wait_plugin(DRIVER, T).await;
+    assert_eq!(n.dra.plugin(DRIVER).unwrap().version, "v1.DRAPlugin", "kubelet 1.34+ picks v1");
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    let slices = n.api.slices(NODE, Some(DRIVER));
+    let slice = slices.values().next().unwrap();
+    assert_eq!(slice["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-a", "owned by the Node");
+    assert_eq!(slice["metadata"]["labels"]["app.kubernetes.io/managed-by"], "devplug");
+    let devices = n.api.devices(NODE, DRIVER);
+    assert!(devices.contains_key("null-1"), "{devices:?}");
+    assert_eq!(devices["null-1"]["attributes"]["resource"]["string"], n.resource.as_str());
+    assert!(n.kubelet.plugin(&n.resource).await.is_none(), "never served through the Device Plugin API as well");
+
+    n.api.allocate_claim("ml", "train", "uid-train", &[("dev", DRIVER, NODE, "null-1")]);
+    n.api.allocate_claim("ml", "ghost", "uid-ghost", &[("dev", DRIVER, NODE, "null-9")]);
+    let claims = [("ml", "uid-train", "train"), ("ml", "uid-ghost", "ghost")];
+    let first = n.dra.prepare(DRIVER, &claims).await.unwrap();
+    let train = &first["uid-train"];
+    assert!(train.error.is_empty(), "{train:?}");
+    let ids = train.devices[0].3.clone();
+    assert_eq!(ids, ["devplug.io/claim=uid-train-null-1"]);
+    assert_eq!((train.devices[0].1.as_str(), train.devices[0].2.as_str()), (NODE, "null-1"));
+    assert!(first["uid-ghost"].error.contains("null-9"), "{:?}", first["uid-ghost"]);
+    let claim_spec = system_cdi.dir().join("devplug-claim-uid-train.json");
+    assert!(claim_spec.exists());
+
+    let script = "stat -c 'node %F %t:%T' /dev/devplug-null; echo \"env $DEVPLUG_E2E\"";
+    let out = tokio::task::block_in_place(|| podman.run(&ids, script));
+    assert!(out.status.success(), "podman run with {ids:?} failed:\n{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("node character special file 1:3"), "{}", text(&out));
+    assert!(stdout.contains("env null-ok"), "{}", text(&out));
+
+    // devplug restarts with the claim prepared: the pool goes with it and comes back, the claim's
+    // spec stays, and the same prepare gets the same answer.
+    daemon.stop().await.unwrap();
+    assert!(n.api.slices(NODE, Some(DRIVER)).is_empty(), "slices deleted on shutdown");
+    assert!(claim_spec.exists(), "a prepared claim's spec outlives devplug");
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    until("the pool after a devplug restart", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    n.dra.wait_plugin(DRIVER, T).await;
+    let again = n.dra.prepare(DRIVER, &claims[..1]).await.unwrap();
+    assert_eq!(again["uid-train"], *train);
+
+    // Kubelet restarts: it deletes the node's slices; devplug puts them back.
+    let before = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
+    n.kubelet.restart().await;
+    until("a new registration", || n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst) > before).await;
+    until("the pool after a kubelet restart", || n.api.devices(NODE, DRIVER).len() == 2).await;
+
+    let un = n.dra.unprepare(DRIVER, &claims[..1]).await.unwrap();
+    assert_eq!(un["uid-train"], "");
+    assert!(!claim_spec.exists(), "unprepare removes the claim's spec");
+    let un = n.dra.unprepare(DRIVER, &claims[..1]).await.unwrap();
+    assert_eq!(un["uid-train"], "", "a repeated unprepare succeeds");
+    daemon.stop().await.unwrap();
+    drop(n.dir);
+}

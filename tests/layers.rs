@@ -15,14 +15,14 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("fswatch", &[]),
     ("proto", &[]),
     ("model", &[]),
-    ("dra", &["model", "proto", "durable", "sync"]),
+    ("dra", &["model", "cdi", "proto", "durable", "sync", "untrusted"]),
     ("runtime", &["model", "sync", "durable", "untrusted"]),
     ("oci", &["sync", "durable", "untrusted"]),
     ("backends", &["runtime", "oci", "model", "sync", "durable", "untrusted", "fswatch"]),
     ("cdi", &["model", "sync", "durable", "untrusted"]),
     ("kubelet", &["model", "cdi", "proto", "sync", "untrusted", "fswatch"]),
     ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted"]),
-    ("config", &["backends", "kubelet", "runtime", "oci", "model"]),
+    ("config", &["backends", "kubelet", "runtime", "oci", "model", "dra"]),
 ];
 /// The process and its commands; `local_kubelet` is the binary's `devplug try` (the test suite's
 /// kubelet stand-in, compiled in).

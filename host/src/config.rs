@@ -62,6 +62,44 @@ pub struct ResourceSettings {
     /// `false`: write no CDI spec for this resource, e.g. where NVIDIA's toolkit already keeps
     /// one of the same kind (two specs naming one device conflict); `None` → `write_cdi`.
     pub write_cdi: Option<bool>,
+    /// Which kubelet API serves the resource on this node: the Device Plugin API (the default)
+    /// or DRA. Never both: kubelet would count the devices twice.
+    #[serde(default)]
+    pub api: Api,
+}
+
+/// The kubelet API a resource is served through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Api {
+    /// `v1beta1.DevicePlugin`: a socket per resource, `ListAndWatch` and `Allocate`.
+    #[default]
+    DevicePlugin,
+    /// Dynamic Resource Allocation: ResourceSlices and the backend's driver's kubelet plugin.
+    Dra,
+}
+
+/// `[dra]`: how devplug reaches the API server and kubelet's DRA side.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DraSettings {
+    /// A kubeconfig file; `None` → the in-cluster service account (or `$KUBECONFIG`).
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name; `None` → `$NODE_NAME` (the downward API), else the host name.
+    pub node_name: Option<String>,
+    /// Kubelet's plugins dir: each driver's `dra.sock` and claim checkpoint live in `DIR/DRIVER/`
+    /// (`None` → `plugins` beside `kubelet_dir`).
+    pub plugins_dir: Option<PathBuf>,
+    /// How often the published slices are compared with the API server's (kubelet deletes a
+    /// node's slices when it starts; they are put back at the latest after this long).
+    #[serde(with = "humantime_serde")]
+    pub resync: Duration,
+}
+
+impl Default for DraSettings {
+    fn default() -> Self {
+        DraSettings { kubeconfig: None, node_name: None, plugins_dir: None, resync: Duration::from_secs(30) }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -138,6 +176,7 @@ pub struct Config {
     pub backends: BTreeMap<String, BackendSettings>,
     /// How backends with an `image` are pulled, verified and followed.
     pub registry: crate::oci::RegistrySettings,
+    pub dra: DraSettings,
 }
 
 impl Default for Config {
@@ -166,6 +205,7 @@ impl Default for Config {
             limits: Limits::default(),
             backends: BTreeMap::new(),
             registry: crate::oci::RegistrySettings::default(),
+            dra: DraSettings::default(),
         }
     }
 }
@@ -204,6 +244,20 @@ impl Config {
             cfg.write_cdi || !cfg.all_strategies().any(Strategy::is_cdi),
             "a cdi-* allocate strategy needs write_cdi = true"
         );
+        if let Some(name) = cfg.resources.iter().find(|(_, r)| r.api == Api::Dra).map(|(n, _)| n) {
+            anyhow::ensure!(
+                cfg.write_cdi,
+                "resources.{name:?}: api = \"dra\" hands devices to the runtime through CDI; it needs write_cdi = true"
+            );
+        }
+        anyhow::ensure!(cfg.dra.resync >= Duration::from_secs(1), "dra.resync must be at least 1s");
+        for (name, b) in &cfg.backends {
+            if let Some(d) = &b.dra_driver
+                && let Some(why) = crate::dra::slice_rules::subdomain_problem(d)
+            {
+                anyhow::bail!("backends.{name}.dra_driver {d:?} is not a DNS subdomain: {why}");
+            }
+        }
         for (name, b) in &cfg.backends {
             if let Some(image) = &b.image {
                 image
@@ -234,6 +288,31 @@ impl Config {
 
     fn all_strategies(&self) -> impl Iterator<Item = Strategy> + '_ {
         self.allocate.iter().chain(self.resources.values().filter_map(|r| r.allocate.as_ref()).flatten()).copied()
+    }
+
+    /// The kubelet API that serves `resource`.
+    pub fn api(&self, resource: &str) -> Api {
+        self.resources.get(resource).map(|r| r.api).unwrap_or_default()
+    }
+
+    /// Whether any resource is served through DRA (then devplug needs the API server).
+    pub fn uses_dra(&self) -> bool {
+        self.resources.values().any(|r| r.api == Api::Dra)
+    }
+
+    /// Kubelet's plugins dir (`plugins` beside the device-plugins dir unless set).
+    pub fn dra_plugins_dir(&self) -> PathBuf {
+        self.dra.plugins_dir.clone().unwrap_or_else(|| {
+            self.kubelet_dir.parent().map(|p| p.join("plugins")).unwrap_or_else(|| PathBuf::from("plugins"))
+        })
+    }
+
+    /// The DRA driver name of backend `backend`: its `dra_driver`, else `BACKEND.devplug.io`.
+    pub fn dra_driver(&self, backend: &str) -> String {
+        self.backends
+            .get(backend)
+            .and_then(|b| b.dra_driver.clone())
+            .unwrap_or_else(|| format!("{}.devplug.io", crate::dra::slices::device_name(backend)))
     }
 
     /// `plugins_registry` beside the device-plugins dir unless set.
@@ -330,13 +409,14 @@ mod tests {
             ("limits", fields::<Limits>()),
             ("registry", fields::<crate::oci::RegistrySettings>()),
             ("resources.NAME", fields::<ResourceSettings>()),
+            ("dra", fields::<DraSettings>()),
             ("backends.NAME", fields::<BackendSettings>()),
             ("backends.NAME.grant", fields::<crate::runtime::caps::Globs>()),
         ];
         let mut missing = Vec::new();
         for (table, keys) in tables {
             for k in keys {
-                let is_table = ["limits", "registry", "resources", "backends", "grant"].contains(k);
+                let is_table = ["limits", "registry", "resources", "backends", "grant", "dra"].contains(k);
                 if !is_table && !named(k) {
                     missing.push(format!("{table}.{k}"));
                 }

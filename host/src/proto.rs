@@ -23,6 +23,10 @@ pub mod dra {
     pub mod v1beta1 {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
     }
+
+    /// What a DRA plugin lists in `PluginInfo.supported_versions`: the gRPC services it serves,
+    /// newest first (kubelet 1.34+ picks `v1.DRAPlugin`, 1.32-1.33 `v1beta1.DRAPlugin`).
+    pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 }
 
 /// Plugin-watcher registration (`/pluginregistration.Registration`).
@@ -31,4 +35,6 @@ pub mod pluginregistration {
 
     /// `PluginInfo.type` for device plugins.
     pub const DEVICE_PLUGIN: &str = "DevicePlugin";
+    /// `PluginInfo.type` for DRA drivers' kubelet plugins.
+    pub const DRA_PLUGIN: &str = "DRAPlugin";
 }

@@ -42,8 +42,19 @@ pub struct Plugin {
     pub updates: Arc<AtomicU64>,
 }
 
+/// A plugin type other than `DevicePlugin` (kubelet's plugin manager dispatches the watcher's
+/// finds by `PluginInfo.type` to one handler per type; see `kubelet_dra` for DRA's).
+#[tonic::async_trait]
+pub trait PluginHandler: Send + Sync {
+    /// Validate and register the plugin found at `socket`; `Err` is kubelet's refusal.
+    async fn register(&self, socket: &Path, info: &pr::PluginInfo) -> Result<(), String>;
+    /// This kubelet starts again (before its watcher scans the dir).
+    async fn restarted(&self) {}
+}
+
 #[derive(Default)]
 struct Shared {
+    handlers: std::sync::Mutex<HashMap<String, Arc<dyn PluginHandler>>>,
     plugins: Mutex<HashMap<String, (Plugin, CancellationToken)>>,
     registrations: AtomicU64,
     refusals: std::sync::Mutex<Vec<String>>,
@@ -114,6 +125,12 @@ impl Kubelet {
         &self.dir
     }
 
+    /// Dispatch plugins of `kind` to `handler` (register it before the plugin's socket appears,
+    /// or restart so the watcher scans again).
+    pub fn handle(&self, kind: &str, handler: Arc<dyn PluginHandler>) {
+        self.shared.handlers.lock().unwrap().insert(kind.to_owned(), handler);
+    }
+
     fn boot(&mut self) {
         self.stop = CancellationToken::new();
         let sock = self.dir.join(pb::KUBELET_SOCKET);
@@ -150,6 +167,10 @@ impl Kubelet {
             let _ = std::fs::remove_file(entry.path());
         }
         self.shared.generation.send_modify(|g| *g += 1);
+        let handlers: Vec<_> = self.shared.handlers.lock().unwrap().values().cloned().collect();
+        for h in handlers {
+            h.restarted().await;
+        }
         self.boot();
     }
 
@@ -417,6 +438,18 @@ async fn watcher_register_info(
     mut reg: pr::registration_client::RegistrationClient<Channel>,
     info: pr::PluginInfo,
 ) {
+    let handler = shared.handlers.lock().unwrap().get(&info.r#type).cloned();
+    if let Some(h) = handler {
+        let status = match h.register(&socket, &info).await {
+            Ok(()) => pr::RegistrationStatus { plugin_registered: true, error: String::new() },
+            Err(e) => {
+                refuse(shared, e.clone());
+                pr::RegistrationStatus { plugin_registered: false, error: e }
+            }
+        };
+        let _ = reg.notify_registration_status(status).await;
+        return;
+    }
     let verdict = if info.r#type != pr::DEVICE_PLUGIN {
         Err(format!("plugin type {:?} is not handled", info.r#type))
     } else if !info.supported_versions.iter().any(|v| v == pb::VERSION) {

@@ -3,12 +3,14 @@
 
 #![allow(dead_code)]
 
+pub mod apiserver;
 pub mod binary;
 pub mod daemon;
 pub mod fixtures;
 pub mod hardware;
 pub mod hostile_registry;
 pub mod kubelet;
+pub mod kubelet_dra;
 pub mod load;
 pub mod podman;
 pub mod podresources;

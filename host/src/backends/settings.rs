@@ -39,6 +39,11 @@ pub struct BackendSettings {
     /// (pinned). See `[registry]`.
     #[serde(default)]
     pub image: Option<String>,
+    /// The DRA driver name its resources served through DRA are published under (default
+    /// `NAME.devplug.io`); a vendor's own name (`gpu.nvidia.com`) lets DeviceClasses written for
+    /// the vendor's driver select devplug's devices.
+    #[serde(default)]
+    pub dra_driver: Option<String>,
     /// `grant` is there but says nothing of `resources` (configs written before devplug 0.2.0,
     /// when a grant had only `sysfs` and `dev`): every kind added since gets the origin's default
     /// grant, with a warning (see `Loaded::capabilities`). Set by `Config::parse`.
@@ -54,6 +59,7 @@ impl Default for BackendSettings {
             grant: None,
             replace_embedded: false,
             image: None,
+            dra_driver: None,
             grant_resources_unstated: false,
         }
     }

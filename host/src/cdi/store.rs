@@ -17,6 +17,15 @@ use crate::model::Resource;
 
 const TEMP_PREFIX: &str = ".devplug-";
 
+/// A claim spec's file name. Claim UIDs come from kubelet; anything but a UUID's characters is
+/// refused rather than becoming a path.
+fn claim_file(uid: &str) -> Result<String, CdiError> {
+    if uid.is_empty() || uid.len() > 64 || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(CdiError::Name(format!("claim UID {uid:?} is not a UID")));
+    }
+    Ok(format!("{OWNED_PREFIX}claim-{uid}.json"))
+}
+
 /// Why a spec could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum CdiError {
@@ -110,6 +119,28 @@ impl SpecDir {
         let all: Vec<String> = self.written.locked().keys().cloned().collect();
         for r in all {
             self.remove(&r);
+        }
+    }
+
+    /// Write the spec of a prepared DRA claim (`devplug-claim-<uid>.json`). It is not one of the
+    /// resources' specs: it lives as long as the claim is prepared, across devplug restarts, and
+    /// only [`SpecDir::remove_claim`] removes it.
+    pub fn write_claim(&self, uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+        let file = self.dir.join(claim_file(uid)?);
+        write_atomically(&self.dir, &file, spec)?;
+        Ok(file)
+    }
+
+    /// Remove a claim's spec (none there is fine: unprepare may be repeated).
+    pub fn remove_claim(&self, uid: &str) -> Result<(), CdiError> {
+        let file = self.dir.join(claim_file(uid)?);
+        match fs::remove_file(&file) {
+            Ok(()) => {
+                crate::durable::sync_dir(&self.dir);
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CdiError::Io { path: file, source: e }),
         }
     }
 

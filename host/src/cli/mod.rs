@@ -250,6 +250,15 @@ pub struct RunArgs {
     /// What directory backends get when the config grants them nothing.
     #[arg(long, value_enum)]
     pub default_grant: Option<DefaultGrant>,
+    /// The API server for resources served through DRA, outside a cluster (default: in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, for DRA (default: $NODE_NAME, else the host name).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Kubelet's plugins dir, for DRA (default: plugins beside --kubelet-dir).
+    #[arg(long)]
+    pub dra_plugins_dir: Option<PathBuf>,
 }
 
 impl RunArgs {
@@ -290,6 +299,15 @@ impl RunArgs {
         }
         if self.no_uevents {
             c.uevents = false;
+        }
+        if self.kubeconfig.is_some() {
+            c.dra.kubeconfig = self.kubeconfig.clone();
+        }
+        if self.node_name.is_some() {
+            c.dra.node_name = self.node_name.clone();
+        }
+        if self.dra_plugins_dir.is_some() {
+            c.dra.plugins_dir = self.dra_plugins_dir.clone();
         }
         Ok(c)
     }

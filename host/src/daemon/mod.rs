@@ -65,6 +65,8 @@ struct Daemon {
     loaded: Arc<Loaded>,
     specs: Option<Arc<SpecDir>>,
     endpoints: Arc<Endpoints>,
+    /// Resources served through DRA (`None` when none is configured, or DRA is unavailable).
+    dra: Option<Arc<crate::dra::DraNode>>,
     metrics: Arc<observe::Metrics>,
     /// Swaps and unloads backends as their sources change.
     reconciler: Reconciler,
@@ -190,6 +192,9 @@ impl Daemon {
             f.abort();
         }
         self.endpoints.shutdown().await;
+        if let Some(dra) = &self.dra {
+            dra.shutdown().await;
+        }
         if let Some(specs) = &self.specs {
             specs.remove_all();
         }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use super::Daemon;
 use super::specs::delivery;
 use crate::backends::{ReadyResource, ResourceCalls, Retired};
+use crate::config::Api;
+use crate::dra::{DeviceCalls, ServedResource};
 use crate::kubelet::{Delivery, KubeletMetrics, OpError, ResourceHandle, ResourceOps};
 use crate::model::ContainerEdits;
 use crate::runtime::CallError;
@@ -17,6 +19,10 @@ impl Daemon {
     /// Start serving resources that have devices for the first time.
     pub(super) async fn serve(&self, ready: Vec<ReadyResource>) {
         for ready in ready {
+            if self.cfg.api(&ready.name) == Api::Dra {
+                self.serve_dra(ready).await;
+                continue;
+            }
             // The spec first, so kubelet never sees a device the CDI directory does not name yet
             // (a failure here is logged by the poll loop's sync).
             if let Some(specs) = &self.specs {
@@ -34,12 +40,54 @@ impl Daemon {
     /// Stop serving retired resources: their streams already sent an empty list.
     pub(super) async fn stop_serving(&self, retired: Vec<Retired>) {
         for r in retired {
+            if self.cfg.api(&r.name) == Api::Dra {
+                if let Some(dra) = &self.dra {
+                    dra.remove(&r.name).await;
+                }
+                tracing::info!(resource = %r.name, "stopped serving through DRA");
+                continue;
+            }
             self.endpoints.remove(&r.name).await;
             if let Some(specs) = &self.specs {
                 specs.remove(&r.name);
             }
             tracing::info!(resource = %r.name, "stopped serving: socket removed");
         }
+    }
+}
+
+impl Daemon {
+    /// Serve a resource configured `api = "dra"` through its backend's driver; never through
+    /// the Device Plugin API as well, not even when DRA is unavailable (kubelet would count the
+    /// devices twice once DRA came back).
+    async fn serve_dra(&self, ready: ReadyResource) {
+        let Some(dra) = &self.dra else {
+            tracing::error!(resource = %ready.name, backend = %ready.backend, "not served: it is configured api = \"dra\" and DRA is unavailable (see the error at start)");
+            return;
+        };
+        let driver = self.cfg.dra_driver(&ready.backend);
+        let served = ServedResource {
+            name: ready.name.clone(),
+            backend: ready.backend.clone(),
+            devices: ready.devices,
+            calls: Arc::new(DraCalls(ready.calls)),
+        };
+        match dra.add(&driver, served).await {
+            Ok(()) => {
+                tracing::info!(resource = %ready.name, backend = %ready.backend, driver = %driver, node = %dra.node(), "serving resource through DRA")
+            }
+            Err(e) => tracing::error!(resource = %ready.name, "not served: {e:#}"),
+        }
+    }
+}
+
+/// A backend's calls as the DRA side asks them.
+struct DraCalls(Arc<ResourceCalls>);
+
+#[async_trait::async_trait]
+impl DeviceCalls for DraCalls {
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, String> {
+        self.0.allocate(ids).await.map_err(|e| e.to_string())
     }
 }
 

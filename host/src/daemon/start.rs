@@ -46,6 +46,7 @@ impl Daemon {
             plugins_registry_dir: cfg.plugins_registry_dir(),
         };
         let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
+        let dra = connect_dra(&cfg, specs.as_ref()).await;
         let stop = CancellationToken::new();
         let served = loaded.clone();
         let pods = podresources::spawn(
@@ -97,6 +98,7 @@ impl Daemon {
             loaded,
             specs,
             endpoints,
+            dra,
             metrics,
             reconciler,
             polls: Polls::default(),
@@ -155,6 +157,37 @@ async fn load<F: Future<Output = ()>>(
         refused = load_all(loaded, srcs) => refused,
     };
     Ok(Some(Started { refused, follower, pulled_tx, pulled }))
+}
+
+/// The DRA side, when the config serves any resource through DRA; `None` (with an error saying
+/// what to fix) when it cannot be had: those resources are then not served at all.
+async fn connect_dra(cfg: &Config, specs: Option<&Arc<crate::cdi::SpecDir>>) -> Option<Arc<crate::dra::DraNode>> {
+    if !cfg.uses_dra() {
+        return None;
+    }
+    let Some(specs) = specs else {
+        tracing::error!(
+            "DRA is unavailable: claims are handed to the runtime through CDI and the CDI dir is not usable (see above)"
+        );
+        return None;
+    };
+    let settings = crate::dra::NodeSettings {
+        kubeconfig: cfg.dra.kubeconfig.as_deref(),
+        node_name: cfg.dra.node_name.as_deref(),
+        registry_dir: cfg.plugins_registry_dir(),
+        plugins_dir: cfg.dra_plugins_dir(),
+        resync: cfg.dra.resync,
+    };
+    match crate::dra::DraNode::connect(settings, specs.clone()).await {
+        Ok(node) => {
+            tracing::info!(node = %node.node(), "DRA: publishing ResourceSlices for this node");
+            Some(Arc::new(node))
+        }
+        Err(e) => {
+            tracing::error!("DRA is unavailable: {e:#}; resources configured api = \"dra\" are not served");
+            None
+        }
+    }
 }
 
 fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::uevents::Uevent>> {

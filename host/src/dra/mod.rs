@@ -1,11 +1,26 @@
-//! Dynamic Resource Allocation (`resource.k8s.io/v1`): serving the same backends through DRA
-//! beside the Device Plugin API (issue 26). So far: the rules the API server applies to a
-//! ResourceSlice ([`slice_rules`]), a backend's devices as the slices of one pool ([`slices`]),
-//! so devplug refuses a backend's bad description itself before anything is published; and the
-//! DRA kubelet plugin service in `v1` and `v1beta1` ([`plugin`]) with its crash-safe record of
-//! prepared claims ([`checkpoint`]).
+//! Dynamic Resource Allocation (`resource.k8s.io/v1`): the same backends served through DRA
+//! beside the Device Plugin API, per resource (`[resources.NAME] api = "dra"`).
+//!
+//! - [`slice_rules`]: the rules the API server applies to a ResourceSlice, so devplug refuses a
+//!   backend's bad description itself before anything is published.
+//! - [`slices`]: a backend's devices as the slices of one pool.
+//! - [`api`]: the API server: writing a pool, reading a claim.
+//! - [`plugin`], [`checkpoint`]: the DRA kubelet plugin service (`v1` and `v1beta1`) and its
+//!   crash-safe record of prepared claims; [`registration`]: kubelet's plugin watcher finding it.
+//! - [`prepare`]: what preparing a claim does (backend edits → a claim CDI spec → CDI IDs).
+//! - [`served`], [`driver`], [`node`]: what each driver serves, the task that keeps its pool
+//!   and sockets, and this node's set of drivers.
 
+pub mod api;
 pub mod checkpoint;
+pub mod driver;
+pub mod node;
 pub mod plugin;
+pub mod prepare;
+pub mod registration;
+pub mod served;
 pub mod slice_rules;
 pub mod slices;
+
+pub use node::{DraNode, NodeSettings};
+pub use served::{DeviceCalls, ServedResource};

@@ -116,7 +116,7 @@ pub fn pool(
         let slice = json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
-            "metadata": { "name": format!("{}-{}", device_name(&format!("{node}-{pool}")), i) },
+            "metadata": { "name": format!("{}-{}", device_name(&format!("{node}-{driver}")), i) },
             "spec": {
                 "driver": driver,
                 "nodeName": node,

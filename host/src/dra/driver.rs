@@ -1,0 +1,240 @@
+//! One DRA driver on this node, as a task: its kubelet plugin (`dra.sock`) and registration
+//! socket, its pool of ResourceSlices kept equal to its resources' device lists (on every
+//! change, on every registration with kubelet, and every `resync`, since kubelet deletes a
+//! node's slices when it starts), and on stop its slices deleted and its sockets removed.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::api::PoolWriter;
+use super::checkpoint::Checkpoint;
+use super::plugin::DraPlugin;
+use super::prepare::Preparer;
+use super::registration::{self, DraRegistration};
+use super::served::{Served, ServedResource};
+use super::slices;
+use crate::cdi::SpecDir;
+use crate::sync::Locked;
+
+/// What starting a driver needs.
+#[derive(Clone)]
+pub struct DriverSetup {
+    pub driver: String,
+    pub node: String,
+    pub client: kube::Client,
+    pub specs: Arc<SpecDir>,
+    pub registry_dir: PathBuf,
+    pub plugins_dir: PathBuf,
+    pub resync: Duration,
+}
+
+/// How long stopping waits for the API server to delete the pool.
+const REMOVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running driver.
+pub struct Driver {
+    pub name: String,
+    served: Arc<Served>,
+    wake: Arc<Notify>,
+    /// A task per resource, waking the driver when its list changes.
+    watchers: Mutex<BTreeMap<String, JoinHandle<()>>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Driver {
+    /// Serve the driver's sockets and start keeping its pool.
+    pub fn start(setup: DriverSetup) -> anyhow::Result<Driver> {
+        let dir = setup.plugins_dir.join(&setup.driver);
+        let checkpoint = Checkpoint::open(&dir)?;
+        let served = Arc::new(Served::default());
+        let preparer = Arc::new(Preparer {
+            driver: setup.driver.clone(),
+            pool: setup.node.clone(),
+            client: setup.client.clone(),
+            served: served.clone(),
+            specs: setup.specs.clone(),
+        });
+        let plugin = Arc::new(DraPlugin::new(preparer, checkpoint));
+        let wake = Arc::new(Notify::new());
+        let stop = CancellationToken::new();
+        let sockets = Sockets {
+            plugin,
+            dra: registration::plugin_socket(&setup.plugins_dir, &setup.driver),
+            reg: registration::registration_socket(&setup.registry_dir, &setup.driver),
+            driver: setup.driver.clone(),
+            registered: wake.clone(),
+            stop: stop.clone(),
+            servers: Vec::new(),
+        };
+        let task = tokio::spawn(keep(setup.clone(), sockets, served.clone(), wake.clone(), stop.clone()));
+        Ok(Driver { name: setup.driver, served, wake, watchers: Mutex::default(), stop, task })
+    }
+
+    /// Serve `r` through this driver (its devices join the pool).
+    pub fn add(&self, r: ServedResource) {
+        let mut devices = r.devices.clone();
+        let wake = self.wake.clone();
+        let watcher = tokio::spawn(async move {
+            while devices.changed().await.is_ok() {
+                wake.notify_one();
+            }
+        });
+        if let Some(old) = self.watchers.locked().insert(r.name.clone(), watcher) {
+            old.abort();
+        }
+        self.served.add(r);
+        self.wake.notify_one();
+    }
+
+    /// The backend whose resources this driver serves (none yet: any).
+    pub fn backend(&self) -> Option<String> {
+        self.served.resources().first().map(|r| r.backend.clone())
+    }
+
+    /// Whether this driver serves `resource`.
+    pub fn serves(&self, resource: &str) -> bool {
+        self.served.resource(resource).is_some()
+    }
+
+    /// Stop serving `resource`; whether the driver has nothing left.
+    pub fn remove(&self, resource: &str) -> bool {
+        if let Some(w) = self.watchers.locked().remove(resource) {
+            w.abort();
+        }
+        let empty = self.served.remove(resource);
+        self.wake.notify_one();
+        empty
+    }
+
+    /// Delete the pool, remove the sockets, end the task.
+    pub async fn stop(self) {
+        for (_, w) in std::mem::take(&mut *self.watchers.locked()) {
+            w.abort();
+        }
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// The driver's two sockets and their servers.
+struct Sockets {
+    plugin: Arc<DraPlugin>,
+    dra: PathBuf,
+    reg: PathBuf,
+    driver: String,
+    registered: Arc<Notify>,
+    stop: CancellationToken,
+    servers: Vec<(CancellationToken, JoinHandle<()>)>,
+}
+
+impl Sockets {
+    /// Serve both sockets unless both are there and served.
+    fn ensure(&mut self) {
+        let up = self.servers.iter().all(|(_, h)| !h.is_finished());
+        if up && self.servers.len() == 2 && self.dra.exists() && self.reg.exists() {
+            return;
+        }
+        for (t, h) in self.servers.drain(..) {
+            t.cancel();
+            h.abort();
+        }
+        if let Some(dir) = self.dra.parent()
+            && let Err(e) = std::fs::create_dir_all(dir)
+        {
+            tracing::error!(driver = %self.driver, dir = %dir.display(), "cannot make the plugin dir: {e}");
+            return;
+        }
+        let t = self.stop.child_token();
+        match super::plugin::serve(self.plugin.clone(), &self.dra, t.clone()) {
+            Ok(h) => self.servers.push((t, h)),
+            Err(e) => {
+                tracing::error!(driver = %self.driver, socket = %self.dra.display(), "cannot serve the DRA plugin: {e}");
+                return;
+            }
+        }
+        let reg = DraRegistration {
+            driver: self.driver.clone(),
+            endpoint: self.dra.display().to_string(),
+            registered: self.registered.clone(),
+        };
+        let t = self.stop.child_token();
+        match registration::serve(reg, &self.reg, t.clone()) {
+            Ok(h) => {
+                self.servers.push((t, h));
+                tracing::info!(driver = %self.driver, socket = %self.reg.display(), "DRA plugin serving for kubelet's plugin watcher");
+            }
+            Err(e) => {
+                tracing::error!(driver = %self.driver, socket = %self.reg.display(), "cannot serve the registration socket: {e}")
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        for (t, h) in self.servers.drain(..) {
+            t.cancel();
+            let _ = h.await;
+        }
+        for p in [&self.reg, &self.dra] {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The driver's task.
+async fn keep(
+    setup: DriverSetup,
+    mut sockets: Sockets,
+    served: Arc<Served>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    let mut writer = PoolWriter::new(setup.client.clone(), &setup.node, &setup.driver);
+    let mut resync = tokio::time::interval(setup.resync);
+    let mut last_error: Option<String> = None;
+    sockets.ensure();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            _ = wake.notified() => {}
+            _ = resync.tick() => sockets.ensure(),
+        }
+        let resources: Vec<crate::model::Resource> = served.snapshot().iter().map(|r| (**r).clone()).collect();
+        let backend = served.resources().first().map(|r| r.backend.clone()).unwrap_or_default();
+        let build = |generation| {
+            slices::pool(&backend, &setup.driver, &setup.node, &setup.node, generation, &resources).map(|p| p.slices)
+        };
+        match writer.sync(build).await {
+            Ok(w) => {
+                if last_error.take().is_some() {
+                    tracing::info!(driver = %setup.driver, "ResourceSlices published again");
+                }
+                if w.changed() {
+                    tracing::info!(driver = %setup.driver, generation = w.generation, created = w.created, replaced = w.replaced, deleted = w.deleted, "ResourceSlices published");
+                }
+            }
+            Err(e) => {
+                let msg = format!("{e:#}");
+                if last_error.as_ref() != Some(&msg) {
+                    tracing::error!(driver = %setup.driver, "ResourceSlices not published (the last good pool stays): {msg}");
+                    last_error = Some(msg);
+                }
+            }
+        }
+    }
+    match tokio::time::timeout(REMOVE_TIMEOUT, writer.remove_all()).await {
+        Ok(Ok(n)) => tracing::info!(driver = %setup.driver, slices = n, "ResourceSlices deleted"),
+        Ok(Err(e)) => tracing::warn!(driver = %setup.driver, "ResourceSlices not deleted: {e:#}"),
+        Err(_) => {
+            tracing::warn!(driver = %setup.driver, "ResourceSlices not deleted: the API server did not answer within {REMOVE_TIMEOUT:?}")
+        }
+    }
+    sockets.close().await;
+}

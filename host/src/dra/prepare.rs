@@ -1,0 +1,123 @@
+//! Preparing a claim on this node: the claim's allocation read from the API server, each
+//! allocated device of this driver mapped back to its backend's device, the backend asked for
+//! its edits (`allocate`, checked against its grants like every answer), and one CDI spec
+//! written for the claim (`devplug-claim-<uid>.json`, kind [`CLAIM_KIND`]) whose device IDs go
+//! back to kubelet. The claim's spec holds each device's own edits and, at spec level, the
+//! resources' common edits and what `allocate` returned; it lives until the claim is
+//! unprepared, independent of the resources' own specs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::checkpoint::{ClaimRef, PreparedDevice};
+use super::plugin::ClaimPreparer;
+use super::served::{Served, ServedResource};
+use crate::cdi::{Kind, SpecDir};
+use crate::model::{ContainerEdits, Device, Health, Resource};
+
+/// The CDI kind of every claim spec devplug writes.
+pub const CLAIM_KIND: &str = "devplug.io/claim";
+
+/// One driver's preparer.
+pub struct Preparer {
+    pub driver: String,
+    /// This node's pool (the node name).
+    pub pool: String,
+    pub client: kube::Client,
+    pub served: Arc<Served>,
+    pub specs: Arc<SpecDir>,
+}
+
+/// An allocated device of this driver: (request, pool device name, device ID).
+type Picked = (String, String, String);
+
+impl Preparer {
+    /// The devices of this driver the claim was allocated, grouped by resource.
+    async fn allocated(&self, claim: &ClaimRef) -> Result<BTreeMap<String, (ServedResource, Vec<Picked>)>, String> {
+        let rc = super::api::claim(&self.client, &claim.namespace, &claim.name).await.map_err(|e| format!("{e:#}"))?;
+        let uid = rc.metadata.uid.clone().unwrap_or_default();
+        if uid != claim.uid {
+            return Err(format!(
+                "ResourceClaim {}/{} has UID {uid:?}, kubelet asked for {:?}: it was deleted and created again",
+                claim.namespace, claim.name, claim.uid
+            ));
+        }
+        let Some(allocation) = rc.status.and_then(|s| s.allocation) else {
+            return Err(format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name));
+        };
+        let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
+        let mut groups: BTreeMap<String, (ServedResource, Vec<Picked>)> = BTreeMap::new();
+        for r in results.into_iter().filter(|r| r.driver == self.driver) {
+            if r.pool != self.pool {
+                return Err(format!(
+                    "device {} (request {}) is in pool {}, not this node's pool {}",
+                    r.device, r.request, r.pool, self.pool
+                ));
+            }
+            let Some((resource, id)) = self.served.lookup(&r.device) else {
+                return Err(format!(
+                    "device {} (request {}) is not among driver {}'s devices on this node now (gone since the scheduler allocated it)",
+                    r.device, r.request, self.driver
+                ));
+            };
+            groups
+                .entry(resource.name.clone())
+                .or_insert_with(|| (resource, Vec::new()))
+                .1
+                .push((r.request, r.device, id));
+        }
+        Ok(groups)
+    }
+}
+
+#[async_trait::async_trait]
+impl ClaimPreparer for Preparer {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        let groups = self.allocated(claim).await?;
+        let kind = Kind::for_resource(CLAIM_KIND)?;
+        let mut spec_devices = Vec::new();
+        let mut common = ContainerEdits::default();
+        let mut out = Vec::new();
+        for (resource, (served, picked)) in groups {
+            let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
+            let extra = served
+                .calls
+                .allocate(ids)
+                .await
+                .map_err(|e| format!("backend {}, resource {resource}: {e}", served.backend))?;
+            let list = served.devices.borrow().clone();
+            common.merge(&list.common_edits);
+            common.merge(&extra);
+            for (request, name, id) in picked {
+                let Some(d) = list.device(&id) else {
+                    return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
+                };
+                let cdi_name = format!("{}-{name}", claim.uid);
+                spec_devices.push(Device {
+                    id: cdi_name.clone(),
+                    health: Health::Healthy,
+                    numa_nodes: Vec::new(),
+                    attributes: Vec::new(),
+                    edits: d.edits.clone(),
+                });
+                out.push(PreparedDevice {
+                    request_names: vec![request],
+                    pool_name: self.pool.clone(),
+                    device_name: name,
+                    cdi_device_ids: vec![kind.qualified_name(&cdi_name)],
+                });
+            }
+        }
+        if out.is_empty() {
+            return Ok(out);
+        }
+        let claim_list = Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common };
+        let spec = crate::cdi::spec::build(&claim_list, &kind);
+        self.specs.write_claim(&claim.uid, &spec).map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
+        Ok(out)
+    }
+
+    async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), String> {
+        self.specs.remove_claim(&claim.uid).map_err(|e| format!("removing the claim's CDI spec: {e}"))
+    }
+}

@@ -1,0 +1,363 @@
+//! A kube-apiserver stand-in for what devplug's DRA side uses: Node GET, ResourceSlice list
+//! (field selectors `spec.nodeName`, `spec.driver`), create, replace, delete and delete
+//! collection, ResourceClaim GET. It enforces what the real server enforces on these paths:
+//! a bearer token, the ResourceSlice validation of kube-apiserver 1.36 (decode errors are 400,
+//! invalid objects 422 with the causes' field paths; agreement with the recorded server is
+//! tested case by case in `tests/dra.rs`), `AlreadyExists` on a second create, optimistic
+//! concurrency (`resourceVersion`) on replace, and Status objects as errors.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// The token the stand-in accepts (the kubeconfig it writes carries it).
+pub const TOKEN: &str = "devplug-test-token";
+
+#[derive(Default)]
+pub struct Store {
+    pub nodes: BTreeMap<String, Value>,
+    pub slices: BTreeMap<String, Value>,
+    pub claims: BTreeMap<(String, String), Value>,
+    version: u64,
+    /// Every request: "METHOD path".
+    pub log: Vec<String>,
+}
+
+impl Store {
+    fn next_version(&mut self) -> String {
+        self.version += 1;
+        self.version.to_string()
+    }
+}
+
+type Shared = Arc<Mutex<Store>>;
+
+/// The running stand-in.
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    pub store: Shared,
+    stop: CancellationToken,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: String, causes: Vec<Value>) -> (StatusCode, Json<Value>) {
+    let mut s = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code.as_u16(),
+    });
+    if !causes.is_empty() {
+        s["details"] = json!({ "group": "resource.k8s.io", "kind": "resourceslices", "causes": causes });
+    }
+    (code, Json(s))
+}
+
+/// An error answer: a status code and a Status object.
+type Failure = (StatusCode, Json<Value>);
+type Reply = Result<(StatusCode, Json<Value>), Failure>;
+
+fn authorized(h: &HeaderMap) -> Result<(), Failure> {
+    let want = format!("Bearer {TOKEN}");
+    if h.get("authorization").and_then(|v| v.to_str().ok()) == Some(want.as_str()) {
+        Ok(())
+    } else {
+        Err(status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), vec![]))
+    }
+}
+
+/// The server's verdict on a slice: decode errors 400, validation 422 (as the recorded server).
+fn validate(slice: &Value) -> Result<(), Failure> {
+    let problems = devplug::dra::slice_rules::problems(slice);
+    let Some(first) = problems.first() else { return Ok(()) };
+    if first.message.starts_with("quantities must match") {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("ResourceSlice in version \"v1\" cannot be handled as a ResourceSlice: {}", first.message),
+            vec![],
+        ));
+    }
+    let name = slice["metadata"]["name"].as_str().unwrap_or("");
+    let causes: Vec<Value> = problems
+        .iter()
+        .map(|p| json!({ "reason": "FieldValueInvalid", "message": p.message, "field": p.field }))
+        .collect();
+    let message = format!(
+        "ResourceSlice.resource.k8s.io {name:?} is invalid: {}",
+        problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join(", ")
+    );
+    Err(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message, causes))
+}
+
+/// `fieldSelector` as the server reads it for ResourceSlices; other fields are refused.
+fn selector(q: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Failure> {
+    let Some(sel) = q.get("fieldSelector").filter(|s| !s.is_empty()) else { return Ok(vec![]) };
+    sel.split(',')
+        .map(|term| {
+            let (k, v) = term.split_once('=').unwrap_or((term, ""));
+            if !["spec.nodeName", "spec.driver", "spec.pool.name", "metadata.name"].contains(&k) {
+                return Err(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("\"{k}\" is not a known field selector: only \"metadata.name\", \"spec.driver\", \"spec.nodeName\", \"spec.pool.name\""),
+                    vec![],
+                ));
+            }
+            Ok((k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+fn matches(slice: &Value, sel: &[(String, String)]) -> bool {
+    sel.iter().all(|(k, v)| {
+        let got = match k.as_str() {
+            "spec.nodeName" => &slice["spec"]["nodeName"],
+            "spec.driver" => &slice["spec"]["driver"],
+            "spec.pool.name" => &slice["spec"]["pool"]["name"],
+            _ => &slice["metadata"]["name"],
+        };
+        got.as_str().unwrap_or("") == v
+    })
+}
+
+async fn get_node(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
+    authorized(&h)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("GET node {name}"));
+    match st.nodes.get(&name) {
+        Some(n) => Ok((StatusCode::OK, Json(n.clone()))),
+        None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("nodes {name:?} not found"), vec![])),
+    }
+}
+
+async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
+    authorized(&h)?;
+    let sel = selector(&q)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("LIST resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
+    let items: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
+    let rv = st.version.to_string();
+    Ok((
+        StatusCode::OK,
+        Json(
+            json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": { "resourceVersion": rv }, "items": items }),
+        ),
+    ))
+}
+
+async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Json<Value>) -> Reply {
+    authorized(&h)?;
+    validate(&slice)?;
+    let name = slice["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("POST resourceslice {name}"));
+    if st.slices.contains_key(&name) {
+        return Err(status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("resourceslices.resource.k8s.io {name:?} already exists"),
+            vec![],
+        ));
+    }
+    let rv = st.next_version();
+    slice["metadata"]["resourceVersion"] = json!(rv);
+    slice["metadata"]["uid"] = json!(format!("slice-uid-{rv}"));
+    st.slices.insert(name, slice.clone());
+    Ok((StatusCode::CREATED, Json(slice)))
+}
+
+async fn get_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
+    authorized(&h)?;
+    let st = s.lock().unwrap();
+    match st.slices.get(&name) {
+        Some(v) => Ok((StatusCode::OK, Json(v.clone()))),
+        None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![])),
+    }
+}
+
+async fn replace_slice(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    UrlPath(name): UrlPath<String>,
+    Json(mut slice): Json<Value>,
+) -> Reply {
+    authorized(&h)?;
+    validate(&slice)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("PUT resourceslice {name}"));
+    let Some(old) = st.slices.get(&name) else {
+        return Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![]));
+    };
+    if slice["metadata"]["resourceVersion"] != old["metadata"]["resourceVersion"] {
+        return Err(status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on resourceslices.resource.k8s.io {name:?}: the object has been modified; please apply your changes to the latest version and try again"
+            ),
+            vec![],
+        ));
+    }
+    slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
+    let rv = st.next_version();
+    slice["metadata"]["resourceVersion"] = json!(rv);
+    st.slices.insert(name, slice.clone());
+    Ok((StatusCode::OK, Json(slice)))
+}
+
+async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
+    authorized(&h)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("DELETE resourceslice {name}"));
+    match st.slices.remove(&name) {
+        Some(v) => Ok((StatusCode::OK, Json(v))),
+        None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![])),
+    }
+}
+
+async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
+    authorized(&h)?;
+    let sel = selector(&q)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("DELETECOLLECTION resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
+    let gone: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
+    st.slices.retain(|_, v| !matches(v, &sel));
+    Ok((
+        StatusCode::OK,
+        Json(json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": gone })),
+    ))
+}
+
+async fn get_claim(State(s): State<Shared>, h: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
+    authorized(&h)?;
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("GET resourceclaim {ns}/{name}"));
+    match st.claims.get(&(ns.clone(), name.clone())) {
+        Some(v) => Ok((StatusCode::OK, Json(v.clone()))),
+        None => Err(status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceclaims.resource.k8s.io {name:?} not found"),
+            vec![],
+        )),
+    }
+}
+
+impl ApiServer {
+    /// Serve on a free localhost port, with these Nodes (each gets a UID).
+    pub async fn start(nodes: &[&str]) -> ApiServer {
+        let store: Shared = Arc::default();
+        for n in nodes {
+            store.lock().unwrap().nodes.insert(
+                (*n).to_owned(),
+                json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": n, "uid": format!("node-uid-{n}"), "resourceVersion": "1" } }),
+            );
+        }
+        let slices = "/apis/resource.k8s.io/v1/resourceslices";
+        let app = Router::new()
+            .route("/api/v1/nodes/{name}", get(get_node))
+            .route(slices, get(list_slices).post(create_slice).delete(delete_slices))
+            .route(&format!("{slices}/{{name}}"), get(get_slice).put(replace_slice).delete(delete_slice))
+            .route("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", get(get_claim))
+            .with_state(store.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the API stand-in");
+        let addr = listener.local_addr().expect("local addr");
+        let stop = CancellationToken::new();
+        let until = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).with_graceful_shutdown(until.cancelled_owned()).await;
+        });
+        ApiServer { addr, store, stop }
+    }
+
+    /// A kubeconfig for this server at `path`.
+    pub fn write_kubeconfig(&self, path: &Path) {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://{}\nusers:\n- name: devplug\n  user:\n    token: {TOKEN}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: devplug\ncurrent-context: standin\n",
+            self.addr
+        );
+        std::fs::write(path, text).expect("write kubeconfig");
+    }
+
+    /// The slices of `node` (and `driver`, when given), by name.
+    pub fn slices(&self, node: &str, driver: Option<&str>) -> BTreeMap<String, Value> {
+        self.store
+            .lock()
+            .unwrap()
+            .slices
+            .iter()
+            .filter(|(_, v)| v["spec"]["nodeName"] == node && driver.is_none_or(|d| v["spec"]["driver"] == d))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// Every device of `node`'s slices of `driver`, by name (all of the newest generation).
+    pub fn devices(&self, node: &str, driver: &str) -> BTreeMap<String, Value> {
+        let slices = self.slices(node, Some(driver));
+        let newest = slices.values().filter_map(|s| s["spec"]["pool"]["generation"].as_i64()).max();
+        slices
+            .values()
+            .filter(|s| s["spec"]["pool"]["generation"].as_i64() == newest)
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| Some((d["name"].as_str()?.to_owned(), d)))
+            .collect()
+    }
+
+    /// What kubelet does at its start: delete every slice of `node`.
+    pub fn wipe(&self, node: &str) {
+        self.store.lock().unwrap().slices.retain(|_, v| v["spec"]["nodeName"] != node);
+    }
+
+    /// Store a claim allocated `devices` (request, driver, pool, device) — the scheduler's work.
+    pub fn allocate_claim(&self, namespace: &str, name: &str, uid: &str, devices: &[(&str, &str, &str, &str)]) {
+        let results: Vec<Value> = devices
+            .iter()
+            .map(|(request, driver, pool, device)| json!({ "request": request, "driver": driver, "pool": pool, "device": device }))
+            .collect();
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1" },
+            "spec": { "devices": { "requests": devices.iter().map(|(r, ..)| json!({ "name": r, "exactly": { "deviceClassName": "devplug" } })).collect::<Vec<_>>() } },
+            "status": { "allocation": { "devices": { "results": results } } },
+        });
+        self.store.lock().unwrap().claims.insert((namespace.to_owned(), name.to_owned()), claim);
+    }
+
+    /// The requests seen, as "METHOD what".
+    pub fn log(&self) -> Vec<String> {
+        self.store.lock().unwrap().log.clone()
+    }
+}
+
+impl ApiServer {
+    /// `POST path` with `body` and the token, as any client would; (status, answer).
+    pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        use http_body_util::{BodyExt, Full};
+        let stream = tokio::net::TcpStream::connect(self.addr).await.expect("connect to the stand-in");
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("HTTP handshake");
+        tokio::spawn(conn);
+        let req = hyper::Request::post(path)
+            .header("host", self.addr.to_string())
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(Full::new(bytes::Bytes::from(serde_json::to_vec(body).expect("JSON"))))
+            .expect("request");
+        let resp = send.send_request(req).await.expect("POST");
+        let code = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+}
