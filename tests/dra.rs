@@ -362,3 +362,183 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     daemon.stop().await.unwrap();
     drop(n.dir);
 }
+
+/// The sandbox's rules hold for what a backend says through DRA, through the real binary: a
+/// description the API server would refuse (an 80-byte attribute) refuses that backend's pool
+/// with an error naming backend, device and field, and publishes nothing of it; prepare edits
+/// outside the grants (a host node, a root mount, a loader env) and a spinning allocate fail
+/// their own claim's entry and write no CDI spec; honest claims and backends carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
+    use support::binary::{Devplug, run_args};
+    let m = support::fixtures::Machine::generic_box();
+    m.node("zero", 'c', 1, 5).node("mem", 'c', 1, 1);
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, registry, backends) =
+        (root.path().join("device-plugins"), root.path().join("plugins_registry"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    let (wasm, manifest) = support::daemon::chaos_paths();
+    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
+    let evil = ["evil-dev-mem", "evil-mount-root", "evil-env-ld-preload"];
+    for (name, config) in [
+        ("chaos", format!("devices=5 names=widget-0,spin-0,{}", evil.join(","))),
+        ("loud", format!("resource=test.devplug.io/loud note={}", "x".repeat(80))),
+    ] {
+        std::fs::copy(&wasm, backends.join(format!("{name}.wasm"))).unwrap();
+        std::fs::write(backends.join(format!("{name}.toml")), format!("config = \"{config}\"\n{requests}")).unwrap();
+    }
+    let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
+    let kubeconfig = root.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let cfg = root.path().join("devplug.toml");
+    std::fs::write(
+        &cfg,
+        "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n[resources.\"test.devplug.io/loud\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n",
+    )
+    .unwrap();
+    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
+    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_33, NODE, api.clone());
+    kubelet.handle("DRAPlugin", dra.clone());
+    let s = |p: &std::path::Path| p.display().to_string();
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend([
+        "--cache-dir".into(),
+        s(&std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")),
+        "--config".into(),
+        s(&cfg),
+        "--kubeconfig".into(),
+        s(&kubeconfig),
+        "--node-name".into(),
+        NODE.into(),
+        "--plugins-registry-dir".into(),
+        s(&registry),
+        "--dra-plugins-dir".into(),
+        s(&root.path().join("plugins")),
+    ]);
+    let d = Devplug::spawn(&args);
+
+    let chaos = "chaos.devplug.io";
+    dra.wait_plugin(chaos, T).await;
+    assert_eq!(dra.plugin(chaos).unwrap().version, "v1beta1.DRAPlugin", "a 1.33 kubelet speaks v1beta1");
+    until("chaos's pool", || api.devices(NODE, chaos).len() == 5).await;
+    d.wait_log("attributes[note].string", T).unwrap();
+    let log = d.log();
+    assert!(log.contains("backend loud, device") && log.contains("widget-0"), "names backend and device: {log}");
+    assert!(log.contains("64 bytes"), "{log}");
+    assert!(api.slices(NODE, Some("loud.devplug.io")).is_empty(), "nothing of a refused pool is published");
+
+    let mut claims = vec![("ml", "uid-ok".to_owned(), "ok".to_owned(), "widget-0")];
+    claims.push(("ml", "uid-spin".into(), "spin".into(), "spin-0"));
+    for e in evil {
+        claims.push(("ml", format!("uid-{e}"), e.to_owned(), e));
+    }
+    for (ns, uid, name, device) in &claims {
+        api.allocate_claim(ns, name, uid, &[("dev", chaos, NODE, device)]);
+    }
+    let refs: Vec<(&str, &str, &str)> =
+        claims.iter().map(|(ns, uid, name, _)| (*ns, uid.as_str(), name.as_str())).collect();
+    let answers = dra.prepare(chaos, &refs).await.unwrap();
+    assert_eq!(answers.len(), claims.len(), "one entry per claim");
+    assert!(answers["uid-ok"].error.is_empty(), "{:?}", answers["uid-ok"]);
+    assert!(!answers["uid-spin"].error.is_empty(), "a spinning allocate fails its claim");
+    for e in evil {
+        let a = &answers[&format!("uid-{e}")];
+        assert!(a.error.contains("refused") && a.devices.is_empty(), "{e}: {a:?}");
+    }
+    let cdi = m.root().join("cdi");
+    let claim_specs: Vec<String> = std::fs::read_dir(&cdi)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("devplug-claim-"))
+        .collect();
+    assert_eq!(claim_specs, ["devplug-claim-uid-ok.json"], "only the honest claim has a spec");
+    let spec = std::fs::read_to_string(cdi.join("devplug-claim-uid-ok.json")).unwrap();
+    assert!(spec.contains("/dev/null") && !spec.contains("/dev/mem"), "{spec}");
+    // The host carries on: the honest claim again, and the pool stays.
+    let again = dra.prepare(chaos, &refs[..1]).await.unwrap();
+    assert_eq!(again["uid-ok"], answers["uid-ok"]);
+    assert_eq!(api.devices(NODE, chaos).len(), 5);
+    assert!(kubelet.plugin("test.devplug.io/widget").await.is_none(), "never also a device plugin");
+}
+
+/// `devplug dra deviceclasses` prints, for each resource the config puts on DRA, a DeviceClass
+/// the recorded API server's schema accepts, selecting the serving backend's driver and naming
+/// the resource as its extendedResourceName.
+#[test]
+fn deviceclasses_name_the_resource_and_fit_the_api_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("devplug.toml");
+    std::fs::write(
+        &cfg,
+        "[backends.generic]\nconfig = '''\n[[resource]]\nname = \"devplug.io/null\"\npaths = [\"null\"]\n'''\n\
+         dra_driver = \"null.example.com\"\n[resources.\"devplug.io/null\"]\napi = \"dra\"\n",
+    )
+    .unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (code, out, err) = support::binary::run(&[
+        "dra",
+        "deviceclasses",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["kind"], "List");
+    let class = &list["items"][0];
+    assert_eq!(class["metadata"]["name"], "null.devplug.io");
+    assert_eq!(class["spec"]["extendedResourceName"], "devplug.io/null");
+    let cel = class["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
+    assert!(cel.contains("device.driver == \"null.example.com\"") && cel.contains("== \"devplug.io/null\""), "{cel}");
+    // The schema the recorded kube-apiserver 1.36 serves for DeviceClass.
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(corpus().with_file_name("resource.k8s.io-v1.openapi.json")).unwrap(),
+    )
+    .unwrap();
+    let schema = serde_json::json!({
+        "$ref": "#/components/schemas/io.k8s.api.resource.v1.DeviceClass",
+        "components": plain_schema(&doc["components"]),
+    });
+    let v = jsonschema::validator_for(&schema).unwrap();
+    let problems: Vec<String> = v.iter_errors(class).map(|e| format!("{e} at {}", e.instance_path())).collect();
+    assert!(problems.is_empty(), "{problems:?}");
+    let mut typo = class.clone();
+    typo["spec"]["selectors"] = serde_json::json!("not a list");
+    assert!(!v.is_valid(&typo), "the schema is not a rubber stamp");
+    let mut typo = class.clone();
+    typo["spec"]["extendedResourceNames"] = typo["spec"]["extendedResourceName"].take();
+    assert!(!v.is_valid(&typo), "an unknown field is refused (the server's strict field validation)");
+
+    // A config that puts nothing on DRA says what to add.
+    std::fs::write(&cfg, "").unwrap();
+    let (code, _, err) = support::binary::run(&["dra", "deviceclasses", "--config", cfg.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(err.contains("api = \"dra\""), "{err}");
+}
+
+/// The recorded OpenAPI document is the server's Go structs serialised (`SchemaProps`,
+/// `ArbitraryKeys`, `SwaggerSchemaProps` around each schema): unwrap it into plain JSON Schema,
+/// with unknown fields refused as the server's strict field validation does.
+fn plain_schema(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(o) if o.contains_key("SchemaProps") => {
+            let mut out = match plain_schema(&o["SchemaProps"]) {
+                Value::Object(m) => m,
+                _ => serde_json::Map::new(),
+            };
+            if let Some(r) = o.get("$ref") {
+                out.insert("$ref".into(), r.clone());
+            }
+            if out.contains_key("properties") && !out.contains_key("additionalProperties") {
+                out.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            Value::Object(out)
+        }
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (k.clone(), plain_schema(x))).collect()),
+        Value::Array(a) => Value::Array(a.iter().map(plain_schema).collect()),
+        other => other.clone(),
+    }
+}

@@ -174,6 +174,7 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
         ("no-backends", vec!["backends.enabled=false", "metrics.service.enabled=false"]),
         ("service-monitor", vec!["metrics.serviceMonitor.enabled=true", "nodeSelector.gpu=true"]),
         ("registry", vec!["cache.hostPath=/var/lib/devplug/cache"]),
+        ("dra", vec!["dra.resources.devplug\\.io/fuse=generic"]),
     ] {
         let mut cmd = Command::new(tool("helm"));
         cmd.args(["template", "devplug"]).arg(repo().join("deploy/helm/devplug")).args(["--namespace", "devplug"]);
@@ -200,6 +201,26 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
         match name {
             "init-container" => assert!(yaml.contains("initContainers:") && !yaml.contains("reference:"), "{yaml}"),
             "no-backends" => assert!(!yaml.contains("/backends") && !yaml.contains("kind: Service\n"), "{yaml}"),
+            "dra" => {
+                // RBAC, the node's name, the plugins dir, a token; the class `devplug dra
+                // deviceclasses` prints; and devplug.toml serving the resource through DRA.
+                for want in [
+                    "kind: ClusterRole\n",
+                    "resources: [\"resourceslices\"]",
+                    "fieldPath: spec.nodeName",
+                    "/var/lib/kubelet/plugins\n",
+                    "automountServiceAccountToken: true",
+                    "kind: DeviceClass",
+                    "name: fuse.devplug.io",
+                    "extendedResourceName: \"devplug.io/fuse\"",
+                    "device.attributes[\\\"generic.devplug.io\\\"].resource == \\\"devplug.io/fuse\\\"",
+                ] {
+                    assert!(yaml.contains(want), "chart (dra): no {want:?}\n{yaml}");
+                }
+                let text = block_scalar(&yaml, "devplug.toml");
+                let cfg = devplug::config::Config::parse(&text).unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+                assert_eq!(cfg.api("devplug.io/fuse"), devplug::config::Api::Dra);
+            }
             "service-monitor" => {
                 assert!(yaml.contains("kind: ServiceMonitor") && yaml.contains("\"gpu\": \"true\""), "{yaml}")
             }

@@ -2,8 +2,8 @@
 
 use clap::Parser;
 use devplug::cli::{
-    self, CdiCommand, CdiGenerateArgs, Cli, Command, DiscoverArgs, Format, InspectArgs, NewBackendArgs, NewCommand,
-    PackArgs, StatusArgs,
+    self, CdiCommand, CdiGenerateArgs, Cli, Command, DiscoverArgs, DraCommand, Format, InspectArgs, NewBackendArgs,
+    NewCommand, PackArgs, StatusArgs,
 };
 use devplug::observe;
 
@@ -53,6 +53,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         }
         Command::Discover(args) => discover(args).await,
         Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
+        Command::Dra(DraCommand::Deviceclasses(args)) => print_json(&cli::device_classes(args).await?),
         Command::Pack(args) => pack(&args),
         Command::Push(args) => print_json(&cli::push(args).await?),
         Command::Pull(args) => print_json(&cli::pull(args).await?),

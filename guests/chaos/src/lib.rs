@@ -3,7 +3,8 @@
 //! Config is `key=value` words: `mode=ok|churn|escape|spin-init|spin-discover|trap-init|
 //! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
 //! device, so the device list changes on each poll), `devices=N` (default 4), `resource=NAME`, `version=V`,
-//! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy).
+//! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
+//! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
@@ -37,6 +38,7 @@ pub struct Chaos {
     polls: std::cell::Cell<u32>,
     sick: Vec<String>,
     evil: Option<String>,
+    note: Option<String>,
 }
 
 impl Chaos {
@@ -59,6 +61,7 @@ impl Backend for Chaos {
             polls: Default::default(),
             sick: Vec::new(),
             evil: None,
+            note: None,
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -69,6 +72,7 @@ impl Backend for Chaos {
                 Some(("names", v)) => me.names = v.split(',').map(str::to_owned).collect(),
                 Some(("sick", v)) => me.sick = v.split(',').map(str::to_owned).collect(),
                 Some(("evil", v)) => me.evil = Some(v.into()),
+                Some(("note", v)) => me.note = Some(v.into()),
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -120,7 +124,9 @@ impl Backend for Chaos {
                     health: if self.sick.contains(&id) { Health::Unhealthy } else { Health::Healthy },
                     id,
                     numa_nodes: vec![i % 2],
-                    attributes: vec![("index".into(), i.to_string())],
+                    attributes: std::iter::once(("index".into(), i.to_string()))
+                        .chain(self.note.iter().map(|n| ("note".into(), n.clone())))
+                        .collect(),
                     edits: {
                         let mut e = ContainerEdits {
                             device_nodes: vec![edits::dev_node("null")],

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{AllocateArgs, CdiGenerateArgs, DiscoverArgs, SourceArgs};
+use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SourceArgs};
 use crate::backends::DefaultGrant;
 use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
@@ -157,4 +157,32 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         })
         .collect();
     Ok(serde_json::json!({ "backends": loaded.summaries(), "resources": resources, "errors": errors }))
+}
+
+/// `devplug dra deviceclasses`: the backends are loaded (as `discover` does) to learn which one
+/// serves each resource the config puts on DRA, and so its driver. A resource configured for DRA
+/// that no backend serves here is an error naming it: its class would select nothing.
+pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_json::Value> {
+    let cfg = match &args.source.config {
+        Some(p) => Config::from_file(p)?,
+        None => Config::default(),
+    };
+    let wanted: Vec<String> =
+        cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect();
+    anyhow::ensure!(
+        !wanted.is_empty(),
+        "the config serves no resource through DRA: add api = \"dra\" to a [resources.\"NAME\"] table"
+    );
+    let (_loaded, errors, ready) = load_and_poll(args.source).await?;
+    for e in &errors {
+        tracing::warn!("{e}");
+    }
+    let mut classes = Vec::new();
+    for name in &wanted {
+        let Some(r) = ready.iter().find(|r| &r.name == name) else {
+            anyhow::bail!("resource {name} is configured api = \"dra\", but no backend serves it on this machine");
+        };
+        classes.push(crate::dra::classes::device_class(name, &cfg.dra_driver(&r.backend)));
+    }
+    Ok(crate::dra::classes::list(classes))
 }

@@ -56,6 +56,9 @@ pub enum Command {
     /// CDI spec files.
     #[command(subcommand)]
     Cdi(CdiCommand),
+    /// Dynamic Resource Allocation.
+    #[command(subcommand)]
+    Dra(DraCommand),
     /// Pack backends into an OCI image (layout dir or oci-archive tar) for an image volume.
     Pack(PackArgs),
     /// Publish a backend to a registry as a Wasm OCI artifact (its manifest in an annotation).
@@ -366,6 +369,20 @@ pub struct DiscoverArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum DraCommand {
+    /// Print the DeviceClass of each resource the config serves through DRA (`api = "dra"`), as a
+    /// List for `kubectl apply -f -`: it selects the resource's devices and names the resource as
+    /// its extendedResourceName, so pods asking for it by name keep working.
+    Deviceclasses(DeviceClassesArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DeviceClassesArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+}
+
+#[derive(Subcommand, Debug)]
 pub enum CdiCommand {
     /// Write each resource's CDI spec once, as `run` would, without serving anything.
     Generate(CdiGenerateArgs),
@@ -411,7 +428,7 @@ mod registry;
 pub mod scaffold;
 mod tables;
 
-pub use commands::{allocate, cdi_generate, discover};
+pub use commands::{allocate, cdi_generate, device_classes, discover};
 pub use http::http_get;
 pub use inspect::inspect;
 pub use learn::learn_requests;

@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod checkpoint;
+pub mod classes;
 pub mod driver;
 pub mod node;
 pub mod plugin;
