@@ -542,3 +542,62 @@ fn plain_schema(v: &serde_json::Value) -> serde_json::Value {
         other => other.clone(),
     }
 }
+
+/// The GPU backend on the DGX A100 fixture (MIG mixed: five whole GPUs, three in MIG mode)
+/// through DRA: a pool the stand-in accepts with the GPUs' PCI addresses renamed to labels and
+/// their model as an attribute, and a claim for one GPU prepared into CDI IDs that podman
+/// resolves to that GPU's `/dev/nvidiaN` (major 195, its minor) beside the control nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
+    use devplug::backends::BackendSettings;
+    use support::podman::{Podman, SystemCdi, text};
+    let podman = tokio::task::spawn_blocking(Podman::new).await.unwrap();
+    let system_cdi = SystemCdi::take();
+    let mut n = dra_node(system_cdi.dir(), devplug::config::Api::DevicePlugin).await;
+    let m = n.dir.path().join("machine");
+    support::hardware::build("dgx-a100-mig", &m);
+    n.cfg.sysfs_root = m.join("sys");
+    n.cfg.dev_root = m.join("dev");
+    n.cfg.proc_root = m.join("proc");
+    n.cfg.dev_fixtures = true;
+    n.cfg.backends.clear();
+    for off in ["generic", "nic", "fpga"] {
+        n.cfg.backends.insert(off.into(), BackendSettings { enabled: false, ..Default::default() });
+    }
+    let gpu = "[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\n\"0000:47:00.0\" = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+    n.cfg.backends.insert("gpu".into(), BackendSettings { config: gpu.into(), ..Default::default() });
+    n.cfg.resources.clear();
+    n.cfg.resources.insert(
+        "nvidia.com/gpu".into(),
+        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
+    );
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    let driver = "gpu.devplug.io";
+    n.dra.wait_plugin(driver, T).await;
+    until("the GPU pool", || n.api.devices(NODE, driver).len() == 5).await;
+    let devices = n.api.devices(NODE, driver);
+    assert!(devices.values().all(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu"), "{devices:?}");
+    // The GPU on bus 0x4e (the fourth, minor 3) is whole; its PCI address became a label.
+    let (name, device) = devices
+        .iter()
+        .find(|(_, d)| d.to_string().contains("0000:4e:00.0"))
+        .unwrap_or_else(|| panic!("no device for 0000:4e:00.0: {devices:?}"));
+    assert_eq!(device["attributes"]["model"]["string"], "10de:20b2", "{device}");
+    assert_eq!(device["attributes"]["minor"]["string"], "3", "{device}");
+    assert!(n.kubelet.plugin("nvidia.com/gpu").await.is_none(), "not a device plugin as well");
+
+    n.api.allocate_claim("ml", "gpu", "uid-gpu", &[("gpu", driver, NODE, name)]);
+    let answer = n.dra.prepare(driver, &[("ml", "uid-gpu", "gpu")]).await.unwrap();
+    let prepared = &answer["uid-gpu"];
+    assert!(prepared.error.is_empty(), "{prepared:?}");
+    let ids = prepared.devices[0].3.clone();
+    let script = "stat -c '%n %F %t:%T' /dev/nvidia3 /dev/nvidiactl";
+    let out = tokio::task::block_in_place(|| podman.run(&ids, script));
+    assert!(out.status.success(), "podman run with {ids:?} failed:\n{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("/dev/nvidia3 character special file c3:3"), "{}", text(&out));
+    assert!(stdout.contains("/dev/nvidiactl character special file c3:ff"), "{}", text(&out));
+    let out = tokio::task::block_in_place(|| podman.run(&ids, "test ! -e /dev/nvidia2"));
+    assert!(out.status.success(), "another GPU leaked into the container:\n{}", text(&out));
+    daemon.stop().await.unwrap();
+}
