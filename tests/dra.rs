@@ -601,3 +601,76 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     assert!(out.status.success(), "another GPU leaked into the container:\n{}", text(&out));
     daemon.stop().await.unwrap();
 }
+
+/// `podman rm -f NAME` when dropped, so a kept container never outlives a failed test.
+struct Container<'a>(&'a support::podman::Podman, &'static str);
+
+impl Drop for Container<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.tool("podman").args(["rm", "-f", "-t", "0", self.1]).output();
+    }
+}
+
+/// Switching a resource from the Device Plugin API to DRA on a live node: a pod (a running
+/// container) allocated through the device plugin keeps its device across the switch, devplug
+/// stops offering the resource to kubelet's device manager, and new claims get it through DRA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
+    use devplug::proto::deviceplugin as pb;
+    use support::podman::{Podman, SystemCdi, text};
+    let podman = tokio::task::spawn_blocking(Podman::new).await.unwrap();
+    let system_cdi = SystemCdi::take();
+    let mut n = dra_node(system_cdi.dir(), devplug::config::Api::DevicePlugin).await;
+    n.cfg.allocate = vec![devplug::kubelet::Strategy::CdiCri];
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    let plugin = n.kubelet.wait_plugin(&n.resource, T).await.unwrap();
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["null-0".into()] }],
+    };
+    let resp = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+    let names: Vec<String> = resp.container_responses[0].cdi_devices.iter().map(|d| d.name.clone()).collect();
+    assert_eq!(names, [format!("{}=null-0", n.resource)]);
+    let name = "devplug-dra-switch-kept";
+    let kept = Container(&podman, name);
+    let mut run = podman.tool("podman");
+    run.args(["run", "-d", "--name", name, "--network", "none", "--device", &names[0]]);
+    run.args([support::podman::IMAGE, "/bin/sleep", "600"]);
+    let out = tokio::task::block_in_place(|| run.output()).unwrap();
+    assert!(out.status.success(), "the pod's container:\n{}", text(&out));
+    assert!(n.api.slices(NODE, None).is_empty(), "nothing published while the resource is a device plugin");
+    daemon.stop().await.unwrap();
+
+    // The switch: the same node, devplug restarted with api = "dra" for the resource.
+    let registrations = n.kubelet.registrations();
+    n.cfg.resources.get_mut(&n.resource).unwrap().api = devplug::config::Api::Dra;
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    n.dra.wait_plugin(DRIVER, T).await;
+    assert_eq!(n.kubelet.registrations(), registrations, "not registered with the device manager again");
+    let dp_sockets: Vec<_> = std::fs::read_dir(n.cfg.plugins_registry_dir.as_ref().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|f| !f.starts_with(DRIVER))
+        .collect();
+    assert!(dp_sockets.is_empty(), "a device-plugin socket is still offered: {dp_sockets:?}");
+    let exec = |script: &str| {
+        let mut c = podman.tool("podman");
+        c.args(["exec", name, "/bin/sh", "-c", script]);
+        tokio::task::block_in_place(|| c.output()).unwrap()
+    };
+    let out = exec("stat -c '%F %t:%T' /dev/devplug-null");
+    assert!(out.status.success(), "the kept pod lost its device:\n{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("character special file 1:3"), "{}", text(&out));
+
+    // New pods get it through DRA.
+    n.api.allocate_claim("ml", "new", "uid-new", &[("dev", DRIVER, NODE, "null-1")]);
+    let answer = n.dra.prepare(DRIVER, &[("ml", "uid-new", "new")]).await.unwrap();
+    assert!(answer["uid-new"].error.is_empty(), "{:?}", answer["uid-new"]);
+    let out = tokio::task::block_in_place(|| {
+        podman.run(&answer["uid-new"].devices[0].3, "stat -c '%t:%T' /dev/devplug-null")
+    });
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1:3"), "{}", text(&out));
+    daemon.stop().await.unwrap();
+    drop(kept);
+}
