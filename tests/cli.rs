@@ -73,7 +73,7 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
     let ids: Vec<&str> =
         v["resources"][0]["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["widget-0", "widget-1", "widget-2", "widget-3"]);
-    assert_eq!(v["backends"][0]["wit_version"], "0.2.0");
+    assert_eq!(v["backends"][0]["wit_version"], "0.3.0");
 
     // `--no-embedded` as `run` takes it: with a config and no --backend, nothing embedded loads.
     let cdir = tempfile::tempdir().unwrap();
@@ -106,9 +106,10 @@ fn inspect_shows_version_exports_and_requested_capabilities() {
     let (code, out, err) = run(&["inspect", chaos.to_str().unwrap(), "--format", "json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["wit_version"], "0.2.0");
+    assert_eq!(v["wit_version"], "0.3.0");
     assert_eq!(v["supported"], true);
-    assert_eq!(v["exports"][0], "devplug:backend/backend@0.2.0");
+    assert_eq!(v["exports"][0], "devplug:backend/backend@0.3.0");
+    assert_eq!(v["exports"][1], "devplug:backend/dra@0.3.0");
     assert_eq!(v["size"].as_u64().unwrap(), std::fs::metadata(&chaos).unwrap().len());
     assert_eq!(v["manifest"]["requests"]["dev"][0], "null");
 }
@@ -339,7 +340,8 @@ fn the_language_api_page_names_the_version_new_backends_use() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let page = std::fs::read_to_string(repo.join("docs/api-python-js.md")).unwrap();
     let js = std::fs::read_to_string(repo.join("host/templates/js/backend.js")).unwrap();
-    let newest = devplug::runtime::bindings::SUPPORTED.last().unwrap();
+    let newest = devplug::cli::scaffold::wit_version(devplug::cli::scaffold::Lang::Js);
+    assert!(devplug::runtime::bindings::SUPPORTED.contains(&newest), "{newest} is not loaded");
     assert!(js.contains(&format!("@{newest}\"")), "the JS template imports another version than {newest}");
     assert!(page.contains(&format!("`devplug:backend@{newest}`")), "docs/api-python-js.md does not name {newest}");
     assert!(!page.contains("devplug:backend/sysfs@0.1.0"), "the page still shows 0.1.0 imports");

@@ -41,6 +41,15 @@ const FROZEN: &[(&str, &[(&str, &str)])] = &[
             ("types.wit", "8547cce50ab56ad49bb7f7719f49c41af6f2bcc103912030ec6599cc84b8a514"),
         ],
     ),
+    (
+        "since_v0.3.0",
+        &[
+            ("backend.wit", "22349dac458000e2e01db5daac44bff9e46f662cf8da6673a67b205d248e79af"),
+            ("dra.wit", "efe96ff4e5e17f627886310962bb894a52eb06bbd58f689d517a2d41747969db"),
+            ("host.wit", "3f6aab6c14e2258bb251a1fd7a5627fecfa9cdafe43470aa6d2621a068a771c1"),
+            ("types.wit", "47360b67290296443cbfe7fe1aedd1812b413cfe3156e798debcabf8c97f848b"),
+        ],
+    ),
 ];
 
 #[test]
@@ -124,6 +133,21 @@ fn a_0_1_0_backend_discovers_through_every_0_1_0_import() {
     assert_eq!(a["entries"], "2", "{a}");
     assert_eq!(a["driver"], "virtio-pci", "{a}");
     assert_eq!(a["real"], "devices/pci0000:00/0000:00:00.0/0000:00:01.0", "{a}");
+    assert_eq!(a["node"], "240:1", "{a}");
+}
+
+/// The checked-in 0.2.0 component (built once against the frozen 0.2.0 contract) discovers
+/// through every 0.1.0 import and what 0.2.0 added, in this host, and is served by the 0.2.0
+/// bindings (not the newest).
+#[test]
+fn a_0_2_0_backend_discovers_through_the_0_2_0_imports() {
+    let v = discover(&std::fs::read(repo().join("tests/compat/v0.2.0.wasm")).unwrap());
+    assert_eq!(v["backends"][0]["wit_version"], "0.2.0", "{v}");
+    let devices = v["resources"][0]["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 2, "{v}");
+    let a = &devices[1]["attributes"];
+    assert_eq!(a["vendor"], "0x1af4", "{a}");
+    assert_eq!(a["batched"], "1", "read-many answered each path (the function has no `device` file): {a}");
     assert_eq!(a["node"], "240:1", "{a}");
 }
 

@@ -154,7 +154,7 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
     let start = || {
         let plugin = Arc::new(DraPlugin::new(preparer.clone(), Checkpoint::open(&state).unwrap()));
         let stop = tokio_util::sync::CancellationToken::new();
-        (serve(plugin, &socket, stop.clone()).unwrap(), stop)
+        (serve(plugin, None, &socket, stop.clone()).unwrap(), stop)
     };
     let claim = |name: &str| v1::Claim { namespace: "ml".into(), uid: format!("uid-{name}"), name: name.into() };
     let (server, stop) = start();
@@ -673,4 +673,137 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1:3"), "{}", text(&out));
     daemon.stop().await.unwrap();
     drop(kept);
+}
+
+/// Device health through DRA: kubelet's `NodeWatchResources` stream gets every device with its
+/// health at once (an Unhealthy one as UNHEALTHY) and a new complete list when a list changes;
+/// the slices carry the Unhealthy device's taint for the scheduler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_health_streams_to_kubelet_and_taints_the_slice() {
+    use devplug::proto::dra_health::HealthStatus;
+    let root = tempfile::tempdir().unwrap();
+    let m = support::fixtures::Machine::generic_box();
+    let backends = support::daemon::chaos_dir();
+    let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
+    let kubeconfig = root.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let (kdir, registry) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
+    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
+    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_34, NODE, api.clone());
+    kubelet.handle("DRAPlugin", dra.clone());
+    let mut cfg = support::daemon::config(&kdir, &m, backends.path(), "mode=churn devices=3 sick=widget-1");
+    cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
+    cfg.plugins_registry_dir = Some(registry);
+    cfg.write_cdi = true;
+    cfg.cdi_dir = root.path().join("cdi");
+    cfg.resources.insert(
+        support::daemon::WIDGET.into(),
+        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
+    );
+    cfg.dra.kubeconfig = Some(kubeconfig);
+    cfg.dra.node_name = Some(NODE.into());
+    cfg.dra.plugins_dir = Some(root.path().join("plugins"));
+    let daemon = support::daemon::Daemon::start(cfg);
+    let driver = "chaos.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the pool", || !api.devices(NODE, driver).is_empty()).await;
+    let mut health = dra.watch_health(driver).await.unwrap();
+    let first = health.message().await.unwrap().expect("a first list");
+    let of = |list: &devplug::proto::dra_health::NodeWatchResourcesResponse, name: &str| {
+        list.devices.iter().find(|d| d.device.as_ref().is_some_and(|i| i.device_name == name)).map(|d| d.health)
+    };
+    assert_eq!(of(&first, "widget-0"), Some(HealthStatus::Healthy as i32), "{first:?}");
+    assert_eq!(of(&first, "widget-1"), Some(HealthStatus::Unhealthy as i32), "{first:?}");
+    assert!(first.devices.iter().all(|d| d.device.as_ref().unwrap().pool_name == NODE && d.last_updated_time > 0));
+    // churn drops or restores widget-2 on every poll: the stream follows with complete lists.
+    let next = tokio::time::timeout(T, health.message()).await.unwrap().unwrap().expect("an update");
+    assert_ne!(next.devices.len(), first.devices.len(), "{first:?} then {next:?}");
+    until("the taint", || {
+        api.devices(NODE, driver).get("widget-1").is_some_and(|d| d["taints"][0]["key"] == "devplug.io/unhealthy")
+    })
+    .await;
+    daemon.stop().await.unwrap();
+}
+
+/// A WIT 0.3.0 backend through DRA (chaos with `describe=typed prepare=whole`): its typed
+/// attributes, capacity and shared counters reach the slices the stand-in accepts (the counter
+/// set in a slice of its own, the partitions at most 64 a slice); `prepare` gets the claim's
+/// devices with their requests and the driver's opaque configuration, and its edits (checked
+/// against the grants: an attack fails its own claim) go into the claim's CDI spec; a failed
+/// `unprepare` keeps the claim prepared, so kubelet's retry finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself() {
+    let root = tempfile::tempdir().unwrap();
+    let m = support::fixtures::Machine::generic_box();
+    m.node("mem", 'c', 1, 1);
+    let backends = support::daemon::chaos_dir();
+    let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
+    let kubeconfig = root.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let (kdir, registry) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
+    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
+    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_34, NODE, api.clone());
+    kubelet.handle("DRAPlugin", dra.clone());
+    let chaos = "devices=3 names=widget-0,widget-1,evil-dev-mem describe=typed prepare=whole";
+    let mut cfg = support::daemon::config(&kdir, &m, backends.path(), chaos);
+    cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
+    cfg.plugins_registry_dir = Some(registry);
+    cfg.write_cdi = true;
+    let cdi = root.path().join("cdi");
+    cfg.cdi_dir = cdi.clone();
+    cfg.resources.insert(
+        support::daemon::WIDGET.into(),
+        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
+    );
+    cfg.dra.kubeconfig = Some(kubeconfig);
+    cfg.dra.node_name = Some(NODE.into());
+    cfg.dra.plugins_dir = Some(root.path().join("plugins"));
+    let daemon = support::daemon::Daemon::start(cfg);
+    let driver = "chaos.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the typed pool", || api.devices(NODE, driver).len() == 3).await;
+    let devices = api.devices(NODE, driver);
+    let w1 = &devices["widget-1"];
+    assert_eq!(w1["attributes"]["index"]["int"], 1, "{w1}");
+    assert_eq!(w1["attributes"]["firmware"]["version"], "1.2.3", "{w1}");
+    assert_eq!(w1["attributes"]["sick"]["bool"], false, "{w1}");
+    assert_eq!(w1["attributes"]["model"]["string"], "chaos-widget", "{w1}");
+    assert_eq!(w1["attributes"]["resource"]["string"], support::daemon::WIDGET, "the host's own attribute stays");
+    assert_eq!(w1["capacity"]["memory"]["value"], "16Gi", "{w1}");
+    assert_eq!(w1["consumesCounters"][0]["counterSet"], "chaos-memory", "{w1}");
+    let slices = api.slices(NODE, Some(driver));
+    let counters: Vec<_> = slices.values().filter(|s| !s["spec"]["sharedCounters"].is_null()).collect();
+    assert_eq!(counters.len(), 1, "{slices:?}");
+    assert!(counters[0]["spec"]["devices"].is_null(), "counters and devices never share a slice");
+    assert_eq!(counters[0]["spec"]["sharedCounters"][0]["counters"]["memory"]["value"], "64Gi");
+    assert!(slices.values().all(|s| s["spec"]["pool"]["resourceSliceCount"] == 2), "{slices:?}");
+
+    let params = serde_json::json!({ "mode": "fast" });
+    api.allocate_claim_with_config(
+        "ml",
+        "pair",
+        "uid-pair",
+        &[("a", driver, NODE, "widget-0"), ("b", driver, NODE, "widget-1")],
+        &[(driver, params.clone()), ("other.example.com", serde_json::json!({ "not": "ours" }))],
+    );
+    api.allocate_claim("ml", "evil", "uid-evil", &[("a", driver, NODE, "evil-dev-mem")]);
+    api.allocate_claim("ml", "stuck", "uid-stuck", &[("a", driver, NODE, "widget-0")]);
+    let claims = [("ml", "uid-pair", "pair"), ("ml", "uid-evil", "evil"), ("ml", "uid-stuck", "stuck")];
+    let answers = dra.prepare(driver, &claims).await.unwrap();
+    assert!(answers["uid-pair"].error.is_empty(), "{:?}", answers["uid-pair"]);
+    assert_eq!(answers["uid-pair"].devices.len(), 2);
+    assert!(answers["uid-evil"].error.contains("refused"), "{:?}", answers["uid-evil"]);
+    let spec = std::fs::read_to_string(cdi.join("devplug-claim-uid-pair.json")).unwrap();
+    assert!(spec.contains("CHAOS_CLAIM=uid-pair"), "{spec}");
+    assert!(spec.contains("CHAOS_CLAIM_DEVICES=a:widget-0,b:widget-1"), "{spec}");
+    assert!(spec.contains("CHAOS_CONFIG={\\\"mode\\\":\\\"fast\\\"}"), "only this driver's config: {spec}");
+    assert!(!spec.contains("CHAOS_IDS"), "prepare answered, allocate was not asked: {spec}");
+    assert!(!cdi.join("devplug-claim-uid-evil.json").exists());
+
+    let un = dra.unprepare(driver, &[("ml", "uid-stuck", "stuck"), ("ml", "uid-pair", "pair")]).await.unwrap();
+    assert!(un["uid-stuck"].contains("cannot unprepare"), "{un:?}");
+    assert_eq!(un["uid-pair"], "");
+    assert!(cdi.join("devplug-claim-uid-stuck.json").exists(), "a failed unprepare keeps the claim as it was");
+    assert!(!cdi.join("devplug-claim-uid-pair.json").exists());
+    daemon.stop().await.unwrap();
 }

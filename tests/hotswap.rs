@@ -17,10 +17,10 @@ use support::load::{alloc, start_load};
 
 const T: Duration = Duration::from_secs(30);
 
-/// The component with its `devplug:backend` WIT version rewritten to 9.2.0: a backend built
+/// The component with its `devplug:backend` WIT version rewritten to 9.3.0: a backend built
 /// against a WIT version this host does not know.
 fn wrong_wit() -> Vec<u8> {
-    support::wasm::with_wit_version(std::fs::read(chaos_paths().0).unwrap(), "0.2.0", "9.2.0")
+    support::wasm::with_wit_version(std::fs::read(chaos_paths().0).unwrap(), "0.3.0", "9.3.0")
 }
 
 /// How a new version lands in the directory.
@@ -230,7 +230,7 @@ async fn broken_new_versions_never_displace_the_working_one_and_removal_retires_
 
     refused(&d, &plugin, &kubelet, &backends, &good[..good.len() / 2], &good_toml, "truncated").await;
     refused(&d, &plugin, &kubelet, &backends, b"MZ\x90\x00 certainly not wasm", &good_toml, "not a Wasm file").await;
-    refused(&d, &plugin, &kubelet, &backends, &wrong_wit(), &good_toml, "devplug:backend@9.2.0").await;
+    refused(&d, &plugin, &kubelet, &backends, &wrong_wit(), &good_toml, "devplug:backend@9.3.0").await;
     refused(&d, &plugin, &kubelet, &backends, &build(2), &manifest(2, "trap-init"), "init failed").await;
     refused(
         &d,

@@ -29,6 +29,12 @@ pub mod dra {
     pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 }
 
+/// Kubelet's DRA resource health API (`/v1alpha1.DRAResourceHealth`, KEP-4680), served on each
+/// DRA plugin's socket.
+pub mod dra_health {
+    tonic::include_proto!("v1alpha1");
+}
+
 /// Plugin-watcher registration (`/pluginregistration.Registration`).
 pub mod pluginregistration {
     tonic::include_proto!("pluginregistration");

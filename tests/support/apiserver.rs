@@ -322,6 +322,18 @@ impl ApiServer {
 
     /// Store a claim allocated `devices` (request, driver, pool, device) — the scheduler's work.
     pub fn allocate_claim(&self, namespace: &str, name: &str, uid: &str, devices: &[(&str, &str, &str, &str)]) {
+        self.allocate_claim_with_config(namespace, name, uid, devices, &[]);
+    }
+
+    /// [`allocate_claim`](Self::allocate_claim) with opaque configuration: (driver, parameters).
+    pub fn allocate_claim_with_config(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        devices: &[(&str, &str, &str, &str)],
+        config: &[(&str, Value)],
+    ) {
         let results: Vec<Value> = devices
             .iter()
             .map(|(request, driver, pool, device)| json!({ "request": request, "driver": driver, "pool": pool, "device": device }))
@@ -330,7 +342,10 @@ impl ApiServer {
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": { "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1" },
             "spec": { "devices": { "requests": devices.iter().map(|(r, ..)| json!({ "name": r, "exactly": { "deviceClassName": "devplug" } })).collect::<Vec<_>>() } },
-            "status": { "allocation": { "devices": { "results": results } } },
+            "status": { "allocation": { "devices": {
+                "results": results,
+                "config": config.iter().map(|(driver, parameters)| json!({ "source": "FromClaim", "opaque": { "driver": driver, "parameters": parameters } })).collect::<Vec<_>>(),
+            } } },
         });
         self.store.lock().unwrap().claims.insert((namespace.to_owned(), name.to_owned()), claim);
     }

@@ -103,6 +103,19 @@ impl DraKubelet {
     }
 }
 
+impl DraKubelet {
+    /// Open `NodeWatchResources` on `driver`'s socket, as kubelet 1.34+ does for health.
+    pub async fn watch_health(
+        &self,
+        driver: &str,
+    ) -> Result<tonic::Streaming<devplug::proto::dra_health::NodeWatchResourcesResponse>, tonic::Status> {
+        use devplug::proto::dra_health as h;
+        let p = self.plugin(driver).ok_or_else(|| tonic::Status::unavailable(format!("{driver} not registered")))?;
+        let mut client = h::dra_resource_health_client::DraResourceHealthClient::new(p.channel);
+        Ok(client.node_watch_resources(h::NodeWatchResourcesRequest {}).await?.into_inner())
+    }
+}
+
 /// One call in API version `$m` (the versions' generated types are distinct but alike).
 macro_rules! in_version {
     ($m:ident, $p:expr, $claims:expr, $call:ident) => {{

@@ -5,6 +5,11 @@
 //! device, so the device list changes on each poll), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
 //! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse).
+//! For DRA (WIT 0.3.0): `describe=typed` (typed attributes, a `memory` capacity, each device
+//! drawing 16Gi from a 64Gi counter set `chaos-memory`), `describe=stranger` (describes a device
+//! discover did not list); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
+//! and `CHAOS_CONFIG` in env; a claim of an `evil-KIND` device gets that attack; unprepare of a
+//! claim whose UID contains `stuck` fails).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
 //! `mode=escape` makes `discover` try every way out of the sandbox it knows and report each attempt
@@ -27,7 +32,9 @@
 //! - `mode=huge-error`: a 30 MB error string;
 //! - `devices=N` with a large N: more devices than the host accepts.
 
-use devplug_sdk::{Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, edits};
+use devplug_sdk::{
+    Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, dra, edits,
+};
 
 pub struct Chaos {
     mode: String,
@@ -39,6 +46,8 @@ pub struct Chaos {
     sick: Vec<String>,
     evil: Option<String>,
     note: Option<String>,
+    describe: String,
+    prepare: bool,
 }
 
 impl Chaos {
@@ -62,6 +71,8 @@ impl Backend for Chaos {
             sick: Vec::new(),
             evil: None,
             note: None,
+            describe: String::new(),
+            prepare: false,
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -73,6 +84,8 @@ impl Backend for Chaos {
                 Some(("sick", v)) => me.sick = v.split(',').map(str::to_owned).collect(),
                 Some(("evil", v)) => me.evil = Some(v.into()),
                 Some(("note", v)) => me.note = Some(v.into()),
+                Some(("describe", v)) => me.describe = v.into(),
+                Some(("prepare", v)) => me.prepare = v == "whole",
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -184,6 +197,62 @@ impl Backend for Chaos {
         let mut e = edits::env("CHAOS_IDS", &ids.join(","));
         e.env.push(("CHAOS_VERSION".into(), self.version.clone()));
         Ok(e)
+    }
+
+    fn describe(&self, sys: &dyn Sys) -> Result<dra::PoolDescription, BackendError> {
+        let ids: Vec<String> = match self.describe.as_str() {
+            "typed" => self.discover(sys)?.into_iter().flat_map(|r| r.devices).map(|d| d.id).collect(),
+            "stranger" => vec!["nobody-listed-me".into()],
+            _ => return Ok(dra::PoolDescription { counter_sets: vec![], devices: vec![] }),
+        };
+        let q = |name: &str, value: &str| dra::Counter { name: name.into(), value: value.into() };
+        let devices = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| dra::DeviceDescription {
+                attributes: vec![
+                    ("index".into(), dra::AttributeValue::Integer(i as i64)),
+                    ("model".into(), dra::AttributeValue::Text("chaos-widget".into())),
+                    ("firmware".into(), dra::AttributeValue::Version("1.2.3".into())),
+                    ("sick".into(), dra::AttributeValue::Flag(self.sick.contains(id))),
+                ],
+                capacity: vec![("memory".into(), "16Gi".into())],
+                consumes_counters: vec![dra::CounterUse {
+                    counter_set: "chaos-memory".into(),
+                    counters: vec![q("memory", "16Gi")],
+                }],
+                ..dra::describe(&self.resource, id)
+            })
+            .collect();
+        let counter_sets = vec![dra::CounterSet { name: "chaos-memory".into(), counters: vec![q("memory", "64Gi")] }];
+        Ok(dra::PoolDescription { counter_sets, devices })
+    }
+
+    fn prepare(
+        &self,
+        _sys: &dyn Sys,
+        claim_uid: &str,
+        devices: &[dra::ClaimDevice],
+        config: &[String],
+    ) -> Result<ContainerEdits, BackendError> {
+        if !self.prepare {
+            return Err(BackendError::Unsupported);
+        }
+        if let Some(kind) = devices.iter().find_map(|d| d.id.strip_prefix("evil-")) {
+            return Ok(evil_edits(kind));
+        }
+        let mut e = edits::env("CHAOS_CLAIM", claim_uid);
+        let ids: Vec<String> = devices.iter().map(|d| format!("{}:{}", d.request, d.id)).collect();
+        e.env.push(("CHAOS_CLAIM_DEVICES".into(), ids.join(",")));
+        e.env.push(("CHAOS_CONFIG".into(), config.join(";")));
+        Ok(e)
+    }
+
+    fn unprepare(&self, _sys: &dyn Sys, claim_uid: &str) -> Result<(), BackendError> {
+        if claim_uid.contains("stuck") {
+            return Err(BackendError::Other(format!("chaos: cannot unprepare {claim_uid}")));
+        }
+        Ok(())
     }
 }
 

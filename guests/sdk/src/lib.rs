@@ -21,10 +21,10 @@ pub mod sharing;
 pub mod sys;
 pub mod topology;
 
-/// The bindings generated from `wit/since_v0.2.0` (package `devplug:backend@0.2.0`).
+/// The bindings generated from `wit/since_v0.3.0` (package `devplug:backend@0.3.0`).
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit/since_v0.2.0",
+        path: "../../wit/since_v0.3.0",
         world: "devplug-backend",
         pub_export_macro: true,
         default_bindings_module: "devplug_sdk::bindings",
@@ -38,12 +38,30 @@ pub use bindings::devplug::backend::log::Level;
 pub use bindings::devplug::backend::types::{
     BackendError, ContainerEdits, Device, DeviceNode, FsError, Health, Info, Mount, Resource, ResourceInfo,
 };
+/// The DRA types (WIT 0.3.0): what `describe` answers and `prepare` gets.
+pub mod dra {
+    pub use crate::bindings::exports::devplug::backend::dra::{
+        AttributeValue, ClaimDevice, Counter, CounterSet, CounterUse, DeviceDescription, PoolDescription,
+    };
+
+    /// A description of device `id` of `resource` with nothing in it yet.
+    pub fn describe(resource: &str, id: &str) -> DeviceDescription {
+        DeviceDescription {
+            resource: resource.into(),
+            id: id.into(),
+            attributes: Vec::new(),
+            capacity: Vec::new(),
+            consumes_counters: Vec::new(),
+            allow_multiple_allocations: false,
+        }
+    }
+}
 #[cfg(not(target_arch = "wasm32"))]
 pub use fixture::FixtureSys;
 pub use sys::{HostSys, Sys};
 
 /// The WIT package version this SDK builds against.
-pub const WIT_VERSION: &str = "0.2.0";
+pub const WIT_VERSION: &str = "0.3.0";
 
 /// A device-plugin backend. One value lives per Wasm instance, created by [`Backend::init`].
 pub trait Backend: Sized + 'static {
@@ -74,6 +92,30 @@ pub trait Backend: Sized + 'static {
 
     /// Work before a container starts; only called for resources that asked for it.
     fn pre_start(&self, _sys: &dyn Sys, _resource: &str, _ids: &[String]) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    /// For DRA: typed attributes, capacities and shared counters of the devices of the latest
+    /// `discover` (called right after it). The default describes nothing: DRA then publishes
+    /// `discover`'s attributes as strings.
+    fn describe(&self, _sys: &dyn Sys) -> Result<dra::PoolDescription, BackendError> {
+        Ok(dra::PoolDescription { counter_sets: Vec::new(), devices: Vec::new() })
+    }
+
+    /// For DRA: the edits for a claim's containers beyond each device's own. `config` holds the
+    /// opaque parameters for this driver (JSON). The default leaves it to `allocate`.
+    fn prepare(
+        &self,
+        _sys: &dyn Sys,
+        _claim_uid: &str,
+        _devices: &[dra::ClaimDevice],
+        _config: &[String],
+    ) -> Result<ContainerEdits, BackendError> {
+        Err(BackendError::Unsupported)
+    }
+
+    /// For DRA: undo `prepare`. The default has nothing to undo.
+    fn unprepare(&self, _sys: &dyn Sys, _claim_uid: &str) -> Result<(), BackendError> {
         Ok(())
     }
 }
@@ -154,8 +196,24 @@ macro_rules! backend {
                 }
             }
 
+            impl $crate::bindings::exports::devplug::backend::dra::Guest for Export {
+                fn describe() -> Result<$crate::dra::PoolDescription, $crate::BackendError> {
+                    with(|b| $crate::Backend::describe(b, &$crate::HostSys))
+                }
+                fn prepare(
+                    claim_uid: String,
+                    devices: Vec<$crate::dra::ClaimDevice>,
+                    config: Vec<String>,
+                ) -> Result<$crate::ContainerEdits, $crate::BackendError> {
+                    with(|b| $crate::Backend::prepare(b, &$crate::HostSys, &claim_uid, &devices, &config))
+                }
+                fn unprepare(claim_uid: String) -> Result<(), $crate::BackendError> {
+                    with(|b| $crate::Backend::unprepare(b, &$crate::HostSys, &claim_uid))
+                }
+            }
+
             // Native builds (unit tests) link as ordinary libraries: the component's export
-            // symbols (`devplug:backend/backend@0.2.0#init`) are not valid native linker names.
+            // symbols (`devplug:backend/backend@0.3.0#init`) are not valid native linker names.
             #[cfg(target_arch = "wasm32")]
             $crate::bindings::export!(Export with_types_in $crate::bindings);
         }

@@ -47,6 +47,21 @@ impl ResourceCalls {
         self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
     }
 
+    /// The backend's `prepare` for a DRA claim; `Ok(None)`: use `allocate`.
+    pub async fn prepare(
+        &self,
+        claim: String,
+        devices: Vec<crate::model::dra::ClaimDevice>,
+        config: Vec<String>,
+    ) -> Result<Option<ContainerEdits>, CallError> {
+        self.run("prepare", move |b, _| b.prepare(&claim, &devices, &config)).await
+    }
+
+    /// The backend's `unprepare` for a DRA claim.
+    pub async fn unprepare(&self, claim: String) -> Result<(), CallError> {
+        self.run("unprepare", move |b, _| b.unprepare(&claim)).await
+    }
+
     async fn run<T: Send + 'static>(
         &self,
         call: &'static str,

@@ -218,6 +218,7 @@ mod tests {
                 dev("c", "/dev/nvidia2", Some("bad name!,")), // nothing usable
             ],
             common_edits: Default::default(),
+            ..Default::default()
         };
         let n = Naming::of(&r);
         let names: Vec<&str> = n.entries.iter().map(|(n, _)| n.as_str()).collect();

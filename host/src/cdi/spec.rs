@@ -184,6 +184,7 @@ mod tests {
                 })
                 .collect(),
             common_edits: ContainerEdits::default(),
+            ..Default::default()
         }
     }
 

@@ -89,6 +89,19 @@ impl DeviceCalls for DraCalls {
     async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, String> {
         self.0.allocate(ids).await.map_err(|e| e.to_string())
     }
+
+    async fn prepare(
+        &self,
+        claim: String,
+        devices: Vec<crate::model::dra::ClaimDevice>,
+        config: Vec<String>,
+    ) -> Result<Option<ContainerEdits>, String> {
+        self.0.prepare(claim, devices, config).await.map_err(|e| e.to_string())
+    }
+
+    async fn unprepare(&self, claim: String) -> Result<(), String> {
+        self.0.unprepare(claim).await.map_err(|e| e.to_string())
+    }
 }
 
 /// The handle the kubelet layer serves `ready` through.

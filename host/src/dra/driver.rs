@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::api::PoolWriter;
 use super::checkpoint::Checkpoint;
+use super::health::HealthService;
 use super::plugin::DraPlugin;
 use super::prepare::Preparer;
 use super::registration::{self, DraRegistration};
@@ -42,6 +43,8 @@ pub struct Driver {
     pub name: String,
     served: Arc<Served>,
     wake: Arc<Notify>,
+    /// Bumped on every change of a device list (the health streams).
+    health: tokio::sync::watch::Sender<u64>,
     /// A task per resource, waking the driver when its list changes.
     watchers: Mutex<BTreeMap<String, JoinHandle<()>>>,
     stop: CancellationToken,
@@ -64,7 +67,9 @@ impl Driver {
         let plugin = Arc::new(DraPlugin::new(preparer, checkpoint));
         let wake = Arc::new(Notify::new());
         let stop = CancellationToken::new();
+        let (health, changes) = tokio::sync::watch::channel(0u64);
         let sockets = Sockets {
+            health: HealthService { served: served.clone(), pool: setup.node.clone(), changes, stop: stop.clone() },
             plugin,
             dra: registration::plugin_socket(&setup.plugins_dir, &setup.driver),
             reg: registration::registration_socket(&setup.registry_dir, &setup.driver),
@@ -74,16 +79,17 @@ impl Driver {
             servers: Vec::new(),
         };
         let task = tokio::spawn(keep(setup.clone(), sockets, served.clone(), wake.clone(), stop.clone()));
-        Ok(Driver { name: setup.driver, served, wake, watchers: Mutex::default(), stop, task })
+        Ok(Driver { name: setup.driver, served, wake, health, watchers: Mutex::default(), stop, task })
     }
 
     /// Serve `r` through this driver (its devices join the pool).
     pub fn add(&self, r: ServedResource) {
         let mut devices = r.devices.clone();
-        let wake = self.wake.clone();
+        let (wake, health) = (self.wake.clone(), self.health.clone());
         let watcher = tokio::spawn(async move {
             while devices.changed().await.is_ok() {
                 wake.notify_one();
+                health.send_modify(|n| *n += 1);
             }
         });
         if let Some(old) = self.watchers.locked().insert(r.name.clone(), watcher) {
@@ -91,6 +97,7 @@ impl Driver {
         }
         self.served.add(r);
         self.wake.notify_one();
+        self.health.send_modify(|n| *n += 1);
     }
 
     /// The backend whose resources this driver serves (none yet: any).
@@ -110,6 +117,7 @@ impl Driver {
         }
         let empty = self.served.remove(resource);
         self.wake.notify_one();
+        self.health.send_modify(|n| *n += 1);
         empty
     }
 
@@ -126,6 +134,7 @@ impl Driver {
 /// The driver's two sockets and their servers.
 struct Sockets {
     plugin: Arc<DraPlugin>,
+    health: HealthService,
     dra: PathBuf,
     reg: PathBuf,
     driver: String,
@@ -152,7 +161,7 @@ impl Sockets {
             return;
         }
         let t = self.stop.child_token();
-        match super::plugin::serve(self.plugin.clone(), &self.dra, t.clone()) {
+        match super::plugin::serve(self.plugin.clone(), Some(self.health.clone()), &self.dra, t.clone()) {
             Ok(h) => self.servers.push((t, h)),
             Err(e) => {
                 tracing::error!(driver = %self.driver, socket = %self.dra.display(), "cannot serve the DRA plugin: {e}");

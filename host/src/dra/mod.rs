@@ -7,6 +7,7 @@
 //! - [`api`]: the API server: writing a pool, reading a claim.
 //! - [`plugin`], [`checkpoint`]: the DRA kubelet plugin service (`v1` and `v1beta1`) and its
 //!   crash-safe record of prepared claims; [`registration`]: kubelet's plugin watcher finding it.
+//! - [`health`]: the devices' health streamed to kubelet (`DRAResourceHealth` v1alpha1).
 //! - [`prepare`]: what preparing a claim does (backend edits → a claim CDI spec → CDI IDs).
 //! - [`served`], [`driver`], [`node`]: what each driver serves, the task that keeps its pool
 //!   and sockets, and this node's set of drivers.
@@ -15,6 +16,7 @@ pub mod api;
 pub mod checkpoint;
 pub mod classes;
 pub mod driver;
+pub mod health;
 pub mod node;
 pub mod plugin;
 pub mod prepare;

@@ -146,9 +146,14 @@ macro_rules! version {
 version!(V1, v1);
 version!(V1beta1, v1beta1);
 
-/// Serve `plugin` in both versions on the Unix socket `path` (a stale socket there is replaced)
-/// until `stop`.
-pub fn serve(plugin: Arc<DraPlugin>, path: &Path, stop: CancellationToken) -> std::io::Result<JoinHandle<()>> {
+/// Serve `plugin` in both versions on the Unix socket `path` (a stale socket there is replaced),
+/// with the devices' health stream when given, until `stop`.
+pub fn serve(
+    plugin: Arc<DraPlugin>,
+    health: Option<super::health::HealthService>,
+    path: &Path,
+    stop: CancellationToken,
+) -> std::io::Result<JoinHandle<()>> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -157,7 +162,10 @@ pub fn serve(plugin: Arc<DraPlugin>, path: &Path, stop: CancellationToken) -> st
     let incoming = UnixListenerStream::new(tokio::net::UnixListener::bind(path)?);
     let router = tonic::transport::Server::builder()
         .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())))
-        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)));
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)))
+        .add_optional_service(
+            health.map(crate::proto::dra_health::dra_resource_health_server::DraResourceHealthServer::new),
+        );
     let shown = path.display().to_string();
     Ok(tokio::spawn(async move {
         if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {

@@ -13,6 +13,7 @@ use super::checkpoint::{ClaimRef, PreparedDevice};
 use super::plugin::ClaimPreparer;
 use super::served::{Served, ServedResource};
 use crate::cdi::{Kind, SpecDir};
+use crate::model::dra::ClaimDevice;
 use crate::model::{ContainerEdits, Device, Health, Resource};
 
 /// The CDI kind of every claim spec devplug writes.
@@ -30,10 +31,12 @@ pub struct Preparer {
 
 /// An allocated device of this driver: (request, pool device name, device ID).
 type Picked = (String, String, String);
+/// The allocated devices by resource.
+type Groups = BTreeMap<String, (ServedResource, Vec<Picked>)>;
 
 impl Preparer {
     /// The devices of this driver the claim was allocated, grouped by resource.
-    async fn allocated(&self, claim: &ClaimRef) -> Result<BTreeMap<String, (ServedResource, Vec<Picked>)>, String> {
+    async fn allocated(&self, claim: &ClaimRef) -> Result<(Groups, Vec<String>), String> {
         let rc = super::api::claim(&self.client, &claim.namespace, &claim.name).await.map_err(|e| format!("{e:#}"))?;
         let uid = rc.metadata.uid.clone().unwrap_or_default();
         if uid != claim.uid {
@@ -45,7 +48,17 @@ impl Preparer {
         let Some(allocation) = rc.status.and_then(|s| s.allocation) else {
             return Err(format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name));
         };
-        let results = allocation.devices.and_then(|d| d.results).unwrap_or_default();
+        let devices = allocation.devices.unwrap_or_default();
+        // The opaque parameters of this driver's configuration (class's first, then the claim's),
+        // as JSON text, for a backend's `prepare`.
+        let config: Vec<String> = devices
+            .config
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| c.opaque.filter(|o| o.driver == self.driver))
+            .map(|o| o.parameters.0.to_string())
+            .collect();
+        let results = devices.results.unwrap_or_default();
         let mut groups: BTreeMap<String, (ServedResource, Vec<Picked>)> = BTreeMap::new();
         for r in results.into_iter().filter(|r| r.driver == self.driver) {
             if r.pool != self.pool {
@@ -66,28 +79,53 @@ impl Preparer {
                 .1
                 .push((r.request, r.device, id));
         }
-        Ok(groups)
+        Ok((groups, config))
     }
 }
 
 #[async_trait::async_trait]
 impl ClaimPreparer for Preparer {
     async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        let groups = self.allocated(claim).await?;
+        let (groups, config) = self.allocated(claim).await?;
         let kind = Kind::for_resource(CLAIM_KIND)?;
         let mut spec_devices = Vec::new();
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
-        for (resource, (served, picked)) in groups {
-            let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
-            let extra = served
+        // A WIT 0.3.0 backend prepares the claim whole (one driver is one backend); otherwise,
+        // or when it says `unsupported`, each resource's `allocate` gives the edits.
+        let claim_devices: Vec<ClaimDevice> = groups
+            .iter()
+            .flat_map(|(resource, (_, picked))| {
+                picked.iter().map(|(request, _, id)| ClaimDevice {
+                    request: request.clone(),
+                    resource: resource.clone(),
+                    id: id.clone(),
+                })
+            })
+            .collect();
+        let whole = match groups.values().next() {
+            Some((served, _)) => served
                 .calls
-                .allocate(ids)
+                .prepare(claim.uid.clone(), claim_devices, config)
                 .await
-                .map_err(|e| format!("backend {}, resource {resource}: {e}", served.backend))?;
+                .map_err(|e| format!("backend {}: {e}", served.backend))?,
+            None => None,
+        };
+        if let Some(edits) = &whole {
+            common.merge(edits);
+        }
+        for (resource, (served, picked)) in groups {
+            if whole.is_none() {
+                let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
+                let extra = served
+                    .calls
+                    .allocate(ids)
+                    .await
+                    .map_err(|e| format!("backend {}, resource {resource}: {e}", served.backend))?;
+                common.merge(&extra);
+            }
             let list = served.devices.borrow().clone();
             common.merge(&list.common_edits);
-            common.merge(&extra);
             for (request, name, id) in picked {
                 let Some(d) = list.device(&id) else {
                     return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
@@ -111,13 +149,19 @@ impl ClaimPreparer for Preparer {
         if out.is_empty() {
             return Ok(out);
         }
-        let claim_list = Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common };
+        let claim_list =
+            Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common, ..Default::default() };
         let spec = crate::cdi::spec::build(&claim_list, &kind);
         self.specs.write_claim(&claim.uid, &spec).map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
         Ok(out)
     }
 
     async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), String> {
+        // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
+        // stays) so kubelet's retry finds it as it was.
+        if let Some(r) = self.served.resources().first() {
+            r.calls.unprepare(claim.uid.clone()).await.map_err(|e| format!("backend {}: {e}", r.backend))?;
+        }
         self.specs.remove_claim(&claim.uid).map_err(|e| format!("removing the claim's CDI spec: {e}"))
     }
 }

@@ -15,6 +15,18 @@ use crate::sync::Locked;
 pub trait DeviceCalls: Send + Sync + 'static {
     /// The backend's edits for handing devices `ids` to one container, checked against its grants.
     async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, String>;
+
+    /// The backend's edits for a claim's devices (WIT 0.3.0 `prepare`), checked against its
+    /// grants; `Ok(None)` when it leaves that to `allocate`.
+    async fn prepare(
+        &self,
+        claim: String,
+        devices: Vec<crate::model::dra::ClaimDevice>,
+        config: Vec<String>,
+    ) -> Result<Option<ContainerEdits>, String>;
+
+    /// Undo the backend's `prepare` of a claim.
+    async fn unprepare(&self, claim: String) -> Result<(), String>;
 }
 
 /// One resource served through DRA.

@@ -11,7 +11,15 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::slice_rules;
+use crate::model::dra::{AttributeValue, CounterSet};
 use crate::model::{Health, Resource};
+
+/// A counter set (or what a device draws from one) as the API writes it.
+fn counters_json(set: &CounterSet) -> Value {
+    let counters: serde_json::Map<String, Value> =
+        set.counters.iter().map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
+    json!({ "counterSet": set.name, "counters": counters })
+}
 
 /// The taint an Unhealthy device carries.
 pub const UNHEALTHY_TAINT: &str = "devplug.io/unhealthy";
@@ -95,7 +103,32 @@ pub fn pool(
             for (k, v) in &d.attributes {
                 attributes.insert(attribute_name(k), json!({ "string": v }));
             }
+            // A WIT 0.3.0 backend's own description: typed values under its own names (a name
+            // the API server refuses refuses the pool, naming the device and field).
+            let described = r.described.get(&d.id);
+            for (k, v) in described.iter().flat_map(|x| x.attributes.iter()) {
+                let value = match v {
+                    AttributeValue::Text(s) => json!({ "string": s }),
+                    AttributeValue::Int(i) => json!({ "int": i }),
+                    AttributeValue::Bool(b) => json!({ "bool": b }),
+                    AttributeValue::Version(s) => json!({ "version": s }),
+                };
+                attributes.insert(k.clone(), value);
+            }
             let mut device = json!({ "name": name, "attributes": attributes });
+            if let Some(x) = described {
+                if !x.capacity.is_empty() {
+                    let cap: serde_json::Map<String, Value> =
+                        x.capacity.iter().map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
+                    device["capacity"] = Value::Object(cap);
+                }
+                if !x.consumes.is_empty() {
+                    device["consumesCounters"] = x.consumes.iter().map(counters_json).collect();
+                }
+                if x.allow_multiple_allocations {
+                    device["allowMultipleAllocations"] = json!(true);
+                }
+            }
             if d.health == Health::Unhealthy {
                 let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
                 let value: String =
@@ -106,12 +139,37 @@ pub fn pool(
             devices.push((d.id.clone(), device));
         }
     }
-    let tainted = devices.iter().any(|(_, d)| !d["taints"].is_null());
+    let tainted = devices.iter().any(|(_, d)| !d["taints"].is_null() || !d["consumesCounters"].is_null());
+    // Counter sets go in slices of their own (a slice has `sharedCounters` or `devices`).
+    let mut sets: Vec<Value> = Vec::new();
+    for set in resources.iter().flat_map(|r| r.counter_sets.iter()) {
+        let set = json!({ "name": set.name, "counters": counters_json(set)["counters"] });
+        if !sets.iter().any(|s| s["name"] == set["name"]) {
+            sets.push(set);
+        }
+    }
     let per_slice = if tainted { slice_rules::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { slice_rules::MAX_DEVICES };
     let chunks: Vec<&[(String, Value)]> =
         if devices.is_empty() { vec![&devices[..]] } else { devices.chunks(per_slice).collect() };
-    let count = chunks.len();
+    let count = chunks.len() + usize::from(!sets.is_empty());
     let mut slices = Vec::with_capacity(count);
+    if !sets.is_empty() {
+        let slice = json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": { "name": format!("{}-counters", device_name(&format!("{node}-{driver}"))) },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": { "name": pool, "generation": generation, "resourceSliceCount": count },
+                "sharedCounters": sets,
+            },
+        });
+        if let Some(p) = slice_rules::problems(&slice).into_iter().next() {
+            return Err(fail("(counter sets)", p.field, p.message));
+        }
+        slices.push(slice);
+    }
     for (i, chunk) in chunks.into_iter().enumerate() {
         let slice = json!({
             "apiVersion": "resource.k8s.io/v1",

@@ -183,6 +183,7 @@ mod tests {
                 edits: ContainerEdits { device_nodes: vec![node], ..Default::default() },
             }],
             common_edits: ContainerEdits::default(),
+            ..Default::default()
         };
         let delivery = Delivery::new(vec![Strategy::CdiCri], Some(CdiTarget { kind, specs: specs.clone() }));
         let ids = vec!["kvm".to_owned()];

@@ -1,5 +1,6 @@
 //! The device model: the one set of types between the Wasm runtime and the kubelet layer.
 
+pub mod dra;
 pub mod names;
 
 use std::collections::BTreeMap;
@@ -117,6 +118,11 @@ pub struct Resource {
     pub name: String,
     pub devices: Vec<Device>,
     pub common_edits: ContainerEdits,
+    /// What a WIT 0.3.0 backend's `describe` said of these devices, by device ID (empty for
+    /// older backends): what DRA publishes beyond the attributes above.
+    pub described: BTreeMap<String, dra::Described>,
+    /// The counter sets these devices draw from (`described[..].consumes` names them).
+    pub counter_sets: Vec<dra::CounterSet>,
 }
 
 impl Resource {

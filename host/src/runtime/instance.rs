@@ -44,6 +44,9 @@ pub enum CallKind {
     PreferredAllocation,
     Allocate,
     PreStart,
+    Describe,
+    Prepare,
+    Unprepare,
 }
 
 impl CallKind {
@@ -54,6 +57,9 @@ impl CallKind {
             CallKind::PreferredAllocation => "preferred-allocation",
             CallKind::Allocate => "allocate",
             CallKind::PreStart => "pre-start",
+            CallKind::Describe => "describe",
+            CallKind::Prepare => "prepare",
+            CallKind::Unprepare => "unprepare",
         }
     }
 }
@@ -223,7 +229,7 @@ impl BackendInstance {
     ) -> Result<T, CallError> {
         self.stats.calls.fetch_add(1, Ordering::Relaxed);
         let deadline = match kind {
-            CallKind::Init | CallKind::Discover => self.runtime.config.discover_deadline,
+            CallKind::Init | CallKind::Discover | CallKind::Describe => self.runtime.config.discover_deadline,
             _ => self.runtime.config.call_deadline,
         };
         let pooled = self.idle.locked().pop();
@@ -305,7 +311,51 @@ impl BackendInstance {
     pub fn discover(&self) -> Result<Vec<Resource>, CallError> {
         let mut found = self.call(CallKind::Discover, |b, s| Box::pin(b.discover(s)))?;
         self.sandbox.returns.discover(&mut found).map_err(|why| self.refuse(CallKind::Discover, why))?;
+        if self.has_dra() {
+            // The list stands without its description: a failed or refused `describe` costs the
+            // backend its typed attributes (DRA publishes discover's strings), never its devices.
+            if let Ok(d) = self.call(CallKind::Describe, |b, s| Box::pin(b.describe(s)))
+                && let Err(why) = super::vet::described(&mut found, d)
+            {
+                drop(self.refuse(CallKind::Describe, why));
+            }
+        }
         Ok(found)
+    }
+
+    /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
+    pub fn has_dra(&self) -> bool {
+        self.pre.version() != super::bindings::v0_1_0::VERSION && self.pre.version() != super::bindings::v0_2_0::VERSION
+    }
+
+    /// The backend's edits for a claim's devices, checked against its grants like `allocate`'s;
+    /// `Ok(None)` when the backend leaves it to `allocate` (always before WIT 0.3.0).
+    pub fn prepare(
+        &self,
+        claim: &str,
+        devices: &[crate::model::dra::ClaimDevice],
+        config: &[String],
+    ) -> Result<Option<ContainerEdits>, CallError> {
+        self.refuse_if_open()?;
+        if !self.has_dra() {
+            return Ok(None);
+        }
+        let (c, d, cfg) = (claim.to_owned(), devices.to_vec(), config.to_vec());
+        let edits =
+            self.call(CallKind::Prepare, move |b, s| Box::pin(async move { b.prepare(s, &c, &d, &cfg).await }))?;
+        let Some(mut edits) = edits else { return Ok(None) };
+        let resource = devices.first().map_or("", |d| d.resource.as_str());
+        self.sandbox.returns.allocate(resource, &mut edits).map_err(|why| self.refuse(CallKind::Prepare, why))?;
+        Ok(Some(edits))
+    }
+
+    /// Undo `prepare` for a claim (nothing before WIT 0.3.0).
+    pub fn unprepare(&self, claim: &str) -> Result<(), CallError> {
+        if !self.has_dra() {
+            return Ok(());
+        }
+        let c = claim.to_owned();
+        self.call(CallKind::Unprepare, move |b, s| Box::pin(async move { b.unprepare(s, &c).await }))
     }
 
     pub fn preferred_allocation(

@@ -642,3 +642,126 @@ mod tests {
         assert!(r.discover(&mut [stolen]).unwrap_err().contains("nvidia.com/gpu"));
     }
 }
+
+/// Counter sets a description may name, and counters in one set or use.
+pub const MAX_COUNTER_SETS: usize = 64;
+
+/// Attach a `describe` answer to the resources of the `discover` it follows. Only devices that
+/// discover listed, under the resource it listed them in, are described; a description naming
+/// another is refused whole (a backend must not describe what it does not serve), as is one
+/// past the host's caps. The API server's own rules (names, lengths, counts) are checked where
+/// the slices are built, per backend and device.
+pub fn described(resources: &mut [Resource], d: crate::model::dra::PoolDescription) -> Result<(), String> {
+    let strings = |s: &str| -> Result<(), String> {
+        if s.len() > MAX_STRING {
+            Err(format!("a string of {} bytes, more than {MAX_STRING}: {}", s.len(), clip(s)))
+        } else {
+            Ok(())
+        }
+    };
+    if d.counter_sets.len() > MAX_COUNTER_SETS || d.devices.len() > MAX_DEVICES {
+        return Err(format!(
+            "describe: {} counter sets and {} devices, more than {MAX_COUNTER_SETS} and {MAX_DEVICES}",
+            d.counter_sets.len(),
+            d.devices.len()
+        ));
+    }
+    for set in &d.counter_sets {
+        strings(&set.name)?;
+        if set.counters.len() > MAX_ATTRIBUTES {
+            return Err(format!("describe: counter set {}: more than {MAX_ATTRIBUTES} counters", clip(&set.name)));
+        }
+        for (k, v) in &set.counters {
+            strings(k)?;
+            strings(v)?;
+        }
+    }
+    let mut by_resource: std::collections::BTreeMap<String, Vec<(String, crate::model::dra::Described)>> =
+        Default::default();
+    for (resource, id, desc) in d.devices {
+        let Some(r) = resources.iter().find(|r| r.name == resource) else {
+            return Err(format!("describe: resource {} is not one discover listed", clip(&resource)));
+        };
+        if r.device(&id).is_none() {
+            return Err(format!("describe: device {} is not one of {}'s devices", clip(&id), clip(&resource)));
+        }
+        let place = format!("describe: {resource} device {}", clip(&id));
+        if desc.attributes.len() + desc.capacity.len() > MAX_ATTRIBUTES || desc.consumes.len() > MAX_COUNTER_SETS {
+            return Err(format!("{place}: more than {MAX_ATTRIBUTES} attributes and capacities"));
+        }
+        for (k, v) in &desc.attributes {
+            strings(k)?;
+            if let crate::model::dra::AttributeValue::Text(s) | crate::model::dra::AttributeValue::Version(s) = v {
+                strings(s)?;
+            }
+        }
+        for (k, v) in desc.capacity.iter().chain(desc.consumes.iter().flat_map(|u| u.counters.iter())) {
+            strings(k)?;
+            strings(v)?;
+        }
+        for u in &desc.consumes {
+            if !d.counter_sets.iter().any(|s| s.name == u.name) {
+                return Err(format!(
+                    "{place}: consumes from counter set {}, which it does not describe",
+                    clip(&u.name)
+                ));
+            }
+        }
+        by_resource.entry(resource).or_default().push((id, desc));
+    }
+    for r in resources.iter_mut() {
+        let Some(described) = by_resource.remove(&r.name) else { continue };
+        let used: std::collections::BTreeSet<&str> =
+            described.iter().flat_map(|(_, d)| d.consumes.iter().map(|u| u.name.as_str())).collect();
+        r.counter_sets = d.counter_sets.iter().filter(|s| used.contains(s.name.as_str())).cloned().collect();
+        r.described = described.into_iter().collect();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod described_tests {
+    use super::described;
+    use crate::model::dra::{AttributeValue, CounterSet, Described, PoolDescription};
+    use crate::model::{Device, Health, Resource};
+
+    fn listed() -> Vec<Resource> {
+        let d = |id: &str| Device {
+            id: id.into(),
+            health: Health::Healthy,
+            numa_nodes: vec![],
+            attributes: vec![],
+            edits: Default::default(),
+        };
+        vec![Resource { name: "a.io/x".into(), devices: vec![d("x0"), d("x1")], ..Default::default() }]
+    }
+
+    fn about(resource: &str, id: &str, set: &str) -> (String, String, Described) {
+        let desc = Described {
+            attributes: vec![("n".into(), AttributeValue::Int(1))],
+            consumes: vec![CounterSet { name: set.into(), counters: vec![("m".into(), "1Gi".into())] }],
+            ..Default::default()
+        };
+        (resource.into(), id.into(), desc)
+    }
+
+    #[test]
+    fn a_description_attaches_only_to_what_discover_listed() {
+        let sets = vec![CounterSet { name: "pool".into(), counters: vec![("m".into(), "4Gi".into())] }];
+        let mut r = listed();
+        let ok = PoolDescription { counter_sets: sets.clone(), devices: vec![about("a.io/x", "x1", "pool")] };
+        described(&mut r, ok).unwrap();
+        assert_eq!(r[0].described["x1"].attributes[0].1, AttributeValue::Int(1));
+        assert_eq!(r[0].counter_sets, sets);
+        for (bad, why) in [
+            (about("a.io/x", "stranger", "pool"), "not one of a.io/x's devices"),
+            (about("b.io/y", "x1", "pool"), "not one discover listed"),
+            (about("a.io/x", "x0", "elsewhere"), "which it does not describe"),
+        ] {
+            let mut r = listed();
+            let e = described(&mut r, PoolDescription { counter_sets: sets.clone(), devices: vec![bad] }).unwrap_err();
+            assert!(e.contains(why), "{e}");
+            assert!(r[0].described.is_empty(), "nothing of a refused description is kept");
+        }
+    }
+}

@@ -55,6 +55,7 @@ pub fn resource(r: Resource) -> model::Resource {
             })
             .collect(),
         common_edits: edits(r.common_edits),
+        ..Default::default()
     }
 }
 

@@ -11,6 +11,7 @@ use wasmtime::component::{Component, InstancePre, Linker};
 use wasmtime::{Engine, Store};
 
 use super::state::HostState;
+use crate::model::dra::{ClaimDevice, PoolDescription};
 use crate::model::{BackendInfo, ContainerEdits, Resource};
 
 mod answers;
@@ -18,8 +19,9 @@ mod glue;
 pub mod host_calls;
 pub mod v0_1_0;
 pub mod v0_2_0;
+pub mod v0_3_0;
 
-/// The `types` interface every version so far shares: 0.1.0's, unchanged in 0.2.0.
+/// The `types` interface every version so far shares: 0.1.0's, unchanged in 0.2.0 and 0.3.0.
 pub use v0_1_0::devplug::backend::types as wit_interface;
 use wit_interface as wit;
 
@@ -46,6 +48,11 @@ const VERSIONS: &[Version] = &[
         add_to_linker: v0_2_0::add_to_linker,
         prepare: |pre| Ok(Prepared::V0_2_0(v0_2_0::DevplugBackendPre::new(pre)?)),
     },
+    Version {
+        version: v0_3_0::VERSION,
+        add_to_linker: v0_3_0::add_to_linker,
+        prepare: |pre| Ok(Prepared::V0_3_0(v0_3_0::DevplugBackendPre::new(pre)?)),
+    },
 ];
 
 /// WIT package versions this host loads, oldest first (read from [`VERSIONS`]).
@@ -66,12 +73,14 @@ pub type GuestResult<T> = Result<T, String>;
 pub enum Bindings {
     V0_1_0(v0_1_0::DevplugBackend),
     V0_2_0(v0_2_0::DevplugBackend),
+    V0_3_0(v0_3_0::DevplugBackend),
 }
 
 /// A component linked against the host's imports for its version, ready to instantiate.
 pub enum Prepared {
     V0_1_0(v0_1_0::DevplugBackendPre<HostState>),
     V0_2_0(v0_2_0::DevplugBackendPre<HostState>),
+    V0_3_0(v0_3_0::DevplugBackendPre<HostState>),
 }
 
 /// One linker per WIT version (WASI with nothing in it, plus that version's imports), built the
@@ -138,6 +147,7 @@ impl Prepared {
         match self {
             Prepared::V0_1_0(pre) => Ok(Bindings::V0_1_0(pre.instantiate_async(store).await?)),
             Prepared::V0_2_0(pre) => Ok(Bindings::V0_2_0(pre.instantiate_async(store).await?)),
+            Prepared::V0_3_0(pre) => Ok(Bindings::V0_3_0(pre.instantiate_async(store).await?)),
         }
     }
 
@@ -146,6 +156,7 @@ impl Prepared {
         match self {
             Prepared::V0_1_0(_) => v0_1_0::VERSION,
             Prepared::V0_2_0(_) => v0_2_0::VERSION,
+            Prepared::V0_3_0(_) => v0_3_0::VERSION,
         }
     }
 }
@@ -155,6 +166,7 @@ impl Bindings {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::init(b, store, config).await,
             Bindings::V0_2_0(b) => v0_2_0::init(b, store, config).await,
+            Bindings::V0_3_0(b) => v0_3_0::init(b, store, config).await,
         }
     }
 
@@ -162,6 +174,7 @@ impl Bindings {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::discover(b, store).await,
             Bindings::V0_2_0(b) => v0_2_0::discover(b, store).await,
+            Bindings::V0_3_0(b) => v0_3_0::discover(b, store).await,
         }
     }
 
@@ -180,6 +193,9 @@ impl Bindings {
             Bindings::V0_2_0(b) => {
                 v0_2_0::preferred_allocation(b, store, resource, available, must_include, size).await
             }
+            Bindings::V0_3_0(b) => {
+                v0_3_0::preferred_allocation(b, store, resource, available, must_include, size).await
+            }
         }
     }
 
@@ -192,6 +208,7 @@ impl Bindings {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::allocate(b, store, resource, ids).await,
             Bindings::V0_2_0(b) => v0_2_0::allocate(b, store, resource, ids).await,
+            Bindings::V0_3_0(b) => v0_3_0::allocate(b, store, resource, ids).await,
         }
     }
 
@@ -204,6 +221,45 @@ impl Bindings {
         match self {
             Bindings::V0_1_0(b) => v0_1_0::pre_start(b, store, resource, ids).await,
             Bindings::V0_2_0(b) => v0_2_0::pre_start(b, store, resource, ids).await,
+            Bindings::V0_3_0(b) => v0_3_0::pre_start(b, store, resource, ids).await,
+        }
+    }
+
+    /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
+    pub fn has_dra(&self) -> bool {
+        match self {
+            Bindings::V0_1_0(_) | Bindings::V0_2_0(_) => false,
+            Bindings::V0_3_0(_) => true,
+        }
+    }
+
+    /// `describe`; an empty description before 0.3.0.
+    pub async fn describe(&self, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<PoolDescription>> {
+        match self {
+            Bindings::V0_1_0(_) | Bindings::V0_2_0(_) => Ok(Ok(PoolDescription::default())),
+            Bindings::V0_3_0(b) => v0_3_0::describe(b, store).await,
+        }
+    }
+
+    /// `prepare`; `Ok(None)` when the backend leaves it to `allocate` (always before 0.3.0).
+    pub async fn prepare(
+        &self,
+        store: &mut Store<HostState>,
+        claim: &str,
+        devices: &[ClaimDevice],
+        config: &[String],
+    ) -> wasmtime::Result<GuestResult<Option<ContainerEdits>>> {
+        match self {
+            Bindings::V0_1_0(_) | Bindings::V0_2_0(_) => Ok(Ok(None)),
+            Bindings::V0_3_0(b) => v0_3_0::prepare(b, store, claim, devices, config).await,
+        }
+    }
+
+    /// `unprepare` (nothing to undo before 0.3.0).
+    pub async fn unprepare(&self, store: &mut Store<HostState>, claim: &str) -> wasmtime::Result<GuestResult<()>> {
+        match self {
+            Bindings::V0_1_0(_) | Bindings::V0_2_0(_) => Ok(Ok(())),
+            Bindings::V0_3_0(b) => v0_3_0::unprepare(b, store, claim).await,
         }
     }
 }
@@ -218,7 +274,8 @@ mod tests {
         assert_eq!(module_for("0.1.7"), Some(0), "a 0.1 patch release is served by the 0.1.0 module");
         assert_eq!(module_for("0.2.0"), Some(1));
         assert_eq!(module_for("0.2.3"), Some(1));
-        assert_eq!(module_for("0.3.0"), None, "a newer minor of 0.x is a different interface");
+        assert_eq!(module_for("0.3.1"), Some(2));
+        assert_eq!(module_for("0.4.0"), None, "a newer minor of 0.x is a different interface");
         assert_eq!(module_for("1.1.0"), None);
         assert_eq!(module_for("not-a-version"), None);
     }
@@ -238,7 +295,8 @@ mod tests {
         let (chaos, _) = crate::backends::embedded::test_program("chaos").expect("chaos is built");
         let cases = [
             (std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/compat/v0.1.0.wasm")).unwrap(), "0.1.0"),
-            (std::fs::read(chaos).unwrap(), "0.2.0"),
+            (std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/compat/v0.2.0.wasm")).unwrap(), "0.2.0"),
+            (std::fs::read(chaos).unwrap(), "0.3.0"),
         ];
         for (bytes, version) in cases {
             let compiled = rt.compile(&bytes).unwrap();
