@@ -152,7 +152,7 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
     }
     let info: Vec<&String> = m.keys().filter(|k| k.starts_with("devplug_backend_info{")).collect();
     assert_eq!(info.len(), 1, "{info:?}");
-    assert!(info[0].contains("version=\"1.0.1\"") && info[0].contains("wit=\"0.2.0\""), "{info:?}");
+    assert!(info[0].contains("version=\"1.0.1\"") && info[0].contains("wit=\"0.3.0\""), "{info:?}");
     assert!(!m.keys().any(|k| k.starts_with("devplug_reregistrations_total")), "no kubelet restart happened");
 
     // `devplug status` shows the same picture to a person.
