@@ -567,23 +567,51 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     let gpu = "[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\n\"0000:47:00.0\" = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
     n.cfg.backends.insert("gpu".into(), BackendSettings { config: gpu.into(), ..Default::default() });
     n.cfg.resources.clear();
-    n.cfg.resources.insert(
-        "nvidia.com/gpu".into(),
-        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
-    );
+    for r in ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-1g.10gb"] {
+        n.cfg.resources.insert(
+            r.into(),
+            devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
+        );
+    }
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
     let driver = "gpu.devplug.io";
     n.dra.wait_plugin(driver, T).await;
-    until("the GPU pool", || n.api.devices(NODE, driver).len() == 5).await;
+    // Five whole GPUs, and the 4 + 2 + 7 MIG instances of the three in MIG mode, in one pool.
+    until("the GPU pool", || n.api.devices(NODE, driver).len() == 18).await;
     let devices = n.api.devices(NODE, driver);
-    assert!(devices.values().all(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu"), "{devices:?}");
+    let whole = devices.values().filter(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu").count();
+    assert_eq!(whole, 5, "{devices:?}");
+    // The backend's own description (WIT 0.3.0): typed minors, and each MIG instance drawing
+    // its profile's slices from its GPU's counter set, which the fixture's geometry fills
+    // exactly (GPU 0: 3g.40gb + 2g.20gb + 2 × 1g.10gb = 7 compute, 8 memory slices).
+    assert!(devices.values().all(|d| d["attributes"]["minor"]["int"].is_i64()), "{devices:?}");
+    let slices = n.api.slices(NODE, Some(driver));
+    let sets: Vec<serde_json::Value> =
+        slices.values().flat_map(|s| s["spec"]["sharedCounters"].as_array().cloned().unwrap_or_default()).collect();
+    assert_eq!(sets.len(), 3, "one counter set per GPU in MIG mode: {sets:?}");
+    for set in &sets {
+        let name = set["name"].as_str().unwrap();
+        let used = |counter: &str| -> u64 {
+            devices
+                .values()
+                .flat_map(|d| d["consumesCounters"].as_array().cloned().unwrap_or_default())
+                .filter(|c| c["counterSet"] == name)
+                .map(|c| c["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap())
+                .sum()
+        };
+        let has = |counter: &str| set["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap();
+        assert!(used("compute") <= has("compute") && used("memory") <= has("memory"), "{name} overdrawn");
+        if name == "gpu-0-slices" {
+            assert_eq!((used("compute"), used("memory")), (7, 8), "GPU 0's geometry fills it");
+        }
+    }
     // The GPU on bus 0x4e (the fourth, minor 3) is whole; its PCI address became a label.
     let (name, device) = devices
         .iter()
         .find(|(_, d)| d.to_string().contains("0000:4e:00.0"))
         .unwrap_or_else(|| panic!("no device for 0000:4e:00.0: {devices:?}"));
     assert_eq!(device["attributes"]["model"]["string"], "10de:20b2", "{device}");
-    assert_eq!(device["attributes"]["minor"]["string"], "3", "{device}");
+    assert_eq!(device["attributes"]["minor"]["int"], 3, "typed by the backend's describe: {device}");
     assert!(n.kubelet.plugin("nvidia.com/gpu").await.is_none(), "not a device plugin as well");
 
     n.api.allocate_claim("ml", "gpu", "uid-gpu", &[("gpu", driver, NODE, name)]);

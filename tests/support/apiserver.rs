@@ -303,13 +303,18 @@ impl ApiServer {
             .collect()
     }
 
-    /// Every device of `node`'s slices of `driver`, by name (all of the newest generation).
+    /// Every device of `node`'s pool of `driver`, by name, as the scheduler sees it: only once
+    /// every slice of the newest generation is there (`resourceSliceCount` of them), else none.
     pub fn devices(&self, node: &str, driver: &str) -> BTreeMap<String, Value> {
         let slices = self.slices(node, Some(driver));
         let newest = slices.values().filter_map(|s| s["spec"]["pool"]["generation"].as_i64()).max();
-        slices
-            .values()
-            .filter(|s| s["spec"]["pool"]["generation"].as_i64() == newest)
+        let current: Vec<&Value> =
+            slices.values().filter(|s| s["spec"]["pool"]["generation"].as_i64() == newest).collect();
+        let complete = current.first().and_then(|s| s["spec"]["pool"]["resourceSliceCount"].as_u64())
+            == Some(current.len() as u64);
+        current
+            .into_iter()
+            .filter(|_| complete)
             .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
             .filter_map(|d| Some((d["name"].as_str()?.to_owned(), d)))
             .collect()

@@ -19,7 +19,8 @@
 //! Config: see [`config`].
 
 pub mod config;
-pub mod mig;
+pub mod dra;
+mod mig;
 pub mod nvidia;
 
 use devplug_sdk::pci::{PciCache, PciDevice};
@@ -155,6 +156,10 @@ impl Backend for Gpu {
             })
             .collect();
         Ok(pack(&placed, must_include, size as usize))
+    }
+
+    fn describe(&self, sys: &dyn Sys) -> Result<devplug_sdk::dra::PoolDescription, BackendError> {
+        Ok(dra::describe(&self.discover(sys)?))
     }
 
     fn allocate(&self, _sys: &dyn Sys, resource: &str, ids: &[String]) -> Result<ContainerEdits, BackendError> {

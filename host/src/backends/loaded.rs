@@ -94,6 +94,9 @@ pub struct Loaded {
     pub(super) backends: Mutex<BTreeMap<String, Arc<Slot>>>,
     pub(super) resources: Mutex<BTreeMap<String, ResSlot>>,
     pub(super) metrics: Arc<dyn BackendMetrics>,
+    /// Resources this node serves through DRA: a backend that may serve one is asked to
+    /// `describe` its devices.
+    dra_resources: Vec<String>,
 }
 
 impl Loaded {
@@ -112,10 +115,17 @@ impl Loaded {
             backends: Mutex::new(BTreeMap::new()),
             resources: Mutex::new(BTreeMap::new()),
             metrics: Arc::new(NoMetrics),
+            dra_resources: Vec::new(),
         }
     }
 
     /// Record every backend call's latency in `metrics`.
+    /// The resources this node serves through DRA (their backends are asked to `describe`).
+    pub fn with_dra_resources(mut self, names: Vec<String>) -> Self {
+        self.dra_resources = names;
+        self
+    }
+
     pub fn with_metrics(mut self, metrics: Arc<dyn BackendMetrics>) -> Self {
         self.metrics = metrics;
         self
@@ -182,7 +192,8 @@ impl Loaded {
     /// manifest's default). Blocking.
     fn instantiate(&self, src: &BackendSource) -> Result<BackendInstance, LoadError> {
         let caps = self.capabilities(src)?;
-        let sandbox = Sandbox::new(&src.name, &caps, &self.roots, self.runtime.config.memory_cap);
+        let describe = self.dra_resources.iter().any(|r| caps.resources.allows(r));
+        let sandbox = Sandbox::new(&src.name, &caps, &self.roots, self.runtime.config.memory_cap).describing(describe);
         let config = self
             .settings
             .get(&src.name)

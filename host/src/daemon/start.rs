@@ -30,8 +30,11 @@ impl Daemon {
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
         let metrics = Arc::new(observe::Metrics::new());
-        let mut loaded =
-            Loaded::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant).with_metrics(metrics.clone());
+        let dra_resources =
+            cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect();
+        let mut loaded = Loaded::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant)
+            .with_metrics(metrics.clone())
+            .with_dra_resources(dra_resources);
         if let Some(s) = &specs {
             loaded = loaded.with_publish_hook(specs::writer(s.clone(), &cfg));
         }

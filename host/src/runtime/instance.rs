@@ -311,7 +311,7 @@ impl BackendInstance {
     pub fn discover(&self) -> Result<Vec<Resource>, CallError> {
         let mut found = self.call(CallKind::Discover, |b, s| Box::pin(b.discover(s)))?;
         self.sandbox.returns.discover(&mut found).map_err(|why| self.refuse(CallKind::Discover, why))?;
-        if self.has_dra() {
+        if self.has_dra() && self.sandbox.describe {
             // The list stands without its description: a failed or refused `describe` costs the
             // backend its typed attributes (DRA publishes discover's strings), never its devices.
             if let Ok(d) = self.call(CallKind::Describe, |b, s| Box::pin(b.describe(s)))

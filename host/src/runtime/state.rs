@@ -95,6 +95,9 @@ pub struct Sandbox {
     pub memory_cap: usize,
     /// Records every capability call that was answered (`devplug discover --learn-requests`).
     pub learn: Option<Arc<super::learn::Learned>>,
+    /// Ask a WIT 0.3.0 backend's `describe` after each `discover`: only when it may serve a
+    /// resource this node serves through DRA (a description costs the backend a call).
+    pub describe: bool,
 }
 
 impl Sandbox {
@@ -113,7 +116,14 @@ impl Sandbox {
             log: Arc::new(LogBudget::default()),
             memory_cap,
             learn: None,
+            describe: false,
         }
+    }
+
+    /// The same sandbox, asking `describe` after each `discover` (see [`Sandbox::describe`]).
+    pub fn describing(mut self, describe: bool) -> Self {
+        self.describe = describe;
+        self
     }
 
     /// The same sandbox, recording what the backend touches into `learned`.
