@@ -835,3 +835,22 @@ async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself(
     assert!(!cdi.join("devplug-claim-uid-pair.json").exists());
     daemon.stop().await.unwrap();
 }
+
+/// Kubelet deletes a node's slices when it starts, possibly after devplug registered again: a
+/// pool deleted under devplug is put back at once (a watch on the pool), not at the next resync
+/// (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
+    let system = tempfile::tempdir().unwrap();
+    let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
+    n.cfg.dra.resync = std::time::Duration::from_secs(3600);
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
+    for _ in 0..3 {
+        n.api.wipe(NODE);
+        assert!(n.api.devices(NODE, DRIVER).is_empty());
+        until("the pool back after a wipe", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    }
+    daemon.stop().await.unwrap();
+}

@@ -29,12 +29,20 @@ pub struct Store {
     version: u64,
     /// Every request: "METHOD path".
     pub log: Vec<String>,
+    /// ResourceSlice watch events ("ADDED", "MODIFIED", "DELETED", the object) for watchers.
+    events: Option<tokio::sync::broadcast::Sender<(String, Value)>>,
 }
 
 impl Store {
     fn next_version(&mut self) -> String {
         self.version += 1;
         self.version.to_string()
+    }
+
+    fn emit(&self, kind: &str, slice: &Value) {
+        if let Some(tx) = &self.events {
+            let _ = tx.send((kind.to_owned(), slice.clone()));
+        }
     }
 }
 
@@ -142,6 +150,51 @@ async fn get_node(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<
     }
 }
 
+async fn list_or_watch(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if q.get("watch").map(String::as_str) != Some("true") {
+        return list_slices(State(s), h, Query(q)).await.into_response();
+    }
+    if let Err(e) = authorized(&h) {
+        return e.into_response();
+    }
+    let sel = match selector(&q) {
+        Ok(sel) => sel,
+        Err(e) => return e.into_response(),
+    };
+    // resourceVersion "0" (what devplug sends): the current objects as ADDED, then every change.
+    let (initial, rx) = {
+        let mut st = s.lock().unwrap();
+        st.log.push(format!("WATCH resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
+        let initial: Vec<(String, Value)> =
+            st.slices.values().filter(|v| matches(v, &sel)).map(|v| ("ADDED".to_owned(), v.clone())).collect();
+        (initial, st.events.as_ref().expect("events").subscribe())
+    };
+    let line = |(kind, object): (String, Value)| {
+        let mut b = serde_json::to_vec(&json!({ "type": kind, "object": object })).expect("JSON");
+        b.push(b'\n');
+        Ok::<_, std::convert::Infallible>(bytes::Bytes::from(b))
+    };
+    let live = futures::stream::unfold((rx, sel), |(mut rx, sel)| async move {
+        loop {
+            match rx.recv().await {
+                Ok((kind, object)) if matches(&object, &sel) => return Some(((kind, object), (rx, sel))),
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(_) => return None,
+            }
+        }
+    });
+    let body = futures::StreamExt::map(futures::StreamExt::chain(futures::stream::iter(initial), live), line);
+    axum::response::Response::builder()
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from_stream(body))
+        .expect("a response")
+}
+
 async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
     authorized(&h)?;
     let sel = selector(&q)?;
@@ -175,6 +228,7 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
     slice["metadata"]["resourceVersion"] = json!(rv);
     slice["metadata"]["uid"] = json!(format!("slice-uid-{rv}"));
     st.slices.insert(name, slice.clone());
+    st.emit("ADDED", &slice);
     Ok((StatusCode::CREATED, Json(slice)))
 }
 
@@ -214,6 +268,7 @@ async fn replace_slice(
     let rv = st.next_version();
     slice["metadata"]["resourceVersion"] = json!(rv);
     st.slices.insert(name, slice.clone());
+    st.emit("MODIFIED", &slice);
     Ok((StatusCode::OK, Json(slice)))
 }
 
@@ -222,7 +277,10 @@ async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlP
     let mut st = s.lock().unwrap();
     st.log.push(format!("DELETE resourceslice {name}"));
     match st.slices.remove(&name) {
-        Some(v) => Ok((StatusCode::OK, Json(v))),
+        Some(v) => {
+            st.emit("DELETED", &v);
+            Ok((StatusCode::OK, Json(v)))
+        }
         None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![])),
     }
 }
@@ -234,6 +292,9 @@ async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BT
     st.log.push(format!("DELETECOLLECTION resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
     let gone: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
     st.slices.retain(|_, v| !matches(v, &sel));
+    for v in &gone {
+        st.emit("DELETED", v);
+    }
     Ok((
         StatusCode::OK,
         Json(json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSliceList", "metadata": {}, "items": gone })),
@@ -259,6 +320,7 @@ impl ApiServer {
     /// Serve on a free localhost port, with these Nodes (each gets a UID).
     pub async fn start(nodes: &[&str]) -> ApiServer {
         let store: Shared = Arc::default();
+        store.lock().unwrap().events = Some(tokio::sync::broadcast::channel(1024).0);
         for n in nodes {
             store.lock().unwrap().nodes.insert(
                 (*n).to_owned(),
@@ -268,7 +330,7 @@ impl ApiServer {
         let slices = "/apis/resource.k8s.io/v1/resourceslices";
         let app = Router::new()
             .route("/api/v1/nodes/{name}", get(get_node))
-            .route(slices, get(list_slices).post(create_slice).delete(delete_slices))
+            .route(slices, get(list_or_watch).post(create_slice).delete(delete_slices))
             .route(&format!("{slices}/{{name}}"), get(get_slice).put(replace_slice).delete(delete_slice))
             .route("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", get(get_claim))
             .with_state(store.clone());
@@ -320,9 +382,14 @@ impl ApiServer {
             .collect()
     }
 
-    /// What kubelet does at its start: delete every slice of `node`.
+    /// What kubelet does at its start: delete every slice of `node` (watchers are told).
     pub fn wipe(&self, node: &str) {
-        self.store.lock().unwrap().slices.retain(|_, v| v["spec"]["nodeName"] != node);
+        let mut st = self.store.lock().unwrap();
+        let gone: Vec<Value> = st.slices.values().filter(|v| v["spec"]["nodeName"] == node).cloned().collect();
+        st.slices.retain(|_, v| v["spec"]["nodeName"] != node);
+        for v in &gone {
+            st.emit("DELETED", v);
+        }
     }
 
     /// Store a claim allocated `devices` (request, driver, pool, device) — the scheduler's work.

@@ -144,6 +144,56 @@ impl PoolWriter {
         }
     }
 
+    /// Wake `wake` whenever the server's copy of this pool changes (a slice deleted or modified:
+    /// kubelet deletes a node's slices when it starts, possibly after devplug registered again),
+    /// so the pool is put back at once instead of at the next resync. The watch is opened again
+    /// whenever it ends (servers close watches after a few minutes), backing off on errors.
+    pub fn watch(
+        &self,
+        wake: std::sync::Arc<tokio::sync::Notify>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> tokio::task::JoinHandle<()> {
+        use futures::StreamExt;
+        use kube::api::{WatchEvent, WatchParams};
+        let api = self.slices.clone();
+        let params = WatchParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.node, self.driver));
+        let driver = self.driver.clone();
+        tokio::spawn(async move {
+            const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+            let mut backoff = FIRST;
+            loop {
+                let watch = async {
+                    let events = api.watch(&params, "0").await?;
+                    let mut events = std::pin::pin!(events);
+                    while let Some(ev) = events.next().await {
+                        match ev? {
+                            WatchEvent::Deleted(_) | WatchEvent::Modified(_) => wake.notify_one(),
+                            // `410 Gone` and the like: watch again from now.
+                            WatchEvent::Error(_) => break,
+                            WatchEvent::Added(_) | WatchEvent::Bookmark(_) => {}
+                        }
+                    }
+                    Ok::<(), kube::Error>(())
+                };
+                let ended = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    r = watch => r,
+                };
+                match ended {
+                    Ok(()) => backoff = FIRST,
+                    Err(e) => {
+                        tracing::debug!(driver = %driver, "watching ResourceSlices: {e}; again in {backoff:?}");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(backoff) => {}
+                        }
+                        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+                    }
+                }
+            }
+        })
+    }
+
     /// Delete every slice of this pool (devplug stops serving the driver).
     pub async fn remove_all(&self) -> anyhow::Result<usize> {
         let current = self.current().await?;

@@ -1,7 +1,8 @@
 //! One DRA driver on this node, as a task: its kubelet plugin (`dra.sock`) and registration
 //! socket, its pool of ResourceSlices kept equal to its resources' device lists (on every
-//! change, on every registration with kubelet, and every `resync`, since kubelet deletes a
-//! node's slices when it starts), and on stop its slices deleted and its sockets removed.
+//! change, on every registration with kubelet, whenever a watch sees the server's copy change
+//! under it — kubelet deletes a node's slices when it starts — and every `resync` in any case),
+//! and on stop its slices deleted and its sockets removed.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -205,6 +206,7 @@ async fn keep(
     stop: CancellationToken,
 ) {
     let mut writer = PoolWriter::new(setup.client.clone(), &setup.node, &setup.driver);
+    let watching = writer.watch(wake.clone(), stop.clone());
     let mut resync = tokio::time::interval(setup.resync);
     let mut last_error: Option<String> = None;
     sockets.ensure();
@@ -238,6 +240,7 @@ async fn keep(
             }
         }
     }
+    watching.abort();
     match tokio::time::timeout(REMOVE_TIMEOUT, writer.remove_all()).await {
         Ok(Ok(n)) => tracing::info!(driver = %setup.driver, slices = n, "ResourceSlices deleted"),
         Ok(Err(e)) => tracing::warn!(driver = %setup.driver, "ResourceSlices not deleted: {e:#}"),
