@@ -402,6 +402,26 @@ impl Backend for NicBackend {
         }
         Ok(e)
     }
+
+    /// For DRA: whether each function is an SR-IOV VF and has an RDMA device, as flags a
+    /// DeviceClass can select on (`device.attributes["nic.devplug.io"].sriov_vf`).
+    fn describe(&self, sys: &dyn Sys) -> Result<devplug_sdk::dra::PoolDescription, BackendError> {
+        use devplug_sdk::dra::{self, AttributeValue};
+        let mut devices = Vec::new();
+        for r in self.discover(sys)? {
+            for d in &r.devices {
+                let has = |k: &str| d.attributes.iter().any(|(key, _)| key == k);
+                devices.push(dra::DeviceDescription {
+                    attributes: vec![
+                        ("sriov_vf".into(), AttributeValue::Flag(has("pf"))),
+                        ("rdma_capable".into(), AttributeValue::Flag(has("rdma"))),
+                    ],
+                    ..dra::describe(&r.name, &d.id)
+                });
+            }
+        }
+        Ok(dra::PoolDescription { counter_sets: Vec::new(), devices })
+    }
 }
 
 devplug_sdk::backend!(NicBackend);
@@ -434,6 +454,26 @@ mod tests {
         assert_eq!(vfio.common_edits.device_nodes[0].container_path, "/dev/vfio/vfio");
         assert_eq!(rdma.common_edits.device_nodes[0].container_path, "/dev/infiniband/rdma_cm");
         assert!(rdma.devices[0].edits.device_nodes[0].container_path.starts_with("/dev/infiniband/uverbs"));
+    }
+
+    #[test]
+    fn vfs_are_described_as_vfs_and_rdma_functions_as_rdma_capable() {
+        use devplug_sdk::dra::AttributeValue;
+        let sys = fixture("cx6dx-sriov");
+        let (b, _) = NicBackend::init("", &sys).unwrap();
+        let d = b.describe(&sys).unwrap();
+        let flag = |resource: &str, k: &str| -> Vec<bool> {
+            d.devices
+                .iter()
+                .filter(|x| x.resource == resource)
+                .map(|x| {
+                    x.attributes.iter().find(|(n, _)| n == k).map(|(_, v)| v == &AttributeValue::Flag(true)).unwrap()
+                })
+                .collect()
+        };
+        assert_eq!(flag("devplug.io/sriov_rdma", "sriov_vf"), [true; 4]);
+        assert_eq!(flag("devplug.io/sriov_rdma", "rdma_capable"), [true; 4]);
+        assert_eq!(flag("devplug.io/sriov_vfio", "rdma_capable"), [false; 4], "a vfio-bound VF has no RDMA device");
     }
 
     #[test]
