@@ -709,28 +709,9 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     use devplug::proto::dra_health::HealthStatus;
-    let root = tempfile::tempdir().unwrap();
     let m = support::fixtures::Machine::generic_box();
-    let backends = support::daemon::chaos_dir();
-    let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
-    let kubeconfig = root.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let (kdir, registry) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
-    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
-    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_34, NODE, api.clone());
-    kubelet.handle("DRAPlugin", dra.clone());
-    let mut cfg = support::daemon::config(&kdir, &m, backends.path(), "mode=churn devices=3 sick=widget-1");
-    cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
-    cfg.plugins_registry_dir = Some(registry);
-    cfg.write_cdi = true;
-    cfg.cdi_dir = root.path().join("cdi");
-    cfg.resources.insert(
-        support::daemon::WIDGET.into(),
-        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
-    );
-    cfg.dra.kubeconfig = Some(kubeconfig);
-    cfg.dra.node_name = Some(NODE.into());
-    cfg.dra.plugins_dir = Some(root.path().join("plugins"));
+    let node = support::dra_node::chaos_node(&m, "mode=churn devices=3 sick=widget-1", "").await;
+    let (api, dra, cfg) = (node.api.clone(), node.dra.clone(), node.cfg.clone());
     let daemon = support::daemon::Daemon::start(cfg);
     let driver = "chaos.devplug.io";
     dra.wait_plugin(driver, T).await;
@@ -761,31 +742,12 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
 /// `unprepare` keeps the claim prepared, so kubelet's retry finds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself() {
-    let root = tempfile::tempdir().unwrap();
     let m = support::fixtures::Machine::generic_box();
     m.node("mem", 'c', 1, 1);
-    let backends = support::daemon::chaos_dir();
-    let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
-    let kubeconfig = root.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let (kdir, registry) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
-    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
-    let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_34, NODE, api.clone());
-    kubelet.handle("DRAPlugin", dra.clone());
     let chaos = "devices=3 names=widget-0,widget-1,evil-dev-mem describe=typed prepare=whole";
-    let mut cfg = support::daemon::config(&kdir, &m, backends.path(), chaos);
-    cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
-    cfg.plugins_registry_dir = Some(registry);
-    cfg.write_cdi = true;
-    let cdi = root.path().join("cdi");
-    cfg.cdi_dir = cdi.clone();
-    cfg.resources.insert(
-        support::daemon::WIDGET.into(),
-        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
-    );
-    cfg.dra.kubeconfig = Some(kubeconfig);
-    cfg.dra.node_name = Some(NODE.into());
-    cfg.dra.plugins_dir = Some(root.path().join("plugins"));
+    let node = support::dra_node::chaos_node(&m, chaos, "").await;
+    let (api, dra, cfg) = (node.api.clone(), node.dra.clone(), node.cfg.clone());
+    let cdi = cfg.cdi_dir.clone();
     let daemon = support::daemon::Daemon::start(cfg);
     let driver = "chaos.devplug.io";
     dra.wait_plugin(driver, T).await;

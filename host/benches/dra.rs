@@ -8,86 +8,40 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::apiserver::ApiServer;
-use support::daemon::{Daemon, WIDGET, chaos_paths, config};
+use support::daemon::Daemon;
+use support::dra_node::{ChaosNode, DRIVER, NODE, chaos_node};
 use support::fixtures::Machine;
-use support::kubelet::Kubelet;
-use support::kubelet_dra::{DraKubelet, KNOWN_1_34};
+use support::stats::report;
 
-const NODE: &str = "node-a";
-const DRIVER: &str = "chaos.devplug.io";
 const LO_UEVENT: &str = "/sys/devices/virtual/net/lo/uevent";
 
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    v.sort();
-    println!(
-        "{name}: n={} p50={:?} p90={:?} p99={:?} max={:?}",
-        v.len(),
-        pct(&v, 0.5),
-        pct(&v, 0.9),
-        pct(&v, 0.99),
-        v[v.len() - 1]
-    );
-}
-
-/// A node serving chaos (`chaos_config`, manifest lines `extra`) through DRA.
-async fn node(
-    chaos_config: &str,
-    extra: &str,
-    uevents: bool,
-) -> anyhow::Result<(tempfile::TempDir, Machine, Arc<ApiServer>, Kubelet, Arc<DraKubelet>, Daemon)> {
-    let dir = tempfile::tempdir()?;
+/// A node serving chaos (`chaos_config`, manifest lines `extra`) through DRA, its pool published
+/// (the machine is handed back: its tree lives as long as it does).
+async fn node(chaos_config: &str, extra: &str, uevents: bool) -> anyhow::Result<(Machine, ChaosNode, Daemon)> {
     let m = Machine::generic_box();
-    let backends = dir.path().join("backends");
-    std::fs::create_dir_all(&backends)?;
-    let (wasm, manifest) = chaos_paths();
-    std::fs::copy(wasm, backends.join("chaos.wasm"))?;
-    std::fs::write(backends.join("chaos.toml"), format!("{}{extra}", std::fs::read_to_string(manifest)?))?;
-    let api = Arc::new(ApiServer::start(&[NODE]).await);
-    let kubeconfig = dir.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
-    let (kdir, registry) = (dir.path().join("device-plugins"), dir.path().join("plugins_registry"));
-    let kubelet = Kubelet::start_with_watcher(&kdir, &registry).await;
-    let dra = DraKubelet::new(KNOWN_1_34, NODE, api.clone());
-    kubelet.handle("DRAPlugin", dra.clone());
-    let mut cfg = config(&kdir, &m, &backends, chaos_config);
-    cfg.registration = devplug::kubelet::RegistrationMode::PluginWatcher;
-    cfg.plugins_registry_dir = Some(registry);
-    cfg.write_cdi = true;
-    cfg.cdi_dir = dir.path().join("cdi");
-    cfg.uevents = uevents;
+    let mut n = chaos_node(&m, chaos_config, extra).await;
+    n.cfg.uevents = uevents;
     if uevents {
-        cfg.poll_interval = Duration::from_secs(3600);
+        n.cfg.poll_interval = Duration::from_secs(3600);
     }
-    cfg.resources.insert(
-        WIDGET.into(),
-        devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
-    );
-    cfg.dra.kubeconfig = Some(kubeconfig);
-    cfg.dra.node_name = Some(NODE.into());
-    cfg.dra.plugins_dir = Some(dir.path().join("plugins"));
-    let daemon = Daemon::start(cfg);
-    dra.wait_plugin(DRIVER, Duration::from_secs(30)).await;
+    let daemon = Daemon::start(n.cfg.clone());
+    n.dra.wait_plugin(DRIVER, Duration::from_secs(30)).await;
     let end = Instant::now() + Duration::from_secs(30);
-    while api.devices(NODE, DRIVER).is_empty() {
+    while n.api.devices(NODE, DRIVER).is_empty() {
         anyhow::ensure!(Instant::now() < end, "no pool published");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    Ok((dir, m, api, kubelet, dra, daemon))
+    Ok((m, n, daemon))
 }
 
 fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     rt.block_on(async {
-        let (_dir, _m, api, _kubelet, dra, daemon) = node("devices=8", "", false).await?;
+        let (_m, n, daemon) = node("devices=8", "", false).await?;
+        let (api, dra) = (n.api.clone(), n.dra.clone());
         let n = if quick { 200 } else { 2_000 };
         let (mut prepare, mut unprepare) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for i in 0..n + 50 {
@@ -116,8 +70,8 @@ fn main() -> anyhow::Result<()> {
             println!("uevent → slice: skipped, cannot trigger a uevent here ({e}; needs root)");
             return Ok(());
         }
-        let (_dir, _m, api, _kubelet, _dra, daemon) =
-            node("mode=churn devices=3", "uevents = [\"net\"]\n", true).await?;
+        let (_m, n, daemon) = node("mode=churn devices=3", "uevents = [\"net\"]\n", true).await?;
+        let api = n.api.clone();
         let generation =
             || api.slices(NODE, Some(DRIVER)).values().filter_map(|s| s["spec"]["pool"]["generation"].as_i64()).max();
         let mut took = Vec::new();

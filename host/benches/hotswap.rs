@@ -13,12 +13,7 @@ use std::time::{Duration, Instant};
 use support::daemon::{Daemon, WIDGET, chaos_build, chaos_dir, chaos_manifest, config};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    v.sort();
-    let p = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    println!("{name}: n={} min={:?} p50={:?} max={:?}", v.len(), v[0], p(0.5), v[v.len() - 1]);
-}
+use support::stats::report;
 
 fn land(dir: &Path, wasm: &[u8], toml: &str) -> anyhow::Result<()> {
     for (name, bytes) in [("chaos.toml", toml.as_bytes()), ("chaos.wasm", wasm)] {

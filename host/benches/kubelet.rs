@@ -12,22 +12,7 @@ use devplug::proto::deviceplugin as pb;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    v.sort();
-    println!(
-        "{name}: n={} p50={:?} p90={:?} p99={:?} max={:?}",
-        v.len(),
-        pct(&v, 0.5),
-        pct(&v, 0.9),
-        pct(&v, 0.99),
-        v[v.len() - 1]
-    );
-}
+use support::stats::report;
 
 fn main() -> anyhow::Result<()> {
     // `cargo bench` passes --bench; a plain `cargo test` run of benches passes nothing useful.

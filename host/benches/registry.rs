@@ -23,12 +23,7 @@ use support::daemon::{WIDGET, chaos_build, chaos_manifest};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
 use support::registry::{Registry, openssl_keypair};
-
-fn report(name: &str, mut v: Vec<Duration>) {
-    v.sort();
-    let p = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
-    println!("{name}: n={} min={:?} p50={:?} p90={:?} max={:?}", v.len(), v[0], p(0.5), p(0.9), v[v.len() - 1]);
-}
+use support::stats::report;
 
 fn push(reg: &Registry, reference: &str, dir: &Path, k: u32, key: &Path) -> anyhow::Result<String> {
     let v = dir.join(format!("v{k}"));

@@ -13,13 +13,10 @@ use std::time::{Duration, Instant};
 
 use support::binary::{Devplug, embedded_run_args};
 use support::kubelet::Kubelet;
+use support::stats::pct;
 
 /// Resources the DGX fixture has devices for, with their counts (tests/fixtures/golden).
 const EXPECTED: &[(&str, usize)] = &[("nvidia.com/gpu", 8), ("devplug.io/kvm", 16), ("devplug.io/fuse", 16)];
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
 
 /// One start: spawn `devplug run` with `extra` flags, wait until kubelet has every resource's list.
 async fn start_once(machine: &Path, extra: &[String]) -> anyhow::Result<Duration> {

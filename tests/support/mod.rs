@@ -6,6 +6,7 @@
 pub mod apiserver;
 pub mod binary;
 pub mod daemon;
+pub mod dra_node;
 pub mod fixtures;
 pub mod hardware;
 pub mod hostile_registry;
@@ -15,5 +16,6 @@ pub mod load;
 pub mod podman;
 pub mod podresources;
 pub mod registry;
+pub mod stats;
 pub mod uds;
 pub mod wasm;

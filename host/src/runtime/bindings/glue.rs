@@ -119,3 +119,38 @@ macro_rules! version_glue {
 }
 
 pub(super) use version_glue;
+
+/// [`version_glue`] for 0.2.0 and every later version: the batched `sysfs` reads and the
+/// `procfs` view that 0.2.0 added.
+macro_rules! since_0_2_0_glue {
+    () => {
+        super::glue::version_glue!(sysfs: {
+            async fn read_many(&mut self, paths: Vec<String>) -> wasmtime::Result<Vec<Result<String, super::wit::FsError>>> {
+                self.many("sysfs.read-many", &paths, $crate::runtime::jail::Jail::read_many)
+            }
+            async fn read_link_many(
+                &mut self,
+                paths: Vec<String>,
+            ) -> wasmtime::Result<Vec<Result<String, super::wit::FsError>>> {
+                self.many("sysfs.read-link-many", &paths, $crate::runtime::jail::Jail::read_link_many)
+            }
+            async fn list_dir_many(
+                &mut self,
+                paths: Vec<String>,
+            ) -> wasmtime::Result<Vec<Result<Vec<String>, super::wit::FsError>>> {
+                self.many("sysfs.list-dir-many", &paths, $crate::runtime::jail::Jail::list_many)
+            }
+        });
+
+        impl self::devplug::backend::procfs::Host for HostState {
+            async fn read(&mut self, path: String) -> Answer<String> {
+                HostState::read(self, View::Procfs, "procfs.read", &path)
+            }
+            async fn list_dir(&mut self, path: String) -> Answer<Vec<String>> {
+                HostState::list_dir(self, View::Procfs, "procfs.list-dir", &path)
+            }
+        }
+    };
+}
+
+pub(super) use since_0_2_0_glue;

@@ -2,9 +2,7 @@
 //! `prepare`, `unprepare`) for resources served through Dynamic Resource Allocation. `types`
 //! is unchanged, so it is 0.1.0's Rust types ([`super::wit`]).
 
-use super::host_calls::View as ProcView;
 use crate::model::dra as m;
-use crate::runtime::jail::Jail;
 
 /// This module's WIT package version.
 pub const VERSION: &str = "0.3.0";
@@ -17,32 +15,7 @@ wasmtime::component::bindgen!({
     with: { "devplug:backend/types": super::wit_interface },
 });
 
-super::glue::version_glue!(sysfs: {
-    async fn read_many(&mut self, paths: Vec<String>) -> wasmtime::Result<Vec<Result<String, super::wit::FsError>>> {
-        self.many("sysfs.read-many", &paths, Jail::read_many)
-    }
-    async fn read_link_many(
-        &mut self,
-        paths: Vec<String>,
-    ) -> wasmtime::Result<Vec<Result<String, super::wit::FsError>>> {
-        self.many("sysfs.read-link-many", &paths, Jail::read_link_many)
-    }
-    async fn list_dir_many(
-        &mut self,
-        paths: Vec<String>,
-    ) -> wasmtime::Result<Vec<Result<Vec<String>, super::wit::FsError>>> {
-        self.many("sysfs.list-dir-many", &paths, Jail::list_many)
-    }
-});
-
-impl self::devplug::backend::procfs::Host for HostState {
-    async fn read(&mut self, path: String) -> Answer<String> {
-        HostState::read(self, ProcView::Procfs, "procfs.read", &path)
-    }
-    async fn list_dir(&mut self, path: String) -> Answer<Vec<String>> {
-        HostState::list_dir(self, ProcView::Procfs, "procfs.list-dir", &path)
-    }
-}
+super::glue::since_0_2_0_glue!();
 
 use exports::devplug::backend::dra as g;
 

@@ -1,0 +1,22 @@
+//! Percentiles for the bench binaries (they report p50/p90/p99, which criterion does not).
+
+use std::time::Duration;
+
+/// The `p` quantile (0..=1) of `sorted`.
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Print `name: n=… min=… p50=… p90=… p99=… max=…` of `v`.
+pub fn report(name: &str, mut v: Vec<Duration>) {
+    v.sort();
+    println!(
+        "{name}: n={} min={:?} p50={:?} p90={:?} p99={:?} max={:?}",
+        v.len(),
+        v[0],
+        pct(&v, 0.5),
+        pct(&v, 0.9),
+        pct(&v, 0.99),
+        v[v.len() - 1]
+    );
+}
