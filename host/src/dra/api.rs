@@ -234,8 +234,8 @@ fn typed(slices: Vec<Value>) -> anyhow::Result<BTreeMap<String, ResourceSlice>> 
         .collect()
 }
 
-/// Whether the server's pool holds exactly the wanted slices (names, devices, slice count), each
-/// at one generation: then nothing needs writing.
+/// Whether the server's pool holds exactly the wanted slices (names, devices, counter sets, slice
+/// count), each at one generation: then nothing needs writing.
 fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &BTreeMap<String, ResourceSlice>) -> bool {
     let generations: std::collections::BTreeSet<i64> = current.values().map(|s| s.spec.pool.generation).collect();
     current.len() == wanted.len()
@@ -243,6 +243,7 @@ fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &BTreeMap<String
         && wanted.iter().all(|(name, w)| {
             current.get(name).is_some_and(|c| {
                 c.spec.devices == w.spec.devices
+                    && c.spec.shared_counters == w.spec.shared_counters
                     && c.spec.pool.name == w.spec.pool.name
                     && c.spec.pool.resource_slice_count == w.spec.pool.resource_slice_count
             })
