@@ -257,3 +257,24 @@ pub async fn claim(client: &kube::Client, namespace: &str, name: &str) -> anyhow
         .await
         .map_err(|e| anyhow::anyhow!("reading ResourceClaim {namespace}/{name}: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(counters: &str) -> BTreeMap<String, ResourceSlice> {
+        let slice = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 },
+                      "sharedCounters": [{ "name": "gpu-0", "counters": { "memory": { "value": counters } } }] },
+        });
+        typed(vec![slice]).unwrap()
+    }
+
+    #[test]
+    fn a_pool_differs_when_only_its_counter_sets_do() {
+        assert!(same_pool(&pool("8"), &pool("8")));
+        assert!(!same_pool(&pool("8"), &pool("7")), "a changed counter set is written");
+        assert!(!same_pool(&BTreeMap::new(), &pool("8")), "a missing slice is written");
+    }
+}
