@@ -36,6 +36,7 @@ fn protos(root: &Path) -> anyhow::Result<()> {
         "dra/v1/api.proto",
         "dra/v1beta1/api.proto",
         "dra-health/v1alpha1/api.proto",
+        "dra-health/v1/api.proto",
     ];
     let fds = protox::compile(files, [&proto])?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(fds)?;

@@ -1,5 +1,5 @@
 //! DRA, step 1: devplug's own ResourceSlice validation agrees with a real kube-apiserver 1.36
-//! on every case of the recorded corpus (`shared/k8s/resourceslice-verdicts.jsonl`, see its
+//! on every case of the recorded corpus (`tests/fixtures/k8s/resourceslice-verdicts.jsonl`, see its
 //! README): what the server accepted passes, what it refused is refused, naming the same field
 //! first.
 
@@ -10,16 +10,15 @@ use std::path::PathBuf;
 use devplug::dra::slice_rules::problems;
 
 fn corpus() -> PathBuf {
-    // CI lays shared/ beside the clone; so does every developer machine of this project.
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/k8s/resourceslice-verdicts.jsonl")
+    // Recorded from a real kube-apiserver 1.36 and kept in the project (tests/fixtures/k8s/README.md).
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/k8s/resourceslice-verdicts.jsonl")
 }
 
 #[test]
 fn slice_validation_agrees_with_the_recorded_api_server_on_every_case() {
     let path = corpus();
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (the recorded corpus lives in shared/k8s beside the checkout)", path.display())
-    });
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (the recorded corpus lives in tests/fixtures/k8s)", path.display()));
     let mut disagreements = Vec::new();
     let mut cases = 0;
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
@@ -124,6 +123,10 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
             device_name: "gpu-0".into(),
             cdi_device_ids: vec![format!("devplug.io/gpu={}", claim.name)],
         }])
+    }
+
+    fn intact(&self, _: &devplug::dra::checkpoint::ClaimRef) -> bool {
+        true
     }
 
     async fn unprepare(
@@ -337,16 +340,26 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     assert!(stdout.contains("node character special file 1:3"), "{}", text(&out));
     assert!(stdout.contains("env null-ok"), "{}", text(&out));
 
-    // devplug restarts with the claim prepared: the pool goes with it and comes back, the claim's
+    // devplug restarts with the claim prepared: the pool stays (no scheduling gap), the claim's
     // spec stays, and the same prepare gets the same answer.
+    let writes =
+        n.api.log().iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).count();
     daemon.stop().await.unwrap();
-    assert!(n.api.slices(NODE, Some(DRIVER)).is_empty(), "slices deleted on shutdown");
+    assert_eq!(n.api.devices(NODE, DRIVER).len(), 2, "a stopping devplug leaves its pool in place");
     assert!(claim_spec.exists(), "a prepared claim's spec outlives devplug");
+    let registered = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool after a devplug restart", || n.api.devices(NODE, DRIVER).len() == 2).await;
-    n.dra.wait_plugin(DRIVER, T).await;
+    until("the restarted devplug's registration", || {
+        n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst) > registered
+    })
+    .await;
     let again = n.dra.prepare(DRIVER, &claims[..1]).await.unwrap();
     assert_eq!(again["uid-train"], *train);
+    until("the restarted devplug's first sync", || n.api.log().iter().filter(|l| l.starts_with("LIST")).count() > 2)
+        .await;
+    let after =
+        n.api.log().iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).count();
+    assert_eq!(after, writes, "the restarted devplug found its pool as it wants it: nothing written");
 
     // Kubelet restarts: it deletes the node's slices; devplug puts them back.
     let before = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
@@ -708,7 +721,7 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
 /// the slices carry the Unhealthy device's taint for the scheduler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_health_streams_to_kubelet_and_taints_the_slice() {
-    use devplug::proto::dra_health::HealthStatus;
+    use devplug::proto::dra_health::v1alpha1::HealthStatus;
     let m = support::fixtures::Machine::generic_box();
     let node = support::dra_node::chaos_node(&m, "mode=churn devices=3 sick=widget-1", "").await;
     let (api, dra, cfg) = (node.api.clone(), node.dra.clone(), node.cfg.clone());
@@ -718,12 +731,15 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     until("the pool", || !api.devices(NODE, driver).is_empty()).await;
     let mut health = dra.watch_health(driver).await.unwrap();
     let first = health.message().await.unwrap().expect("a first list");
-    let of = |list: &devplug::proto::dra_health::NodeWatchResourcesResponse, name: &str| {
+    let of = |list: &devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse, name: &str| {
         list.devices.iter().find(|d| d.device.as_ref().is_some_and(|i| i.device_name == name)).map(|d| d.health)
     };
     assert_eq!(of(&first, "widget-0"), Some(HealthStatus::Healthy as i32), "{first:?}");
     assert_eq!(of(&first, "widget-1"), Some(HealthStatus::Unhealthy as i32), "{first:?}");
     assert!(first.devices.iter().all(|d| d.device.as_ref().unwrap().pool_name == NODE && d.last_updated_time > 0));
+    assert!(first.devices.iter().all(|d| d.health_check_timeout_seconds == devplug::dra::health::TIMEOUT_SECONDS));
+    let sick = first.devices.iter().find(|d| d.device.as_ref().unwrap().device_name == "widget-1").unwrap();
+    assert!(!sick.message.is_empty(), "the reason reaches kubelet: {sick:?}");
     // churn drops or restores widget-2 on every poll: the stream follows with complete lists.
     let next = tokio::time::timeout(T, health.message()).await.unwrap().unwrap().expect("an update");
     assert_ne!(next.devices.len(), first.devices.len(), "{first:?} then {next:?}");
@@ -814,5 +830,199 @@ async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
         assert!(n.api.devices(NODE, DRIVER).is_empty());
         until("the pool back after a wipe", || n.api.devices(NODE, DRIVER).len() == 2).await;
     }
+    daemon.stop().await.unwrap();
+}
+
+/// Kubelet shows a device `Unknown` once its last health report is older than the report's
+/// `health_check_timeout_seconds` (30 s when unset). Over five minutes of a paused clock the
+/// health stream re-sends often enough that no device of a steady driver ever turns Unknown,
+/// and an Unhealthy device's reason is in every report's `message`.
+#[tokio::test(start_paused = true)]
+async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
+    use devplug::dra::health::{HealthService, V1alpha1};
+    use devplug::dra::served::{Served, ServedResource};
+    use devplug::model::{Device, Health, Resource};
+    use devplug::proto::dra_health::v1alpha1 as h;
+    use futures::StreamExt;
+    use h::dra_resource_health_server::DraResourceHealth;
+    struct NoCalls;
+    #[async_trait::async_trait]
+    impl devplug::dra::DeviceCalls for NoCalls {
+        async fn allocate(&self, _: Vec<String>) -> Result<devplug::model::ContainerEdits, String> {
+            Err("not in this test".into())
+        }
+        async fn prepare(
+            &self,
+            _: String,
+            _: Vec<devplug::model::dra::ClaimDevice>,
+            _: Vec<String>,
+        ) -> Result<Option<devplug::model::ContainerEdits>, String> {
+            Ok(None)
+        }
+        async fn unprepare(&self, _: String) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let device = |id: &str, health| Device {
+        id: id.into(),
+        health,
+        numa_nodes: vec![],
+        attributes: vec![],
+        edits: Default::default(),
+    };
+    let mut sick = device("gpu-1", Health::Unhealthy);
+    sick.attributes.push(("unhealthy".into(), "Xid 79: GPU has fallen off the bus".into()));
+    let list = Resource {
+        name: "devplug.io/gpu".into(),
+        devices: vec![device("gpu-0", Health::Healthy), sick],
+        ..Default::default()
+    };
+    let (_keep, devices) = tokio::sync::watch::channel(std::sync::Arc::new(list));
+    let served = std::sync::Arc::new(Served::default());
+    served.add(ServedResource {
+        name: "devplug.io/gpu".into(),
+        backend: "gpu".into(),
+        devices,
+        calls: std::sync::Arc::new(NoCalls),
+    });
+    let (_changes_tx, changes) = tokio::sync::watch::channel(0u64);
+    let svc = HealthService { served, pool: NODE.into(), changes, stop: tokio_util::sync::CancellationToken::new() };
+    let mut stream = V1alpha1(svc)
+        .node_watch_resources(tonic::Request::new(h::NodeWatchResourcesRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut kubelet = support::kubelet_dra::HealthView::default();
+    let start = tokio::time::Instant::now();
+    let mut reports = 0;
+    while start.elapsed() < std::time::Duration::from_secs(300) {
+        let next = stream.next().await.expect("the stream goes on").unwrap();
+        // What kubelet showed just before this report arrived: nothing Unknown.
+        let shown = kubelet.health();
+        assert!(shown.values().all(|h| *h != "Unknown"), "at {:?}: {shown:?}", start.elapsed());
+        kubelet.record(&next);
+        reports += 1;
+        assert_eq!(kubelet.health()["gpu-1"], "Unhealthy");
+        assert_eq!(kubelet.message("gpu-1"), Some("Xid 79: GPU has fallen off the bus"));
+    }
+    assert!(reports >= 300 / devplug::dra::health::RESEND.as_secs(), "{reports} reports in five minutes");
+    // The rule itself: a stream that stops is Unknown after the timeout.
+    tokio::time::advance(std::time::Duration::from_secs(devplug::dra::health::TIMEOUT_SECONDS as u64 + 1)).await;
+    assert!(kubelet.health().values().all(|h| *h == "Unknown"));
+}
+
+/// A reboot empties `/var/run/cdi` but not the checkpoint under `/var/lib/kubelet`: a claim
+/// recorded in another boot, or whose spec is gone, is prepared again (same CDI IDs) instead of
+/// answered from the record; a claim of this boot with its spec in place is answered from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
+    use devplug::dra::checkpoint::{Checkpoint, ClaimRef};
+    use devplug::dra::plugin::{ClaimPreparer, DraPlugin};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    /// Writes a claim "spec" file in `cdi` on prepare, as the real preparer does.
+    struct SpecPreparer {
+        cdi: std::path::PathBuf,
+        prepares: AtomicU32,
+        boom: AtomicBool,
+    }
+    #[async_trait::async_trait]
+    impl ClaimPreparer for SpecPreparer {
+        async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<devplug::dra::checkpoint::PreparedDevice>, String> {
+            assert!(!self.boom.load(Ordering::SeqCst), "prepared again although nothing was lost");
+            self.prepares.fetch_add(1, Ordering::SeqCst);
+            std::fs::write(self.cdi.join(&claim.uid), b"spec").unwrap();
+            Ok(vec![devplug::dra::checkpoint::PreparedDevice {
+                request_names: vec!["gpu".into()],
+                pool_name: NODE.into(),
+                device_name: "gpu-0".into(),
+                cdi_device_ids: vec![format!("devplug.io/claim={}-gpu-0", claim.uid)],
+            }])
+        }
+        fn intact(&self, claim: &ClaimRef) -> bool {
+            self.cdi.join(&claim.uid).exists()
+        }
+        async fn unprepare(&self, _: &ClaimRef, _: &[devplug::dra::checkpoint::PreparedDevice]) -> Result<(), String> {
+            Ok(())
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (state, cdi) = (dir.path().join("state"), dir.path().join("cdi"));
+    std::fs::create_dir_all(&cdi).unwrap();
+    let preparer =
+        Arc::new(SpecPreparer { cdi: cdi.clone(), prepares: AtomicU32::new(0), boom: AtomicBool::new(false) });
+    let claim = ClaimRef { namespace: "ml".into(), uid: "uid-train".into(), name: "train".into() };
+    let first = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-a").unwrap());
+    let answer = first.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
+    // Same boot, spec in place: from the record.
+    preparer.boom.store(true, Ordering::SeqCst);
+    let same = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-a").unwrap());
+    assert_eq!(same.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap(), answer);
+    preparer.boom.store(false, Ordering::SeqCst);
+    // The machine reboots: /var/run/cdi is empty, the checkpoint is from boot-a.
+    std::fs::remove_dir_all(&cdi).unwrap();
+    std::fs::create_dir_all(&cdi).unwrap();
+    let rebooted = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-b").unwrap());
+    let again = rebooted.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
+    assert_eq!(again, answer, "the same CDI IDs");
+    assert!(cdi.join("uid-train").exists(), "the spec is back");
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2);
+    // Recorded in boot-b now: answered from the record again.
+    preparer.boom.store(true, Ordering::SeqCst);
+    let later = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-b").unwrap());
+    assert_eq!(later.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap(), answer);
+    // A spec deleted under devplug in the same boot is written again too.
+    preparer.boom.store(false, Ordering::SeqCst);
+    std::fs::remove_file(cdi.join("uid-train")).unwrap();
+    later.prepare(vec![claim]).await.remove("uid-train").unwrap().unwrap();
+    assert!(cdi.join("uid-train").exists());
+}
+
+/// The real server adds `timeAdded` to every taint and drops empty lists (so does the stand-in
+/// now): a pool with an Unhealthy, tainted device is written once and then left alone however
+/// often it is synced, and no empty pool goes out before the first device list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_with_tainted_devices_is_written_once() {
+    let m = support::fixtures::Machine::generic_box();
+    let mut node = support::dra_node::chaos_node(&m, "devices=3 sick=widget-1", "").await;
+    node.cfg.dra.resync = std::time::Duration::from_millis(100);
+    let (api, dra) = (node.api.clone(), node.dra.clone());
+    let daemon = support::daemon::Daemon::start(node.cfg.clone());
+    let driver = "chaos.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the tainted pool", || {
+        api.devices(NODE, driver).get("widget-1").is_some_and(|d| d["taints"][0]["timeAdded"].is_string())
+    })
+    .await;
+    let lists = |api: &support::apiserver::ApiServer| api.log().iter().filter(|l| l.starts_with("LIST")).count();
+    let at = lists(&api);
+    until("twenty more syncs", || lists(&api) >= at + 20).await;
+    let log = api.log();
+    let writes: Vec<&String> =
+        log.iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).collect();
+    let slices = api.slices(NODE, Some(driver)).len();
+    assert_eq!(writes.len(), slices, "one create per slice, nothing after: {writes:?}");
+    assert!(writes.iter().all(|w| w.starts_with("POST")), "no empty pool first, no rewrite: {writes:?}");
+    daemon.stop().await.unwrap();
+}
+
+/// `firstAvailable` allocates a subrequest and names it `request/subrequest` in the claim's
+/// results; kubelet matches containers to the base request, so that is the name devplug
+/// reports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subrequest_is_reported_under_its_base_request() {
+    assert_eq!(devplug::dra::prepare::base_request("gpu/large"), "gpu");
+    assert_eq!(devplug::dra::prepare::base_request("gpu"), "gpu");
+    let m = support::fixtures::Machine::generic_box();
+    let node = support::dra_node::chaos_node(&m, "devices=2", "").await;
+    let (api, dra) = (node.api.clone(), node.dra.clone());
+    let daemon = support::daemon::Daemon::start(node.cfg.clone());
+    let driver = "chaos.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the pool", || api.devices(NODE, driver).len() == 2).await;
+    api.allocate_claim("ml", "fa", "uid-fa", &[("gpu/large", driver, NODE, "widget-0")]);
+    let answers = dra.prepare(driver, &[("ml", "uid-fa", "fa")]).await.unwrap();
+    assert!(answers["uid-fa"].error.is_empty(), "{:?}", answers["uid-fa"]);
+    assert_eq!(answers["uid-fa"].devices[0].0, ["gpu"]);
     daemon.stop().await.unwrap();
 }

@@ -15,13 +15,14 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("fswatch", &[]),
     ("proto", &[]),
     ("model", &[]),
-    ("dra", &["model", "cdi", "proto", "durable", "sync", "untrusted"]),
+    ("plugin_socket", &["proto", "sync", "untrusted"]),
+    ("dra", &["model", "cdi", "proto", "durable", "sync", "untrusted", "plugin_socket"]),
     ("runtime", &["model", "sync", "durable", "untrusted"]),
     ("oci", &["sync", "durable", "untrusted"]),
     ("backends", &["runtime", "oci", "model", "sync", "durable", "untrusted", "fswatch"]),
     ("cdi", &["model", "sync", "durable", "untrusted"]),
-    ("kubelet", &["model", "cdi", "proto", "sync", "untrusted", "fswatch"]),
-    ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted"]),
+    ("kubelet", &["model", "cdi", "proto", "sync", "untrusted", "fswatch", "plugin_socket"]),
+    ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted", "plugin_socket"]),
     ("config", &["backends", "kubelet", "runtime", "oci", "model", "dra"]),
 ];
 /// The process and its commands; `local_kubelet` is the binary's `devplug try` (the test suite's

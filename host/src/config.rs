@@ -143,6 +143,10 @@ pub struct Config {
     pub kubelet_dir: PathBuf,
     pub plugins_registry_dir: Option<PathBuf>,
     pub registration: RegistrationMode,
+    /// How long kubelet may take to complete a registration before an ERROR and a failing
+    /// `/readyz` (and, with `registration = "auto"`, the fall back to `kubelet.sock`).
+    #[serde(with = "humantime_serde")]
+    pub registration_timeout: Duration,
     pub backends_dir: Option<PathBuf>,
     /// Load the first-party backends built into the binary.
     pub embedded: bool,
@@ -185,6 +189,7 @@ impl Default for Config {
             kubelet_dir: PathBuf::from("/var/lib/kubelet/device-plugins"),
             plugins_registry_dir: None,
             registration: RegistrationMode::Auto,
+            registration_timeout: crate::kubelet::PATIENCE,
             backends_dir: None,
             embedded: true,
             sysfs_root: PathBuf::from("/sys"),

@@ -2,7 +2,7 @@
 //!
 //! Data flows one way: [`runtime`] runs backends and yields the [`model`] of devices; [`backends`]
 //! keeps them loaded, polled and routed per resource; [`kubelet`] serves that model to kubelet over
-//! the Device Plugin API, and [`cdi`] writes the same devices as CDI spec files. The kubelet layer never sees wasmtime types and the runtime never sees
+//! the Device Plugin API ([`dra`] through DRA; both on the sockets of [`plugin_socket`]), and [`cdi`] writes the same devices as CDI spec files. The kubelet layer never sees wasmtime types and the runtime never sees
 //! gRPC types: [`model`] is the only type they share.
 
 pub mod backends;
@@ -17,6 +17,7 @@ pub mod kubelet;
 pub mod model;
 pub mod observe;
 pub mod oci;
+pub mod plugin_socket;
 pub mod proto;
 pub mod runtime;
 pub mod sync;

@@ -23,6 +23,10 @@ use tokio::io::AsyncBufReadExt;
 mod uds;
 
 #[allow(dead_code)]
+#[path = "../../tests/support/h2wire.rs"]
+mod h2wire;
+
+#[allow(dead_code)]
 #[path = "../../tests/support/kubelet.rs"]
 mod standin;
 

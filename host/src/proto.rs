@@ -29,10 +29,21 @@ pub mod dra {
     pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 }
 
-/// Kubelet's DRA resource health API (`/v1alpha1.DRAResourceHealth`, KEP-4680), served on each
-/// DRA plugin's socket.
+/// Kubelet's DRA resource health API (KEP-4680), served on each DRA plugin's socket: `v1alpha1`
+/// (kubelet 1.34-1.36) and `v1` (1.37).
 pub mod dra_health {
-    tonic::include_proto!("v1alpha1");
+    pub mod v1alpha1 {
+        tonic::include_proto!("v1alpha1");
+    }
+    /// Its proto package is `v1`, like the pod resources API's: prost writes both into one file,
+    /// so this module holds the pod resources types too (unused here).
+    pub mod v1 {
+        tonic::include_proto!("v1");
+    }
+
+    /// What a DRA plugin adds to `PluginInfo.supported_versions` for the health services it
+    /// serves (kubelet picks its DRAPlugin service from the same list and ignores these).
+    pub const SERVICES: [&str; 2] = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 }
 
 /// Plugin-watcher registration (`/pluginregistration.Registration`).

@@ -4,7 +4,11 @@
 //! a bearer token, the ResourceSlice validation of kube-apiserver 1.36 (decode errors are 400,
 //! invalid objects 422 with the causes' field paths; agreement with the recorded server is
 //! tested case by case in `tests/dra.rs`), `AlreadyExists` on a second create, optimistic
-//! concurrency (`resourceVersion`) on replace, and Status objects as errors.
+//! concurrency (`resourceVersion`) on replace, and Status objects as errors. What it stores is
+//! what the real server stores, not what it was sent: the server's defaults are applied
+//! ([`server_defaults`]: a taint's `timeAdded`, empty lists and maps dropped as Go's
+//! `omitempty` drops them, `creationTimestamp`, `generation`), so a client that compares what
+//! it sent with what it reads back sees the same differences it would see against a real one.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -47,6 +51,47 @@ impl Store {
 }
 
 type Shared = Arc<Mutex<Store>>;
+
+/// What kube-apiserver 1.36 does to a ResourceSlice it stores, beyond validation: every
+/// `DeviceTaint` without `timeAdded` gets the current time ("Added automatically during create
+/// or update if not set", the recorded OpenAPI document); fields that are empty or null are
+/// not stored (Go's `omitempty` on every optional list, map and pointer of `resource/v1`), so
+/// `"devices": []` comes back without `devices`; `metadata.creationTimestamp` and
+/// `metadata.generation` are set (the generation bumped when the spec changes).
+pub fn server_defaults(slice: &mut Value, old: Option<&Value>) {
+    fn prune(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for child in m.values_mut() {
+                    prune(child);
+                }
+                m.retain(|_, c| {
+                    !(c.is_null()
+                        || c.as_array().is_some_and(Vec::is_empty)
+                        || c.as_object().is_some_and(|o| o.is_empty()))
+                });
+            }
+            Value::Array(a) => a.iter_mut().for_each(prune),
+            _ => {}
+        }
+    }
+    let now = "2026-11-25T12:00:00Z";
+    for d in slice["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        for t in d["taints"].as_array_mut().into_iter().flatten() {
+            if t.get("timeAdded").is_none_or(Value::is_null) {
+                t["timeAdded"] = json!(now);
+            }
+        }
+    }
+    prune(&mut slice["spec"]);
+    let generation = match old {
+        None => 1,
+        Some(o) if o["spec"] == slice["spec"] => o["metadata"]["generation"].as_i64().unwrap_or(1),
+        Some(o) => o["metadata"]["generation"].as_i64().unwrap_or(1) + 1,
+    };
+    slice["metadata"]["generation"] = json!(generation);
+    slice["metadata"]["creationTimestamp"] = old.map_or(json!(now), |o| o["metadata"]["creationTimestamp"].clone());
+}
 
 /// The running stand-in.
 pub struct ApiServer {
@@ -225,6 +270,7 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
         ));
     }
     let rv = st.next_version();
+    server_defaults(&mut slice, None);
     slice["metadata"]["resourceVersion"] = json!(rv);
     slice["metadata"]["uid"] = json!(format!("slice-uid-{rv}"));
     st.slices.insert(name, slice.clone());
@@ -265,6 +311,8 @@ async fn replace_slice(
         ));
     }
     slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
+    let old = old.clone();
+    server_defaults(&mut slice, Some(&old));
     let rv = st.next_version();
     slice["metadata"]["resourceVersion"] = json!(rv);
     st.slices.insert(name, slice.clone());

@@ -6,7 +6,10 @@
 //! device-plugins dir; a blocking dial back to the plugin inside `Register` (10 s) before it
 //! answers, then `ListAndWatch`. A second registration of a resource replaces the first. In
 //! plugin-watcher mode it finds sockets in `plugins_registry`, calls `GetInfo`, checks type and
-//! versions, dials the endpoint and reports through `NotifyRegistrationStatus`.
+//! versions, dials the endpoint and reports through `NotifyRegistrationStatus` on the same
+//! connection — dialed as kubelet 1.36's `operationexecutor` dials: grpc-go's headers with the
+//! socket path, percent-encoded, as `:authority` (see `h2wire` and
+//! tests/fixtures/k8s/README.md), which no `http`-based client can send.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
-use super::uds;
+use super::{h2wire, uds};
 
 /// Kubelet's dial timeout when it connects back to a plugin.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -415,68 +418,87 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
 }
 
 /// Kubelet's reconciler keeps trying a socket it saw appear (its create event can arrive between
-/// the plugin's bind and listen); so does the stand-in, a bounded number of times.
+/// the plugin's bind and listen); so does the stand-in, a bounded number of times. A GetInfo
+/// that fails (a reset stream, a gRPC error) is retried the same way, as kubelet does: it
+/// never reports a failed GetInfo to the plugin.
 async fn watcher_register(shared: &Arc<Shared>, socket: PathBuf, stop: &CancellationToken) {
+    use prost::Message;
+    let authority = h2wire::grpc_go_authority(&socket);
     for _ in 0..50 {
         if stop.is_cancelled() || !socket.exists() {
             return;
         }
-        if let Ok(channel) = uds::connect(&socket, DIAL_TIMEOUT).await {
-            let mut reg = pr::registration_client::RegistrationClient::new(channel);
-            if let Ok(info) = reg.get_info(pr::InfoRequest {}).await.map(|r| r.into_inner()) {
-                return watcher_register_info(shared, socket, stop, reg, info).await;
+        if let Ok(mut conn) = h2wire::Conn::dial(&socket).await
+            && conn.start().await.is_ok()
+        {
+            // Kubelet's GetInfo deadline is 1 s (`grpc-timeout` in the recording: 999467u).
+            let info = conn
+                .unary(
+                    1,
+                    &authority,
+                    "/pluginregistration.Registration/GetInfo",
+                    "999467u",
+                    &[],
+                    Duration::from_secs(1),
+                )
+                .await;
+            if let Ok(a) = info
+                && a.grpc_status() == Some("0")
+                && let Some(info) = a.message().and_then(|m| pr::PluginInfo::decode(m).ok())
+            {
+                let status = watcher_verdict(shared, &socket, stop, info).await;
+                // NotifyRegistrationStatus on stream 3 of the same connection, 5 s deadline.
+                let _ = conn
+                    .unary(
+                        3,
+                        &authority,
+                        "/pluginregistration.Registration/NotifyRegistrationStatus",
+                        "4999990u",
+                        &status.encode_to_vec(),
+                        Duration::from_secs(5),
+                    )
+                    .await;
+                conn.close(3).await;
+                return;
             }
+            conn.close(1).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-async fn watcher_register_info(
+/// Kubelet's verdict on a plugin found by the watcher (the handler of its type registers it).
+async fn watcher_verdict(
     shared: &Arc<Shared>,
-    socket: PathBuf,
+    socket: &Path,
     stop: &CancellationToken,
-    mut reg: pr::registration_client::RegistrationClient<Channel>,
     info: pr::PluginInfo,
-) {
+) -> pr::RegistrationStatus {
     let handler = shared.handlers.lock().unwrap().get(&info.r#type).cloned();
-    if let Some(h) = handler {
-        let status = match h.register(&socket, &info).await {
-            Ok(()) => pr::RegistrationStatus { plugin_registered: true, error: String::new() },
-            Err(e) => {
-                refuse(shared, e.clone());
-                pr::RegistrationStatus { plugin_registered: false, error: e }
-            }
-        };
-        let _ = reg.notify_registration_status(status).await;
-        return;
-    }
-    let verdict = if info.r#type != pr::DEVICE_PLUGIN {
+    let verdict = if let Some(h) = handler {
+        h.register(socket, &info).await
+    } else if info.r#type != pr::DEVICE_PLUGIN {
         Err(format!("plugin type {:?} is not handled", info.r#type))
     } else if !info.supported_versions.iter().any(|v| v == pb::VERSION) {
         Err(format!("none of the versions {:?} is supported", info.supported_versions))
+    } else if let Err(e) = kubelet_accepts_resource_name(&info.name) {
+        Err(e)
     } else {
-        kubelet_accepts_resource_name(&info.name)
-    };
-    let verdict = match verdict {
-        Ok(()) => {
-            let endpoint = if info.endpoint.is_empty() { socket.clone() } else { PathBuf::from(&info.endpoint) };
-            let mut options = pb::DevicePluginOptions::default();
-            if let Ok(ch) = uds::connect(&endpoint, DIAL_TIMEOUT).await {
-                let mut c = pb::device_plugin_client::DevicePluginClient::new(ch);
-                if let Ok(o) = c.get_device_plugin_options(pb::Empty {}).await {
-                    options = o.into_inner();
-                }
+        let endpoint = if info.endpoint.is_empty() { socket.to_owned() } else { PathBuf::from(&info.endpoint) };
+        let mut options = pb::DevicePluginOptions::default();
+        if let Ok(ch) = uds::connect(&endpoint, DIAL_TIMEOUT).await {
+            let mut c = pb::device_plugin_client::DevicePluginClient::new(ch);
+            if let Ok(o) = c.get_device_plugin_options(pb::Empty {}).await {
+                options = o.into_inner();
             }
-            connect_plugin(shared, &info.name, endpoint, options, stop).await
         }
-        Err(e) => Err(e),
+        connect_plugin(shared, &info.name, endpoint, options, stop).await
     };
-    let status = match &verdict {
+    match verdict {
         Ok(()) => pr::RegistrationStatus { plugin_registered: true, error: String::new() },
         Err(e) => {
             refuse(shared, e.clone());
-            pr::RegistrationStatus { plugin_registered: false, error: e.clone() }
+            pr::RegistrationStatus { plugin_registered: false, error: e }
         }
-    };
-    let _ = reg.notify_registration_status(status).await;
+    }
 }

@@ -1,7 +1,7 @@
 //! Kubelet's DRA side, as a handler of the kubelet stand-in's plugin watcher (type
 //! `DRAPlugin`), doing what kubelet's DRA manager does: validate the plugin's name and
-//! versions (the highest service version this kubelet knows of those offered; none known is a
-//! refusal), dial its endpoint, call `NodePrepareResources` / `NodeUnprepareResources` in that
+//! versions (the first service the plugin lists that this kubelet knows, as
+//! `validateSupportedServices` picks; none known is a refusal), dial its endpoint, call `NodePrepareResources` / `NodeUnprepareResources` in that
 //! version, and at its own start delete the node's ResourceSlices (kubelet's
 //! `wipeResourceSlices`: no driver is usable until it registers again).
 
@@ -104,15 +104,68 @@ impl DraKubelet {
 }
 
 impl DraKubelet {
-    /// Open `NodeWatchResources` on `driver`'s socket, as kubelet 1.34+ does for health.
+    /// Open `NodeWatchResources` on `driver`'s socket, as kubelet 1.34-1.36 does for health
+    /// (`v1alpha1`, always, on the DRA connection).
     pub async fn watch_health(
         &self,
         driver: &str,
-    ) -> Result<tonic::Streaming<devplug::proto::dra_health::NodeWatchResourcesResponse>, tonic::Status> {
-        use devplug::proto::dra_health as h;
+    ) -> Result<tonic::Streaming<devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
+        use devplug::proto::dra_health::v1alpha1 as h;
         let p = self.plugin(driver).ok_or_else(|| tonic::Status::unavailable(format!("{driver} not registered")))?;
         let mut client = h::dra_resource_health_client::DraResourceHealthClient::new(p.channel);
         Ok(client.node_watch_resources(h::NodeWatchResourcesRequest {}).await?.into_inner())
+    }
+}
+
+/// What kubelet makes of a driver's health reports (`pkg/kubelet/cm/dra/healthinfo.go`): each
+/// device's last report with the time it arrived; a device whose report is older than its
+/// `health_check_timeout_seconds` (30 s when unset, zero or negative) is `Unknown`.
+#[derive(Default)]
+pub struct HealthView {
+    devices: HashMap<String, (i32, tokio::time::Instant, Duration, String)>,
+}
+
+/// Kubelet's default health timeout.
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl HealthView {
+    /// A report arrived now.
+    pub fn record(&mut self, list: &devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse) {
+        let now = tokio::time::Instant::now();
+        for d in &list.devices {
+            let Some(id) = &d.device else { continue };
+            let timeout = if d.health_check_timeout_seconds > 0 {
+                Duration::from_secs(d.health_check_timeout_seconds as u64)
+            } else {
+                DEFAULT_HEALTH_TIMEOUT
+            };
+            self.devices.insert(id.device_name.clone(), (d.health, now, timeout, d.message.clone()));
+        }
+    }
+
+    /// Each device's health as kubelet shows it now: "Healthy", "Unhealthy" or "Unknown".
+    pub fn health(&self) -> HashMap<String, &'static str> {
+        let now = tokio::time::Instant::now();
+        self.devices
+            .iter()
+            .map(|(name, (h, at, timeout, _))| {
+                let shown = if now.duration_since(*at) > *timeout {
+                    "Unknown"
+                } else if *h == 1 {
+                    "Healthy"
+                } else if *h == 2 {
+                    "Unhealthy"
+                } else {
+                    "Unknown"
+                };
+                (name.clone(), shown)
+            })
+            .collect()
+    }
+
+    /// The message of a device's last report.
+    pub fn message(&self, device: &str) -> Option<&str> {
+        self.devices.get(device).map(|d| d.3.as_str())
     }
 }
 
@@ -165,7 +218,9 @@ impl PluginHandler for DraKubelet {
         if info.supported_versions.is_empty() {
             return Err(format!("registering DRA plugin {:?}: empty list for supported versions", info.name));
         }
-        let Some(version) = self.known.iter().find(|k| info.supported_versions.iter().any(|v| v == *k)) else {
+        let Some(version) =
+            info.supported_versions.iter().find_map(|v| self.known.iter().find(|k| **k == v.as_str()).copied())
+        else {
             return Err(format!(
                 "registering DRA plugin {:?}: none of the versions specified {:?} are supported",
                 info.name, info.supported_versions

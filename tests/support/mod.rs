@@ -8,6 +8,7 @@ pub mod binary;
 pub mod daemon;
 pub mod dra_node;
 pub mod fixtures;
+pub mod h2wire;
 pub mod hardware;
 pub mod hostile_registry;
 pub mod kubelet;

@@ -131,6 +131,11 @@ impl SpecDir {
         Ok(file)
     }
 
+    /// Whether the spec of claim `uid` is on disk (a reboot empties `/var/run/cdi`).
+    pub fn has_claim(&self, uid: &str) -> bool {
+        claim_file(uid).is_ok_and(|f| self.dir.join(f).is_file())
+    }
+
     /// Remove a claim's spec (none there is fine: unprepare may be repeated).
     pub fn remove_claim(&self, uid: &str) -> Result<(), CdiError> {
         let file = self.dir.join(claim_file(uid)?);

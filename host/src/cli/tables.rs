@@ -10,6 +10,18 @@ pub fn status_table(v: &serde_json::Value) -> String {
         rows.push(vec![str_of(&r["name"]), str_of(&r["healthy"]), str_of(&r["unhealthy"]), str_of(&r["endpoint"])]);
     }
     out.push_str(&table(&rows, &[false, true, true, false]));
+    let regs = v["registrations"].as_array().cloned().unwrap_or_default();
+    if !regs.is_empty() {
+        let mut rows = vec![["REGISTRATION", "MODE", "STATE", "SOCKET"].map(str::to_owned).to_vec()];
+        for r in &regs {
+            rows.push(vec![str_of(&r["subject"]), str_of(&r["mode"]), str_of(&r["state"]), str_of(&r["socket"])]);
+        }
+        let _ = writeln!(out);
+        out.push_str(&table(&rows, &[false, false, false, false]));
+        for why in regs.iter().filter_map(|r| r["overdue"].as_str()) {
+            let _ = writeln!(out, "! {why}");
+        }
+    }
     let mut rows = vec![
         ["BACKEND", "VERSION", "COMPONENT SHA256", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"]
             .map(str::to_owned)

@@ -48,8 +48,8 @@ impl Daemon {
             device_plugin_dir: cfg.kubelet_dir.clone(),
             plugins_registry_dir: cfg.plugins_registry_dir(),
         };
-        let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?);
-        let dra = connect_dra(&cfg, specs.as_ref()).await;
+        let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?.with_patience(cfg.registration_timeout));
+        let dra = connect_dra(&cfg, specs.as_ref(), endpoints.board()).await;
         let stop = CancellationToken::new();
         let served = loaded.clone();
         let pods = podresources::spawn(
@@ -164,7 +164,11 @@ async fn load<F: Future<Output = ()>>(
 
 /// The DRA side, when the config serves any resource through DRA; `None` (with an error saying
 /// what to fix) when it cannot be had: those resources are then not served at all.
-async fn connect_dra(cfg: &Config, specs: Option<&Arc<crate::cdi::SpecDir>>) -> Option<Arc<crate::dra::DraNode>> {
+async fn connect_dra(
+    cfg: &Config,
+    specs: Option<&Arc<crate::cdi::SpecDir>>,
+    board: Arc<crate::plugin_socket::registration::Board>,
+) -> Option<Arc<crate::dra::DraNode>> {
     if !cfg.uses_dra() {
         return None;
     }
@@ -180,6 +184,8 @@ async fn connect_dra(cfg: &Config, specs: Option<&Arc<crate::cdi::SpecDir>>) -> 
         registry_dir: cfg.plugins_registry_dir(),
         plugins_dir: cfg.dra_plugins_dir(),
         resync: cfg.dra.resync,
+        board,
+        patience: cfg.registration_timeout,
     };
     match crate::dra::DraNode::connect(settings, specs.clone()).await {
         Ok(node) => {

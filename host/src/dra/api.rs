@@ -5,6 +5,13 @@
 //! A pool is replaced whole: every slice of the new generation is written before the slices it
 //! no longer needs are deleted, so the scheduler (which ignores a pool whose slices disagree on
 //! the generation) never sees a mix it would act on.
+//!
+//! Whether the server's pool is already what devplug wants is decided by what devplug owns, not
+//! by comparing the stored objects field by field: the server adds to what it stores (a taint's
+//! `timeAdded`), drops what is empty (`"devices": []`) and canonicalises quantities, so a field
+//! by field comparison never finds them equal and every sync would write again (and wake its own
+//! watch, and write again). Each slice carries the SHA-256 of the spec devplug built
+//! ([`SPEC_HASH`]); equal hashes, names and one generation mean nothing to write.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,6 +24,16 @@ use serde_json::Value;
 
 /// The label every slice devplug publishes carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devplug");
+/// The annotation with the SHA-256 of the spec devplug built for a slice (generation left out).
+pub const SPEC_HASH: &str = "devplug.io/spec-sha256";
+
+/// The hash [`SPEC_HASH`] carries for `slice`: its spec as devplug serialises it, at generation 0.
+pub fn spec_hash(slice: &ResourceSlice) -> String {
+    use sha2::{Digest, Sha256};
+    let mut spec = slice.spec.clone();
+    spec.pool.generation = 0;
+    hex::encode(Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()))
+}
 
 /// A client for the API server: from `kubeconfig`, else the in-cluster service account (or
 /// `$KUBECONFIG`, as kubectl reads it).
@@ -110,6 +127,7 @@ impl PoolWriter {
             let mut slice = slice.clone();
             slice.metadata.owner_references = self.owner.clone().map(|o| vec![o]);
             slice.metadata.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())]));
+            slice.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), spec_hash(&slice))]));
             match current.get(name) {
                 Some(old) => {
                     slice.metadata.resource_version = old.metadata.resource_version.clone();
@@ -160,36 +178,47 @@ impl PoolWriter {
         let driver = self.driver.clone();
         tokio::spawn(async move {
             const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+            const LONG_WATCH: std::time::Duration = std::time::Duration::from_secs(10);
             let mut backoff = FIRST;
             loop {
                 let watch = async {
-                    let events = api.watch(&params, "0").await?;
+                    let events = api.watch(&params, "0").await.map_err(|e| e.to_string())?;
                     let mut events = std::pin::pin!(events);
                     while let Some(ev) = events.next().await {
-                        match ev? {
+                        match ev.map_err(|e| e.to_string())? {
                             WatchEvent::Deleted(_) | WatchEvent::Modified(_) => wake.notify_one(),
-                            // `410 Gone` and the like: watch again from now.
-                            WatchEvent::Error(_) => break,
+                            // The server ended the watch with a Status (`410 Gone`, throttling,
+                            // an error of its own): watch again, but after the backoff, so a
+                            // server that ends every watch at once is not asked again at once.
+                            WatchEvent::Error(e) => {
+                                return Err(format!("the server ended the watch: {} ({})", e.message, e.code));
+                            }
                             WatchEvent::Added(_) | WatchEvent::Bookmark(_) => {}
                         }
                     }
-                    Ok::<(), kube::Error>(())
+                    Ok::<(), String>(())
                 };
+                let began = tokio::time::Instant::now();
                 let ended = tokio::select! {
                     _ = stop.cancelled() => return,
                     r = watch => r,
                 };
-                match ended {
-                    Ok(()) => backoff = FIRST,
-                    Err(e) => {
-                        tracing::debug!(driver = %driver, "watching ResourceSlices: {e}; again in {backoff:?}");
-                        tokio::select! {
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(backoff) => {}
-                        }
-                        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+                // A watch the server closed cleanly after a while (they do, every few minutes)
+                // is opened again at once; one that failed, or ended at once, after the backoff.
+                let why = match ended {
+                    Ok(()) if began.elapsed() >= LONG_WATCH => {
+                        backoff = FIRST;
+                        continue;
                     }
+                    Ok(()) => "the server ended the watch at once".to_owned(),
+                    Err(e) => e,
+                };
+                tracing::debug!(driver = %driver, "watching ResourceSlices: {why}; again in {backoff:?}");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
                 }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
             }
         })
     }
@@ -234,19 +263,17 @@ fn typed(slices: Vec<Value>) -> anyhow::Result<BTreeMap<String, ResourceSlice>> 
         .collect()
 }
 
-/// Whether the server's pool holds exactly the wanted slices (names, devices, counter sets, slice
-/// count), each at one generation: then nothing needs writing.
+/// Whether the server's pool holds exactly the wanted slices (the same names, each stored from
+/// the spec devplug wants now, by [`SPEC_HASH`]), all at one generation: then nothing needs
+/// writing. What the server added or dropped when it stored them does not count.
 fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &BTreeMap<String, ResourceSlice>) -> bool {
     let generations: std::collections::BTreeSet<i64> = current.values().map(|s| s.spec.pool.generation).collect();
     current.len() == wanted.len()
         && generations.len() <= 1
         && wanted.iter().all(|(name, w)| {
-            current.get(name).is_some_and(|c| {
-                c.spec.devices == w.spec.devices
-                    && c.spec.shared_counters == w.spec.shared_counters
-                    && c.spec.pool.name == w.spec.pool.name
-                    && c.spec.pool.resource_slice_count == w.spec.pool.resource_slice_count
-            })
+            current
+                .get(name)
+                .is_some_and(|c| c.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH)) == Some(&spec_hash(w)))
         })
 }
 
@@ -271,10 +298,52 @@ mod tests {
         typed(vec![slice]).unwrap()
     }
 
+    /// `wanted` as the server stores it: annotated by devplug, then changed by the server.
+    fn stored(
+        wanted: &BTreeMap<String, ResourceSlice>,
+        server: impl Fn(&mut ResourceSlice),
+    ) -> BTreeMap<String, ResourceSlice> {
+        wanted
+            .iter()
+            .map(|(n, s)| {
+                let mut s = s.clone();
+                s.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), spec_hash(&s))]));
+                s.spec.pool.generation = 7;
+                server(&mut s);
+                (n.clone(), s)
+            })
+            .collect()
+    }
+
     #[test]
     fn a_pool_differs_when_only_its_counter_sets_do() {
-        assert!(same_pool(&pool("8"), &pool("8")));
-        assert!(!same_pool(&pool("8"), &pool("7")), "a changed counter set is written");
+        assert!(same_pool(&stored(&pool("8"), |_| {}), &pool("8")));
+        assert!(!same_pool(&stored(&pool("8"), |_| {}), &pool("7")), "a changed counter set is written");
         assert!(!same_pool(&BTreeMap::new(), &pool("8")), "a missing slice is written");
+        assert!(!same_pool(&pool("8"), &pool("8")), "a slice devplug did not annotate is written once");
+    }
+
+    #[test]
+    fn what_the_server_adds_or_drops_is_not_a_difference() {
+        let wanted = typed(vec![serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 },
+                      "devices": [{ "name": "d0", "taints": [{ "key": "devplug.io/unhealthy", "effect": "NoSchedule" }] }] },
+        })])
+        .unwrap();
+        let server = |s: &mut ResourceSlice| {
+            for d in s.spec.devices.iter_mut().flatten() {
+                for t in d.taints.iter_mut().flatten() {
+                    t.time_added = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+                }
+            }
+        };
+        assert!(same_pool(&stored(&wanted, server), &wanted), "a taint's timeAdded is the server's");
+        let empty = typed(vec![serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 }, "devices": [] },
+        })])
+        .unwrap();
+        assert!(same_pool(&stored(&empty, |s| s.spec.devices = None), &empty), "an empty list the server dropped");
     }
 }

@@ -1,6 +1,11 @@
 //! The claims this node has prepared, on disk: a prepare that was answered is never answered
 //! differently, across a devplug restart or a crash at any instant (the file is replaced
 //! atomically: the old set or the new one, never a torn file).
+//!
+//! Each claim also records the boot it was prepared in (`/proc/sys/kernel/random/boot_id`):
+//! the checkpoint lives under `/var/lib/kubelet` and survives a reboot, the claim's CDI spec in
+//! `/var/run/cdi` (tmpfs) does not, and kubelet prepares every claim again after one. A claim
+//! from an earlier boot is prepared again rather than answered from the record.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +38,14 @@ struct Saved {
     version: u32,
     /// By claim UID.
     claims: BTreeMap<String, (ClaimRef, Vec<PreparedDevice>)>,
+    /// The boot each claim was prepared in, by claim UID (absent in files of devplug 0.2).
+    #[serde(default)]
+    boots: BTreeMap<String, String>,
+}
+
+/// This machine's boot: `/proc/sys/kernel/random/boot_id` (empty where it cannot be read).
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 
 const FORMAT: u32 = 1;
@@ -43,6 +56,8 @@ pub const FILE: &str = "dra-claims.json";
 pub struct Checkpoint {
     dir: PathBuf,
     saved: Mutex<Saved>,
+    /// The boot this process runs in.
+    boot: String,
 }
 
 impl Checkpoint {
@@ -70,7 +85,18 @@ impl Checkpoint {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved { version: FORMAT, ..Saved::default() },
             Err(e) => anyhow::bail!("{}: {e}", path.display()),
         };
-        Ok(Checkpoint { dir: dir.to_owned(), saved: Mutex::new(saved) })
+        Ok(Checkpoint { dir: dir.to_owned(), saved: Mutex::new(saved), boot: boot_id() })
+    }
+
+    /// The same, as if this process ran in boot `boot` (tests of what a reboot does).
+    pub fn open_in_boot(dir: &Path, boot: &str) -> anyhow::Result<Self> {
+        Ok(Checkpoint { boot: boot.to_owned(), ..Self::open(dir)? })
+    }
+
+    /// Whether claim `uid` was prepared in an earlier boot than this one (a claim recorded
+    /// without its boot, by devplug 0.2, counts as this boot's).
+    pub fn from_earlier_boot(&self, uid: &str) -> bool {
+        self.saved.locked().boots.get(uid).is_some_and(|b| *b != self.boot)
     }
 
     /// The devices claim `uid` was prepared with, if it was.
@@ -87,6 +113,7 @@ impl Checkpoint {
     pub fn put(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> std::io::Result<()> {
         let mut saved = self.saved.locked();
         saved.claims.insert(claim.uid.clone(), (claim.clone(), devices.to_vec()));
+        saved.boots.insert(claim.uid.clone(), self.boot.clone());
         self.write(&saved)
     }
 
@@ -94,6 +121,7 @@ impl Checkpoint {
     pub fn remove(&self, uid: &str) -> std::io::Result<bool> {
         let mut saved = self.saved.locked();
         let was = saved.claims.remove(uid).is_some();
+        saved.boots.remove(uid);
         if was {
             self.write(&saved)?;
         }

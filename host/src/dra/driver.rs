@@ -2,7 +2,12 @@
 //! socket, its pool of ResourceSlices kept equal to its resources' device lists (on every
 //! change, on every registration with kubelet, whenever a watch sees the server's copy change
 //! under it — kubelet deletes a node's slices when it starts — and every `resync` in any case),
-//! and on stop its slices deleted and its sockets removed.
+//! and on stop its sockets removed.
+//!
+//! The pool is published only once the driver has a resource (never an empty pool first), and
+//! a stop keeps it unless the driver stops being served ([`Driver::stop`]'s `retire`): a devplug
+//! restart (a DaemonSet rolling update, SIGTERM) leaves the node's devices schedulable, and
+//! kubelet itself deletes a driver's slices when its plugin stays away.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,10 +23,12 @@ use super::checkpoint::Checkpoint;
 use super::health::HealthService;
 use super::plugin::DraPlugin;
 use super::prepare::Preparer;
-use super::registration::{self, DraRegistration};
+use super::registration;
 use super::served::{Served, ServedResource};
 use super::slices;
 use crate::cdi::SpecDir;
+use crate::plugin_socket::registration::{Board, RegistrationState, alarm};
+use crate::plugin_socket::{Registration, Stage};
 use crate::sync::Locked;
 
 /// What starting a driver needs.
@@ -34,6 +41,10 @@ pub struct DriverSetup {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub resync: Duration,
+    /// Where the driver's registration with kubelet shows (`/readyz`, `/status`).
+    pub board: Arc<Board>,
+    /// How long kubelet may take to register the driver before an ERROR.
+    pub patience: Duration,
 }
 
 /// How long stopping waits for the API server to delete the pool.
@@ -49,6 +60,8 @@ pub struct Driver {
     /// A task per resource, waking the driver when its list changes.
     watchers: Mutex<BTreeMap<String, JoinHandle<()>>>,
     stop: CancellationToken,
+    /// Set when the stop is for good: the pool is deleted too.
+    retire: Arc<std::sync::atomic::AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -69,18 +82,30 @@ impl Driver {
         let wake = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let (health, changes) = tokio::sync::watch::channel(0u64);
+        let reg_path = registration::registration_socket(&setup.registry_dir, &setup.driver);
+        let (registration, shown) = tokio::sync::watch::channel(RegistrationState::new(
+            format!("DRA driver {}", setup.driver),
+            "plugin-watcher",
+            reg_path.clone(),
+        ));
+        setup.board.show(shown.clone());
+        let warn = tokio::spawn(alarm(shown, setup.patience));
         let sockets = Sockets {
             health: HealthService { served: served.clone(), pool: setup.node.clone(), changes, stop: stop.clone() },
             plugin,
             dra: registration::plugin_socket(&setup.plugins_dir, &setup.driver),
-            reg: registration::registration_socket(&setup.registry_dir, &setup.driver),
+            reg: reg_path,
             driver: setup.driver.clone(),
             registered: wake.clone(),
+            registration,
+            warn,
             stop: stop.clone(),
             servers: Vec::new(),
         };
-        let task = tokio::spawn(keep(setup.clone(), sockets, served.clone(), wake.clone(), stop.clone()));
-        Ok(Driver { name: setup.driver, served, wake, health, watchers: Mutex::default(), stop, task })
+        let retire = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task =
+            tokio::spawn(keep(setup.clone(), sockets, served.clone(), wake.clone(), stop.clone(), retire.clone()));
+        Ok(Driver { name: setup.driver, served, wake, health, watchers: Mutex::default(), stop, retire, task })
     }
 
     /// Serve `r` through this driver (its devices join the pool).
@@ -122,11 +147,13 @@ impl Driver {
         empty
     }
 
-    /// Delete the pool, remove the sockets, end the task.
-    pub async fn stop(self) {
+    /// Remove the sockets and end the task; with `retire` (devplug no longer serves this driver
+    /// on this node) delete the pool too, else leave it for the next devplug.
+    pub async fn stop(self, retire: bool) {
         for (_, w) in std::mem::take(&mut *self.watchers.locked()) {
             w.abort();
         }
+        self.retire.store(retire, std::sync::atomic::Ordering::Release);
         self.stop.cancel();
         let _ = self.task.await;
     }
@@ -140,6 +167,9 @@ struct Sockets {
     reg: PathBuf,
     driver: String,
     registered: Arc<Notify>,
+    registration: tokio::sync::watch::Sender<RegistrationState>,
+    /// The ERROR when kubelet never registers the driver.
+    warn: JoinHandle<()>,
     stop: CancellationToken,
     servers: Vec<(CancellationToken, JoinHandle<()>)>,
 }
@@ -169,15 +199,15 @@ impl Sockets {
                 return;
             }
         }
-        let reg = DraRegistration {
-            driver: self.driver.clone(),
-            endpoint: self.dra.display().to_string(),
-            registered: self.registered.clone(),
-        };
+        let registered = self.registered.clone();
+        let reg = Registration::new(registration::info(&self.driver, &self.dra), self.registration.clone())
+            .on_registered(move |_| registered.notify_one());
         let t = self.stop.child_token();
-        match registration::serve(reg, &self.reg, t.clone()) {
+        let routes = tonic::service::Routes::new(reg.service());
+        match crate::plugin_socket::serve(&self.reg, routes, t.clone(), "DRA registration server") {
             Ok(h) => {
                 self.servers.push((t, h));
+                self.registration.send_modify(|r| r.enter(Stage::Serving));
                 tracing::info!(driver = %self.driver, socket = %self.reg.display(), "DRA plugin serving for kubelet's plugin watcher");
             }
             Err(e) => {
@@ -187,12 +217,13 @@ impl Sockets {
     }
 
     async fn close(&mut self) {
+        self.warn.abort();
         for (t, h) in self.servers.drain(..) {
             t.cancel();
             let _ = h.await;
         }
         for p in [&self.reg, &self.dra] {
-            let _ = std::fs::remove_file(p);
+            crate::plugin_socket::bind::unbind(p);
         }
     }
 }
@@ -204,6 +235,7 @@ async fn keep(
     served: Arc<Served>,
     wake: Arc<Notify>,
     stop: CancellationToken,
+    retire: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let mut writer = PoolWriter::new(setup.client.clone(), &setup.node, &setup.driver);
     let watching = writer.watch(wake.clone(), stop.clone());
@@ -216,6 +248,11 @@ async fn keep(
             _ = stop.cancelled() => break,
             _ = wake.notified() => {}
             _ = resync.tick() => sockets.ensure(),
+        }
+        // Nothing to publish before the first resource arrives: an empty pool would take the
+        // node's devices away from the scheduler until the real one follows.
+        if served.resources().is_empty() {
+            continue;
         }
         let resources: Vec<crate::model::Resource> = served.snapshot().iter().map(|r| (**r).clone()).collect();
         let backend = served.resources().first().map(|r| r.backend.clone()).unwrap_or_default();
@@ -241,6 +278,12 @@ async fn keep(
         }
     }
     watching.abort();
+    sockets.close().await;
+    setup.board.hide(&format!("DRA driver {}", setup.driver));
+    if !retire.load(std::sync::atomic::Ordering::Acquire) {
+        tracing::info!(driver = %setup.driver, "ResourceSlices left in place for the next devplug on this node");
+        return;
+    }
     match tokio::time::timeout(REMOVE_TIMEOUT, writer.remove_all()).await {
         Ok(Ok(n)) => tracing::info!(driver = %setup.driver, slices = n, "ResourceSlices deleted"),
         Ok(Err(e)) => tracing::warn!(driver = %setup.driver, "ResourceSlices not deleted: {e:#}"),
@@ -248,5 +291,4 @@ async fn keep(
             tracing::warn!(driver = %setup.driver, "ResourceSlices not deleted: the API server did not answer within {REMOVE_TIMEOUT:?}")
         }
     }
-    sockets.close().await;
 }

@@ -1,10 +1,19 @@
-//! `DRAResourceHealth` (v1alpha1, KEP-4680) on a driver's DRA socket: kubelet opens
-//! `NodeWatchResources` and gets the complete list of the driver's devices with their health
-//! at once and again on every change of a device list, so a device a pod holds that turns
-//! Unhealthy shows in the pod's status. (The scheduler learns it from the slices' taints.)
+//! `DRAResourceHealth` (KEP-4680) on a driver's DRA socket, in `v1alpha1` (kubelet 1.34-1.36)
+//! and `v1` (1.37): kubelet opens `NodeWatchResources` and gets the complete list of the
+//! driver's devices with their health, at once, on every change of a device list, and again
+//! every [`RESEND`] in any case.
+//!
+//! The resend is what keeps a device from turning Unknown: kubelet stamps each report with its
+//! arrival and shows a device `Unknown` once `health_check_timeout_seconds` (its default: 30 s)
+//! pass without one (`pkg/kubelet/cm/dra/healthinfo.go`). devplug sets the timeout to
+//! [`TIMEOUT_SECONDS`] and resends at a third of it, as the upstream Go driver resends about
+//! every 2 s. An Unhealthy device carries its reason (the backend's `unhealthy` attribute) in
+//! `message`, which kubelet shows in the pod's status. (The scheduler learns health from the
+//! slices' taints.)
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -12,7 +21,24 @@ use tokio_util::sync::CancellationToken;
 use super::served::Served;
 use super::slices::device_name;
 use crate::model::Health;
-use crate::proto::dra_health as pb;
+use crate::proto::dra_health::{v1, v1alpha1};
+
+/// How long kubelet may keep one report before it shows the device Unknown.
+pub const TIMEOUT_SECONDS: i64 = 60;
+/// How often the complete list goes out again without a change: a third of the timeout, so two
+/// lost or late reports still leave the device known.
+pub const RESEND: Duration = Duration::from_secs(TIMEOUT_SECONDS as u64 / 3);
+/// Kubelet truncates longer messages; devplug sends at most this many characters.
+const MESSAGE_MAX: usize = 1024;
+
+/// One device's health as both API versions carry it.
+pub struct Report {
+    pub pool: String,
+    pub device: String,
+    pub healthy: bool,
+    pub message: String,
+    pub at: i64,
+}
 
 /// The service for one driver.
 #[derive(Clone)]
@@ -26,49 +52,93 @@ pub struct HealthService {
 }
 
 impl HealthService {
-    /// Every device of the driver now, with its health.
-    pub fn list(&self) -> pb::NodeWatchResourcesResponse {
+    /// Every device of the driver now, with its health and reason (the backend's `unhealthy`
+    /// attribute, or a sentence naming the backend when it gave none).
+    pub fn reports(&self) -> Vec<Report> {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
-        let devices = self
-            .served
-            .snapshot()
-            .iter()
-            .flat_map(|r| r.devices.clone())
-            .map(|d| pb::DeviceHealth {
-                device: Some(pb::DeviceIdentifier { pool_name: self.pool.clone(), device_name: device_name(&d.id) }),
-                health: match d.health {
-                    Health::Healthy => pb::HealthStatus::Healthy,
-                    Health::Unhealthy => pb::HealthStatus::Unhealthy,
-                } as i32,
-                last_updated_time: now,
-            })
-            .collect();
-        pb::NodeWatchResourcesResponse { devices }
+        let mut out = Vec::new();
+        for r in self.served.resources() {
+            let list = r.devices.borrow().clone();
+            for d in &list.devices {
+                let healthy = d.health == Health::Healthy;
+                let message = if healthy {
+                    String::new()
+                } else {
+                    match d.attributes.iter().find(|(k, _)| k == "unhealthy") {
+                        Some((_, why)) => crate::untrusted::clip_to(why, MESSAGE_MAX - 40).into_owned(),
+                        None => format!("backend {} reports it Unhealthy (no reason given)", r.backend),
+                    }
+                };
+                out.push(Report { pool: self.pool.clone(), device: device_name(&d.id), healthy, message, at: now });
+            }
+        }
+        out
     }
-}
 
-type Updates = Pin<Box<dyn futures::Stream<Item = Result<pb::NodeWatchResourcesResponse, tonic::Status>> + Send>>;
-
-#[tonic::async_trait]
-impl pb::dra_resource_health_server::DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = Updates;
-
-    async fn node_watch_resources(
+    /// The stream of complete lists: one now, one on every change, one every [`RESEND`].
+    fn updates<T: Send + 'static>(
         &self,
-        _: tonic::Request<pb::NodeWatchResourcesRequest>,
-    ) -> Result<tonic::Response<Updates>, tonic::Status> {
+        list: fn(Vec<Report>) -> T,
+    ) -> Pin<Box<dyn futures::Stream<Item = Result<T, tonic::Status>> + Send>> {
         let mut changes = self.changes.clone();
         changes.mark_unchanged();
-        let stream = futures::stream::unfold((self.clone(), changes, true), |(svc, mut changes, first)| async move {
+        let svc = self.clone();
+        Box::pin(futures::stream::unfold((svc, changes, true), move |(svc, mut changes, first)| async move {
             if !first {
                 tokio::select! {
                     _ = svc.stop.cancelled() => return None,
                     r = changes.changed() => r.ok()?,
+                    _ = tokio::time::sleep(RESEND) => {}
                 }
             }
-            let list = svc.list();
-            Some((Ok(list), (svc, changes, false)))
-        });
-        Ok(tonic::Response::new(Box::pin(stream)))
+            let out = list(svc.reports());
+            Some((Ok(out), (svc, changes, false)))
+        }))
     }
 }
+
+/// The service in one API version: the generated types of `v1alpha1` and `v1` are distinct but
+/// alike, so one macro writes both.
+macro_rules! version {
+    ($wrapper:ident, $m:ident) => {
+        /// The health service as `$m.DRAResourceHealth`.
+        #[derive(Clone)]
+        pub struct $wrapper(pub HealthService);
+
+        impl $wrapper {
+            fn list(reports: Vec<Report>) -> $m::NodeWatchResourcesResponse {
+                let devices = reports
+                    .into_iter()
+                    .map(|r| $m::DeviceHealth {
+                        device: Some($m::DeviceIdentifier { pool_name: r.pool, device_name: r.device }),
+                        health: if r.healthy { $m::HealthStatus::Healthy } else { $m::HealthStatus::Unhealthy } as i32,
+                        last_updated_time: r.at,
+                        health_check_timeout_seconds: TIMEOUT_SECONDS,
+                        message: r.message,
+                    })
+                    .collect();
+                $m::NodeWatchResourcesResponse { devices }
+            }
+
+            pub fn service(self) -> $m::dra_resource_health_server::DraResourceHealthServer<Self> {
+                $m::dra_resource_health_server::DraResourceHealthServer::new(self)
+            }
+        }
+
+        #[tonic::async_trait]
+        impl $m::dra_resource_health_server::DraResourceHealth for $wrapper {
+            type NodeWatchResourcesStream =
+                Pin<Box<dyn futures::Stream<Item = Result<$m::NodeWatchResourcesResponse, tonic::Status>> + Send>>;
+
+            async fn node_watch_resources(
+                &self,
+                _: tonic::Request<$m::NodeWatchResourcesRequest>,
+            ) -> Result<tonic::Response<Self::NodeWatchResourcesStream>, tonic::Status> {
+                Ok(tonic::Response::new(self.0.updates(Self::list)))
+            }
+        }
+    };
+}
+
+version!(V1alpha1, v1alpha1);
+version!(V1, v1);

@@ -1,6 +1,6 @@
 //! This node's DRA side: the API server connection and one [`Driver`] per backend driver name,
-//! started when its first resource arrives and stopped (pool deleted, sockets removed) when its
-//! last one goes or devplug stops.
+//! started when its first resource arrives and stopped when its last one goes (pool deleted,
+//! sockets removed) or devplug stops (sockets removed, the pool left for the next devplug).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,10 @@ pub struct NodeSettings<'a> {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub resync: Duration,
+    /// Where each driver's registration with kubelet shows.
+    pub board: Arc<crate::plugin_socket::registration::Board>,
+    /// How long kubelet may take to register a driver before an ERROR.
+    pub patience: Duration,
 }
 
 /// The DRA drivers of this node.
@@ -48,6 +52,8 @@ impl DraNode {
             registry_dir: s.registry_dir,
             plugins_dir: s.plugins_dir,
             resync: s.resync,
+            board: s.board,
+            patience: s.patience,
         };
         Ok(DraNode { setup, drivers: tokio::sync::Mutex::default() })
     }
@@ -82,13 +88,14 @@ impl DraNode {
         let Some(name) = drivers.iter().find(|(_, d)| d.serves(resource)).map(|(n, _)| n.clone()) else { return };
         let empty = drivers.get(&name).is_some_and(|d| d.remove(resource));
         if empty && let Some(d) = drivers.remove(&name) {
-            d.stop().await;
+            d.stop(true).await;
         }
     }
 
-    /// Stop every driver: pools deleted, sockets removed.
+    /// Stop every driver (devplug stops): sockets removed, pools left in place, so the node's
+    /// devices stay schedulable while the next devplug starts.
     pub async fn shutdown(&self) {
         let drivers = std::mem::take(&mut *self.drivers.lock().await);
-        futures::future::join_all(drivers.into_values().map(Driver::stop)).await;
+        futures::future::join_all(drivers.into_values().map(|d| d.stop(false))).await;
     }
 }

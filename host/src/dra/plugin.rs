@@ -9,8 +9,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
 
 use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
 use crate::proto::dra::{v1, v1beta1};
@@ -20,6 +20,8 @@ use crate::proto::dra::{v1, v1beta1};
 #[async_trait::async_trait]
 pub trait ClaimPreparer: Send + Sync + 'static {
     async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String>;
+    /// Whether what `prepare` left on the node for `claim` is still there (its CDI spec).
+    fn intact(&self, claim: &ClaimRef) -> bool;
     async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String>;
 }
 
@@ -41,7 +43,17 @@ impl DraPlugin {
         let _one = self.busy.lock().await;
         let mut out = BTreeMap::new();
         for claim in claims {
-            let answer = match self.checkpoint.get(&claim.uid) {
+            // A claim prepared before is answered from the record, unless what it left on the
+            // node is gone (a reboot empties /var/run/cdi): then it is prepared again, and
+            // answers the same CDI IDs (they are made from the claim's UID and devices).
+            let recorded = self.checkpoint.get(&claim.uid).filter(|_| {
+                let lost = self.checkpoint.from_earlier_boot(&claim.uid) || !self.preparer.intact(&claim);
+                if lost {
+                    tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepared before a reboot (or its CDI spec is gone): preparing it again");
+                }
+                !lost
+            });
+            let answer = match recorded {
                 Some((_, devices)) => Ok(devices),
                 None => match self.preparer.prepare(&claim).await {
                     Ok(devices) => match self.checkpoint.put(&claim, &devices) {
@@ -147,29 +159,19 @@ version!(V1, v1);
 version!(V1beta1, v1beta1);
 
 /// Serve `plugin` in both versions on the Unix socket `path` (a stale socket there is replaced),
-/// with the devices' health stream when given, until `stop`.
+/// with the devices' health stream in both of its versions when given, until `stop`.
 pub fn serve(
     plugin: Arc<DraPlugin>,
     health: Option<super::health::HealthService>,
     path: &Path,
     stop: CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    let mut routes = Routes::new(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())))
+        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)));
+    if let Some(h) = health {
+        routes = routes
+            .add_service(super::health::V1alpha1(h.clone()).service())
+            .add_service(super::health::V1(h).service());
     }
-    let incoming = UnixListenerStream::new(tokio::net::UnixListener::bind(path)?);
-    let router = tonic::transport::Server::builder()
-        .add_service(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())))
-        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)))
-        .add_optional_service(
-            health.map(crate::proto::dra_health::dra_resource_health_server::DraResourceHealthServer::new),
-        );
-    let shown = path.display().to_string();
-    Ok(tokio::spawn(async move {
-        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {
-            tracing::warn!(socket = %shown, error = %e, "DRA plugin server stopped with an error");
-        }
-    }))
+    crate::plugin_socket::serve(path, routes, stop, "DRA plugin server")
 }

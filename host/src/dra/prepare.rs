@@ -19,6 +19,13 @@ use crate::model::{ContainerEdits, Device, Health, Resource};
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
 
+/// The request a container names for an allocation result: a `firstAvailable` subrequest is
+/// reported as `request/subrequest`, and kubelet matches containers to the base `request`
+/// (upstream's `resourceclaim.BaseRequestRef`).
+pub fn base_request(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
+}
+
 /// One driver's preparer.
 pub struct Preparer {
     pub driver: String,
@@ -139,7 +146,7 @@ impl ClaimPreparer for Preparer {
                     edits: d.edits.clone(),
                 });
                 out.push(PreparedDevice {
-                    request_names: vec![request],
+                    request_names: vec![base_request(&request).to_owned()],
                     pool_name: self.pool.clone(),
                     device_name: name,
                     cdi_device_ids: vec![kind.qualified_name(&cdi_name)],
@@ -154,6 +161,10 @@ impl ClaimPreparer for Preparer {
         let spec = crate::cdi::spec::build(&claim_list, &kind);
         self.specs.write_claim(&claim.uid, &spec).map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
         Ok(out)
+    }
+
+    fn intact(&self, claim: &ClaimRef) -> bool {
+        self.specs.has_claim(&claim.uid)
     }
 
     async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), String> {

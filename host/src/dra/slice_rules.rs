@@ -1,7 +1,7 @@
 //! The rules kube-apiserver (`resource.k8s.io/v1`, 1.36) applies to a ResourceSlice, checked by
 //! devplug before it sends one, so a backend's bad description is refused with the backend,
 //! device and field named, and a pool is never half-published. Field paths and the order of the
-//! checks follow the server's: the test over `shared/k8s/resourceslice-verdicts.jsonl` (every
+//! checks follow the server's: the test over `tests/fixtures/k8s/resourceslice-verdicts.jsonl` (every
 //! case the real server accepted or refused) holds devplug to the same verdicts.
 
 use std::collections::HashSet;

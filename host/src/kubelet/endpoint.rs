@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
@@ -16,6 +17,11 @@ use super::dirwatch::DirWatcher;
 use super::plumbing::EndpointCtx;
 use super::state::EndpointState;
 use super::{KubeletPaths, ResourceHandle, socket_mode, watcher_mode};
+use crate::plugin_socket::registration::{Board, RegistrationState, alarm};
+
+/// How long kubelet may take to complete a registration before devplug says so (an ERROR,
+/// `/readyz`) and, in `auto` mode, falls back from the plugin watcher to `kubelet.sock`.
+pub const PATIENCE: Duration = Duration::from_secs(30);
 
 /// How devplug announces itself to kubelet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize)]
@@ -39,6 +45,10 @@ struct Running {
 pub struct Endpoints {
     paths: KubeletPaths,
     mode: RegistrationMode,
+    /// `auto` chose the plugin watcher: fall back to `kubelet.sock` if it never calls.
+    fall_back: bool,
+    patience: Duration,
+    board: Arc<Board>,
     watcher: DirWatcher,
     running: Mutex<HashMap<String, Running>>,
     /// Successful registrations (first ones and re-registrations), for metrics and tests.
@@ -49,18 +59,43 @@ impl Endpoints {
     /// Resolve `Auto` (as the SR-IOV plugin does: the plugin watcher when its dir exists) and
     /// start watching kubelet's directories.
     pub fn new(paths: KubeletPaths, mode: RegistrationMode) -> anyhow::Result<Self> {
+        let fall_back = mode == RegistrationMode::Auto;
         let mode = match mode {
             RegistrationMode::Auto if paths.plugins_registry_dir.is_dir() => RegistrationMode::PluginWatcher,
             RegistrationMode::Auto => RegistrationMode::KubeletSocket,
             m => m,
         };
-        let dirs: Vec<&Path> = match mode {
-            RegistrationMode::PluginWatcher => vec![&paths.plugins_registry_dir],
+        let dirs: Vec<&Path> = match (mode, fall_back) {
+            // The fall back needs to see `kubelet.sock` too.
+            (RegistrationMode::PluginWatcher, true) => vec![&paths.plugins_registry_dir, &paths.device_plugin_dir],
+            (RegistrationMode::PluginWatcher, false) => vec![&paths.plugins_registry_dir],
             _ => vec![&paths.device_plugin_dir],
         };
         let watcher = DirWatcher::new(&dirs)?;
         tracing::info!(mode = ?mode, "kubelet registration mode");
-        Ok(Endpoints { paths, mode, watcher, running: Mutex::new(HashMap::new()), registrations: Arc::default() })
+        Ok(Endpoints {
+            paths,
+            mode,
+            fall_back,
+            patience: PATIENCE,
+            board: Arc::new(Board::new(PATIENCE)),
+            watcher,
+            running: Mutex::new(HashMap::new()),
+            registrations: Arc::default(),
+        })
+    }
+
+    /// Wait `patience` (instead of [`PATIENCE`]) for kubelet to complete a registration.
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self.board = Arc::new(Board::new(patience));
+        self
+    }
+
+    /// Every registration with kubelet, for `/readyz` and `/status` (the DRA drivers show
+    /// theirs on the same board).
+    pub fn board(&self) -> Arc<Board> {
+        self.board.clone()
     }
 
     /// Start serving a resource (replacing an endpoint of the same name).
@@ -69,23 +104,39 @@ impl Endpoints {
         self.remove(&name).await;
         let cancel = CancellationToken::new();
         let (state_tx, state) = watch::channel(EndpointState::Starting);
+        let subject = format!("resource {name}");
+        let (registration, shown) =
+            watch::channel(RegistrationState::new(subject, "kubelet-socket", self.paths.device_plugin_dir.clone()));
+        self.board.show(shown.clone());
+        let patience = self.patience;
         let ctx = EndpointCtx {
             paths: self.paths.clone(),
             events: self.watcher.subscribe(),
             cancel: cancel.clone(),
             state: state_tx,
+            registration,
             registrations: self.registrations.clone(),
+            patience,
         };
-        let task = match self.mode {
-            RegistrationMode::PluginWatcher => tokio::spawn(watcher_mode::run(ctx, handle)),
-            _ => tokio::spawn(socket_mode::run(ctx, handle)),
-        };
+        let (mode, fall_back) = (self.mode, self.fall_back);
+        let task = tokio::spawn(async move {
+            let warn = tokio::spawn(alarm(shown, patience));
+            if mode == RegistrationMode::PluginWatcher {
+                if let watcher_mode::Ended::FallBack(ctx) = watcher_mode::run(ctx, handle.clone(), fall_back).await {
+                    socket_mode::run(ctx, handle).await;
+                }
+            } else {
+                socket_mode::run(ctx, handle).await;
+            }
+            warn.abort();
+        });
         self.running.lock().await.insert(name, Running { cancel, task, state });
     }
 
     /// Stop serving a resource and remove its socket.
     pub async fn remove(&self, name: &str) {
         let running = self.running.lock().await.remove(name);
+        self.board.hide(&format!("resource {name}"));
         if let Some(r) = running {
             r.cancel.cancel();
             let _ = r.task.await;
@@ -102,7 +153,11 @@ impl Endpoints {
 
     /// Stop everything (SIGTERM): sockets are removed, tasks finished.
     pub async fn shutdown(&self) {
-        let all: Vec<Running> = self.running.lock().await.drain().map(|(_, r)| r).collect();
+        let all: Vec<(String, Running)> = self.running.lock().await.drain().collect();
+        for (name, _) in &all {
+            self.board.hide(&format!("resource {name}"));
+        }
+        let all: Vec<Running> = all.into_iter().map(|(_, r)| r).collect();
         for r in &all {
             r.cancel.cancel();
         }

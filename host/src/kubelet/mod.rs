@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 pub use answer::{CdiTarget, Delivery, Strategy};
 pub use dirwatch::{DirEvent, DirWatcher};
-pub use endpoint::{Endpoints, RegistrationMode};
+pub use endpoint::{Endpoints, PATIENCE, RegistrationMode};
 pub use service::DevicePluginService;
 pub use state::EndpointState;
 

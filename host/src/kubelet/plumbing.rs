@@ -10,17 +10,15 @@ use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
+use tonic::service::Routes;
 
+use super::KubeletPaths;
 use super::dirwatch::DirEvent;
-use super::registration::WatcherRegistration;
 use super::service::DevicePluginService;
 use super::state::EndpointState;
-use super::{KubeletPaths, uds};
+use crate::plugin_socket::{Registration, RegistrationState, Stage};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
-use crate::proto::pluginregistration::registration_server::RegistrationServer;
 
 pub(super) const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -28,13 +26,40 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// What every endpoint task needs: kubelet's paths, directory events, its cancel token, where it
-/// reports its state and counts registrations.
+/// reports its state (for `Endpoints::states` and, with socket and mode, for `/readyz`) and
+/// counts registrations.
 pub(super) struct EndpointCtx {
     pub paths: KubeletPaths,
     pub events: broadcast::Receiver<DirEvent>,
     pub cancel: CancellationToken,
     pub state: watch::Sender<EndpointState>,
+    pub registration: watch::Sender<RegistrationState>,
     pub registrations: Arc<AtomicU64>,
+    /// How long kubelet may take to complete a registration before an ERROR (and, in `auto`
+    /// mode, the fall back from the plugin watcher to `kubelet.sock`).
+    pub patience: Duration,
+}
+
+impl EndpointCtx {
+    /// Move to `state`, on the registration board too.
+    pub fn set(&self, state: EndpointState) {
+        let stage = match &state {
+            EndpointState::Starting => Stage::Starting,
+            EndpointState::WaitingForKubelet => Stage::Serving,
+            EndpointState::Registered => Stage::Registered,
+            EndpointState::Refused(why) => Stage::Refused(why.clone()),
+        };
+        self.registration.send_modify(|r| r.enter(stage));
+        self.state.send_replace(state);
+    }
+
+    /// Registrations from now on are of `mode` on `socket`.
+    pub fn registering_at(&self, mode: &'static str, socket: &Path) {
+        self.registration.send_modify(|r| {
+            r.mode = mode;
+            r.socket = socket.to_owned();
+        });
+    }
 }
 
 /// Identity of a file: a re-created `kubelet.sock` has a new one even at the same path.
@@ -46,19 +71,14 @@ pub(super) fn file_id(path: &Path) -> Option<(u64, i64, i64)> {
 pub(super) fn serve(
     path: &Path,
     svc: DevicePluginService,
-    watcher_reg: Option<WatcherRegistration>,
+    watcher_reg: Option<Registration>,
     stop: CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
-    let incoming = UnixListenerStream::new(uds::bind(path)?);
-    let router = Server::builder()
-        .add_service(DevicePluginServer::new(svc))
-        .add_optional_service(watcher_reg.map(RegistrationServer::new));
-    let shown = path.display().to_string();
-    Ok(tokio::spawn(async move {
-        if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {
-            tracing::warn!(socket = %shown, error = %e, "device plugin server stopped with an error");
-        }
-    }))
+    let mut routes = Routes::new(DevicePluginServer::new(svc));
+    if let Some(reg) = watcher_reg {
+        routes = routes.add_service(reg.service());
+    }
+    crate::plugin_socket::serve(path, routes, stop, "device plugin server")
 }
 
 pub(super) async fn stop_server(stop: &CancellationToken, server: JoinHandle<()>) {
@@ -66,14 +86,6 @@ pub(super) async fn stop_server(stop: &CancellationToken, server: JoinHandle<()>
     let abort = server.abort_handle();
     if tokio::time::timeout(STOP_GRACE, server).await.is_err() {
         abort.abort();
-    }
-}
-
-fn remove_socket(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(socket = %path.display(), error = %e, "could not remove socket");
     }
 }
 
@@ -105,5 +117,5 @@ pub(super) async fn back_off(ctx: &mut EndpointCtx, backoff: &mut Duration, kube
 
 pub(super) async fn finish(stop: &CancellationToken, server: JoinHandle<()>, sock_path: &Path) {
     stop_server(stop, server).await;
-    remove_socket(sock_path);
+    crate::plugin_socket::bind::unbind(sock_path);
 }

@@ -65,6 +65,7 @@ pub(super) async fn run(ctx: EndpointCtx, handle: ResourceHandle) {
     let sock_name = names::socket_file_name(&handle.name);
     let sock_path = ctx.paths.device_plugin_dir.join(&sock_name);
     let kubelet_sock = ctx.paths.device_plugin_dir.join(KUBELET_SOCKET);
+    ctx.registering_at("kubelet-socket", &sock_path);
     let mut ep = SocketEndpoint { ctx, handle, sock_name, sock_path, kubelet_sock, backoff: FIRST_BACKOFF };
     let mut reason = "start";
     let mut current: Option<Generation> = None;
@@ -130,7 +131,7 @@ impl SocketEndpoint {
                     tracing::info!(resource = %self.handle.name, kubelet = %self.kubelet_sock.display(), "waiting for kubelet");
                     said_waiting = true;
                 }
-                self.ctx.state.send_replace(EndpointState::WaitingForKubelet);
+                self.ctx.set(EndpointState::WaitingForKubelet);
                 if !pause(&mut self.ctx, MAX_BACKOFF, Some(&self.kubelet_sock)).await {
                     return Registration::Cancelled;
                 }
@@ -141,7 +142,7 @@ impl SocketEndpoint {
                 Ok(()) => return Registration::Done(id),
                 Err(e) => {
                     tracing::warn!(resource = %self.handle.name, error = %e, retry_in = ?self.backoff, "registration failed");
-                    self.ctx.state.send_replace(EndpointState::Refused(e.to_string()));
+                    self.ctx.set(EndpointState::Refused(e.to_string()));
                     if !back_off(&mut self.ctx, &mut self.backoff, Some(&self.kubelet_sock)).await {
                         return Registration::Cancelled;
                     }
@@ -157,7 +158,7 @@ impl SocketEndpoint {
         if let Some(m) = &self.handle.metrics {
             m.registered(&self.handle.name, reason != "start");
         }
-        self.ctx.state.send_replace(EndpointState::Registered);
+        self.ctx.set(EndpointState::Registered);
         tracing::info!(resource = %self.handle.name, socket = %self.sock_name, reason, "registered with kubelet");
     }
 
@@ -184,7 +185,7 @@ impl SocketEndpoint {
                 },
             }
         };
-        self.ctx.state.send_replace(EndpointState::Starting);
+        self.ctx.set(EndpointState::Starting);
         tracing::info!(resource = %self.handle.name, reason, "kubelet is restarting; waiting for its new socket");
         Some(reason)
     }

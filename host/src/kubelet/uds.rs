@@ -1,28 +1,12 @@
-//! gRPC over Unix sockets: binding a listener (replacing a stale socket) and dialing a channel.
+//! Dialing a gRPC server over a Unix socket (kubelet's `kubelet.sock`, its pod-resources socket).
+//! Binding our own sockets is [`crate::plugin_socket::bind`]'s job.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};
-
-/// Bind `path`, removing a socket a previous run left behind. Refuses to remove anything that is
-/// not a socket, so a misconfigured path never deletes a file.
-pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket; refusing to replace it", path.display()),
-            ));
-        }
-        Err(_) => {}
-    }
-    UnixListener::bind(path)
-}
 
 /// A channel to the gRPC server on `path`. Connects eagerly, within `timeout`.
 pub async fn connect(path: &Path, timeout: Duration) -> Result<Channel, tonic::transport::Error> {

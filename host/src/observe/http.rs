@@ -16,8 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
 use crate::backends::{Loaded, Statuses};
+use crate::kubelet::Endpoints;
 use crate::kubelet::podresources::PodAssignments;
-use crate::kubelet::{EndpointState, Endpoints};
+use crate::plugin_socket::Stage;
 
 /// What the HTTP endpoints (probes, metrics, status) look at.
 #[derive(Clone)]
@@ -75,11 +76,19 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
     if !h.polled.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: backends are still starting\n".into());
     }
-    let states = h.endpoints.states().await;
-    let waiting: Vec<String> =
-        states.iter().filter(|(_, s)| *s != EndpointState::Registered).map(|(n, s)| format!("{n}: {s}")).collect();
+    // Every registration with kubelet: the resources' and the DRA drivers'.
+    let board = h.endpoints.board();
+    let all = board.all();
+    let waiting: Vec<String> = all
+        .iter()
+        .filter(|r| r.stage != Stage::Registered)
+        .map(|r| match r.overdue(board.patience) {
+            Some(why) => why,
+            None => format!("{}: {} ({} on {})", r.subject, r.stage, r.mode, r.socket.display()),
+        })
+        .collect();
     if waiting.is_empty() {
-        (StatusCode::OK, format!("ready: {} resources registered\n", states.len()))
+        (StatusCode::OK, format!("ready: {} registrations with kubelet\n", all.len()))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("not ready:\n{}\n", waiting.join("\n")))
     }
@@ -112,6 +121,7 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
         "backends": h.loaded.summaries(),
         "allocations": *h.pods.get(),
         "sources": h.sources.all(),
+        "registrations": h.endpoints.board().json(),
     }))
 }
 

@@ -1,0 +1,542 @@
+//! An HTTP/2 front on every accepted plugin connection that makes kubelet's `:authority`
+//! acceptable to tonic's h2.
+//!
+//! Kubelet's plugin watcher dials with `grpc.DialContext(socketPath)` and a context dialer, so
+//! grpc-go sends the socket path, percent-encoded, as `:authority`
+//! (`%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2F<name>-reg.sock`; older grpc-go sent the raw
+//! path). h2 parses `:authority` as a URI authority, refuses both forms and resets the stream
+//! with PROTOCOL_ERROR before any service code runs (hyperium/h2#487, open since 2020), so no
+//! plugin served by tonic could ever register through the watcher.
+//!
+//! This front sits in the read half of the connection, below h2: it parses the client's frames
+//! (only their 9-byte headers, RFC 9113 §4.1), decodes each header block with the connection's
+//! HPACK state ([`loona_hpack`]), replaces an `:authority` that is not a URI authority with
+//! `localhost` (what grpc-go sends for `unix:` targets, and what h2 accepts), and encodes the
+//! block again. Every other frame passes through unchanged, streamed, and the write half is
+//! untouched. It was chosen over forking h2 or tonic because it keeps both as they are, and over
+//! a proxy socket because it adds no hop: it is a wrapper around the accepted stream.
+//!
+//! Every header block is re-encoded (not only the ones it changes), because the client's blocks
+//! refer to its HPACK dynamic table by index and h2's decoder must see one consistent encoder.
+//! Our encoder keeps no dynamic table (size 0), so what h2 decodes never depends on state kept
+//! here. A block that cannot be decoded, or that grows past [`MAX_BLOCK`], ends the connection
+//! with an error (h2 would end it with COMPRESSION_ERROR); bytes before the preface that are
+//! not HTTP/2 pass through untouched for h2 to refuse.
+
+use std::borrow::Cow;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The client connection preface (RFC 9113 §3.4).
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER: usize = 9;
+const HEADERS: u8 = 0x1;
+const CONTINUATION: u8 = 0x9;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+const PADDED: u8 = 0x8;
+const PRIORITY: u8 = 0x20;
+/// The largest header block (all fragments of one HEADERS + CONTINUATIONs) and the largest
+/// decoded header list (RFC 7541 sizes: name + value + 32 per field) accepted. Kubelet's are
+/// about 150 bytes; tonic refuses lists over 16 KiB anyway.
+pub const MAX_BLOCK: usize = 64 * 1024;
+/// Frames written to h2 stay within the smallest SETTINGS_MAX_FRAME_SIZE a peer may use.
+const MAX_FRAME: usize = 16_384;
+/// The dynamic table a decoder starts with (SETTINGS_HEADER_TABLE_SIZE's default; tonic's h2
+/// does not change it, so no client may grow its table past it).
+const CLIENT_TABLE: usize = 4_096;
+/// What stands in for an authority h2 would refuse.
+pub const LOCALHOST: &[u8] = b"localhost";
+
+/// Whether h2 accepts `value` as `:authority`.
+pub fn acceptable(value: &[u8]) -> bool {
+    tonic::codegen::http::uri::Authority::try_from(value).is_ok()
+}
+
+enum Phase {
+    /// This many preface bytes have been seen.
+    Preface(usize),
+    Frames,
+    /// Not HTTP/2 with prior knowledge: everything passes unchanged.
+    Raw,
+}
+
+/// A HEADERS frame whose block continues in CONTINUATION frames.
+struct OpenBlock {
+    stream: u32,
+    /// HEADERS flags kept on the re-encoded frame (END_STREAM, PRIORITY).
+    flags: u8,
+    priority: Option<[u8; 5]>,
+    fragments: Vec<u8>,
+}
+
+/// The read-side rewriter: raw client bytes in, bytes for h2 out.
+pub struct Rewriter {
+    phase: Phase,
+    input: BytesMut,
+    output: BytesMut,
+    /// Payload bytes of the current pass-through frame still to come.
+    passing: usize,
+    open: Option<OpenBlock>,
+    decoder: loona_hpack::Decoder<'static>,
+    encoder: loona_hpack::Encoder<'static>,
+    /// How many `:authority` values were replaced on this connection.
+    pub rewritten: u64,
+}
+
+impl Default for Rewriter {
+    fn default() -> Self {
+        let mut decoder = loona_hpack::Decoder::new();
+        decoder.set_max_allowed_table_size(CLIENT_TABLE);
+        let mut encoder = loona_hpack::Encoder::new();
+        encoder.set_max_table_size(0);
+        Rewriter {
+            phase: Phase::Preface(0),
+            input: BytesMut::new(),
+            output: BytesMut::new(),
+            passing: 0,
+            open: None,
+            decoder,
+            encoder,
+            rewritten: 0,
+        }
+    }
+}
+
+fn invalid(why: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, why.into())
+}
+
+impl Rewriter {
+    /// Take `bytes` from the client; what h2 may read is in [`Self::ready`] afterwards.
+    pub fn feed(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.input.extend_from_slice(bytes);
+        self.process()
+    }
+
+    /// Bytes ready for h2.
+    pub fn ready(&mut self) -> &mut BytesMut {
+        &mut self.output
+    }
+
+    /// The client closed: whatever is left (a torn frame) goes to h2 as it came.
+    pub fn finish(&mut self) {
+        let rest = self.input.split();
+        self.output.extend_from_slice(&rest);
+    }
+
+    fn process(&mut self) -> io::Result<()> {
+        loop {
+            match self.phase {
+                Phase::Raw => {
+                    let all = self.input.split();
+                    self.output.extend_from_slice(&all);
+                    return Ok(());
+                }
+                Phase::Preface(seen) => {
+                    let n = (PREFACE.len() - seen).min(self.input.len());
+                    if self.input[..n] != PREFACE[seen..seen + n] {
+                        self.phase = Phase::Raw;
+                        continue;
+                    }
+                    let part = self.input.split_to(n);
+                    self.output.extend_from_slice(&part);
+                    if seen + n < PREFACE.len() {
+                        self.phase = Phase::Preface(seen + n);
+                        return Ok(());
+                    }
+                    self.phase = Phase::Frames;
+                }
+                Phase::Frames => {
+                    if self.passing > 0 {
+                        let n = self.passing.min(self.input.len());
+                        let part = self.input.split_to(n);
+                        self.output.extend_from_slice(&part);
+                        self.passing -= n;
+                        if self.passing > 0 {
+                            return Ok(());
+                        }
+                    }
+                    if self.input.len() < FRAME_HEADER {
+                        return Ok(());
+                    }
+                    let h = &self.input[..FRAME_HEADER];
+                    let length = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+                    let (kind, flags) = (h[3], h[4]);
+                    let stream = u32::from_be_bytes([h[5], h[6], h[7], h[8]]) & 0x7fff_ffff;
+                    let in_block = self.open.is_some();
+                    if kind != HEADERS && kind != CONTINUATION {
+                        if in_block {
+                            return Err(invalid("a frame interrupted a header block (RFC 9113 §6.10)"));
+                        }
+                        let head = self.input.split_to(FRAME_HEADER);
+                        self.output.extend_from_slice(&head);
+                        self.passing = length;
+                        continue;
+                    }
+                    if length > MAX_BLOCK {
+                        return Err(invalid(format!("a header frame of {length} bytes (at most {MAX_BLOCK})")));
+                    }
+                    if self.input.len() < FRAME_HEADER + length {
+                        return Ok(());
+                    }
+                    self.input.advance(FRAME_HEADER);
+                    let payload = self.input.split_to(length);
+                    self.header_frame(kind, flags, stream, &payload)?;
+                }
+            }
+        }
+    }
+
+    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> io::Result<()> {
+        let fragment = match (kind, self.open.as_mut()) {
+            (HEADERS, None) => {
+                let mut body = payload;
+                let mut pad = 0;
+                if flags & PADDED != 0 {
+                    let (&p, rest) =
+                        body.split_first().ok_or_else(|| invalid("a PADDED HEADERS frame without its pad length"))?;
+                    pad = usize::from(p);
+                    body = rest;
+                }
+                let mut priority = None;
+                if flags & PRIORITY != 0 {
+                    let p: [u8; 5] = body
+                        .get(..5)
+                        .and_then(|p| p.try_into().ok())
+                        .ok_or_else(|| invalid("a HEADERS frame too short for its priority"))?;
+                    priority = Some(p);
+                    body = &body[5..];
+                }
+                if pad > body.len() {
+                    return Err(invalid("HEADERS padding longer than the frame"));
+                }
+                let body = &body[..body.len() - pad];
+                self.open = Some(OpenBlock {
+                    stream,
+                    flags: flags & (END_STREAM | PRIORITY),
+                    priority,
+                    fragments: Vec::with_capacity(body.len()),
+                });
+                body
+            }
+            (CONTINUATION, Some(open)) if open.stream == stream => payload,
+            (CONTINUATION, _) => return Err(invalid("a CONTINUATION frame outside its header block")),
+            _ => return Err(invalid("a HEADERS frame inside another header block")),
+        };
+        let Some(open) = self.open.as_mut() else { return Ok(()) };
+        if open.fragments.len() + fragment.len() > MAX_BLOCK {
+            return Err(invalid(format!("a header block over {MAX_BLOCK} bytes")));
+        }
+        open.fragments.extend_from_slice(fragment);
+        if flags & END_HEADERS == 0 {
+            return Ok(());
+        }
+        let Some(block) = self.open.take() else { return Ok(()) };
+        self.reencode(block)
+    }
+
+    fn reencode(&mut self, block: OpenBlock) -> io::Result<()> {
+        let mut fields: Vec<(Cow<'static, [u8]>, Vec<u8>)> = Vec::new();
+        let mut list_size = 0usize;
+        let mut too_big = false;
+        let mut rewritten = 0;
+        self.decoder
+            .decode_with_cb(&block.fragments, |name, value| {
+                list_size += name.len() + value.len() + 32;
+                if list_size > MAX_BLOCK {
+                    too_big = true;
+                    return;
+                }
+                let value = if &*name == b":authority" && !acceptable(&value) {
+                    rewritten += 1;
+                    LOCALHOST.to_vec()
+                } else {
+                    value.into_owned()
+                };
+                fields.push((Cow::Owned(name.into_owned()), value));
+            })
+            .map_err(|e| invalid(format!("HPACK: {e}")))?;
+        if too_big {
+            return Err(invalid(format!("a header list over {MAX_BLOCK} bytes")));
+        }
+        self.rewritten += rewritten;
+        let encoded = self.encoder.encode(fields.iter().map(|(n, v)| (&n[..], &v[..])));
+        let mut first = true;
+        let mut rest: &[u8] = &encoded;
+        loop {
+            let prefix = if first { block.priority.map_or(0, |_| 5) } else { 0 };
+            let take = rest.len().min(MAX_FRAME - prefix);
+            let (chunk, after) = rest.split_at(take);
+            let last = after.is_empty();
+            let (kind, mut flags) = if first { (HEADERS, block.flags) } else { (CONTINUATION, 0) };
+            if last {
+                flags |= END_HEADERS;
+            }
+            let len = prefix + chunk.len();
+            self.output.put_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags]);
+            self.output.put_u32(block.stream);
+            if first && let Some(p) = block.priority {
+                self.output.put_slice(&p);
+            }
+            self.output.put_slice(chunk);
+            if last {
+                return Ok(());
+            }
+            first = false;
+            rest = after;
+        }
+    }
+}
+
+/// An accepted plugin connection with its read half passed through a [`Rewriter`].
+pub struct KubeletStream<S> {
+    inner: S,
+    rewriter: Rewriter,
+    eof: bool,
+}
+
+impl<S> KubeletStream<S> {
+    pub fn new(inner: S) -> Self {
+        KubeletStream { inner, rewriter: Rewriter::default(), eof: false }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for KubeletStream<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        loop {
+            let ready = this.rewriter.ready();
+            if !ready.is_empty() {
+                let n = ready.len().min(buf.remaining());
+                buf.put_slice(&ready.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; 8192];
+            let mut raw = ReadBuf::new(&mut chunk);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut raw))?;
+            if raw.filled().is_empty() {
+                this.eof = true;
+                this.rewriter.finish();
+            } else {
+                let before = this.rewriter.rewritten;
+                this.rewriter.feed(raw.filled())?;
+                if before == 0 && this.rewriter.rewritten > 0 {
+                    tracing::debug!(
+                        "a client sent an :authority h2 refuses (kubelet's plugin watcher does); passed on as localhost"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for KubeletStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+impl tonic::transport::server::Connected for KubeletStream<tokio::net::UnixStream> {
+    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let len = payload.len();
+        let mut f = vec![(len >> 16) as u8, (len >> 8) as u8, len as u8, kind, flags];
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    /// Split `bytes` (after the preface) into frames: (type, flags, stream, payload).
+    fn frames(bytes: &[u8]) -> Vec<(u8, u8, u32, Vec<u8>)> {
+        assert_eq!(&bytes[..PREFACE.len()], PREFACE);
+        let mut rest = &bytes[PREFACE.len()..];
+        let mut out = Vec::new();
+        while !rest.is_empty() {
+            let len = (usize::from(rest[0]) << 16) | (usize::from(rest[1]) << 8) | usize::from(rest[2]);
+            let stream = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+            out.push((rest[3], rest[4], stream, rest[9..9 + len].to_vec()));
+            rest = &rest[9 + len..];
+        }
+        out
+    }
+
+    fn headers(decoder: &mut loona_hpack::Decoder<'static>, block: &[u8]) -> Vec<(String, String)> {
+        decoder
+            .decode(block)
+            .unwrap()
+            .into_iter()
+            .map(|(n, v)| (String::from_utf8(n).unwrap(), String::from_utf8(v).unwrap()))
+            .collect()
+    }
+
+    fn through(bytes: &[u8], chunk: usize) -> io::Result<Vec<u8>> {
+        let mut r = Rewriter::default();
+        for part in bytes.chunks(chunk) {
+            r.feed(part)?;
+        }
+        r.finish();
+        Ok(r.ready().to_vec())
+    }
+
+    /// Kubelet 1.36.2's plugin watcher, recorded byte for byte (tests/fixtures/k8s/README.md).
+    fn recorded() -> Vec<u8> {
+        std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../tests/fixtures/k8s/kubelet-1.36-plugin-registration.client.bin"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn kubelets_recorded_authority_reaches_h2_as_localhost_and_nothing_else_changes() {
+        let original = recorded();
+        for chunk in [1, 7, 100, original.len()] {
+            let out = through(&original, chunk).unwrap();
+            let (before, after) = (frames(&original), frames(&out));
+            assert_eq!(before.len(), after.len(), "one frame out for each frame in (chunk {chunk})");
+            let (mut d_before, mut d_after) = (loona_hpack::Decoder::new(), loona_hpack::Decoder::new());
+            let mut streams = Vec::new();
+            for (b, a) in before.iter().zip(&after) {
+                assert_eq!((b.0, b.2), (a.0, a.2), "type and stream kept");
+                if b.0 != HEADERS {
+                    assert_eq!(b, a, "non-header frames pass unchanged");
+                    continue;
+                }
+                assert_eq!(a.1, b.1, "flags kept");
+                let (hb, ha) = (headers(&mut d_before, &b.3), headers(&mut d_after, &a.3));
+                assert_eq!(hb.len(), ha.len());
+                for ((nb, vb), (na, va)) in hb.iter().zip(&ha) {
+                    assert_eq!(nb, na);
+                    if nb == ":authority" {
+                        assert!(vb.starts_with("%2Fvar%2Flib%2Fkubelet%2Fplugins_registry%2F"), "{vb}");
+                        assert_eq!(va, "localhost");
+                    } else {
+                        assert_eq!(vb, va, "{nb} kept");
+                    }
+                }
+                streams.push(a.2);
+            }
+            // Stream 3 names the authority by dynamic-table index in the recording: decoding it
+            // needs the state stream 1 built.
+            assert_eq!(streams, [1, 3]);
+        }
+    }
+
+    #[test]
+    fn valid_authorities_stay_and_raw_paths_are_replaced() {
+        for (authority, want) in [
+            ("localhost", "localhost"),
+            ("/var/lib/kubelet/plugins_registry/x-reg.sock", "localhost"),
+            ("%2Fvar%2Flib%2Fx.sock", "localhost"),
+            ("127.0.0.1:80", "127.0.0.1:80"),
+        ] {
+            let mut enc = loona_hpack::Encoder::new();
+            let block = enc.encode([(&b":method"[..], &b"POST"[..]), (b":authority", authority.as_bytes())]);
+            let mut bytes = PREFACE.to_vec();
+            bytes.extend(frame(HEADERS, END_HEADERS | END_STREAM, 1, &block));
+            let out = frames(&through(&bytes, 3).unwrap());
+            let got = headers(&mut loona_hpack::Decoder::new(), &out[0].3);
+            assert_eq!(got[1], (":authority".into(), want.into()), "{authority}");
+            assert_eq!(out[0].1, END_HEADERS | END_STREAM);
+        }
+    }
+
+    #[test]
+    fn padded_prioritised_and_continued_blocks_are_joined_and_reframed() {
+        let mut enc = loona_hpack::Encoder::new();
+        let long = "x".repeat(20_000);
+        let block = enc.encode([(&b":authority"[..], &b"/run/x.sock"[..]), (b"big", long.as_bytes())]);
+        let (a, b) = block.split_at(10);
+        let mut first = vec![3u8]; // pad length
+        first.extend_from_slice(&[0x80, 0, 0, 1, 16]); // priority
+        first.extend_from_slice(a);
+        first.extend_from_slice(&[0, 0, 0]);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, PADDED | PRIORITY | END_STREAM, 5, &first));
+        bytes.extend(frame(CONTINUATION, END_HEADERS, 5, b));
+        bytes.extend(frame(0x0, 0, 5, b"data"));
+        let out = frames(&through(&bytes, 4096).unwrap());
+        assert_eq!(out[0].0, HEADERS);
+        assert_eq!(out[0].1, PRIORITY | END_STREAM, "not padded, not ended: a continuation follows");
+        assert_eq!(&out[0].3[..5], &[0x80, 0, 0, 1, 16], "priority kept");
+        assert!(out[0].3.len() <= MAX_FRAME && out[1].3.len() <= MAX_FRAME);
+        assert_eq!((out[1].0, out[1].1), (CONTINUATION, END_HEADERS));
+        assert_eq!(out[2], (0x0, 0, 5, b"data".to_vec()));
+        let mut joined = out[0].3[5..].to_vec();
+        joined.extend_from_slice(&out[1].3);
+        let got = headers(&mut loona_hpack::Decoder::new(), &joined);
+        assert_eq!(got[0].1, "localhost");
+        assert_eq!(got[1].1.len(), 20_000);
+    }
+
+    #[test]
+    fn hostile_blocks_end_the_connection_with_a_reason() {
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, END_HEADERS, 1, &[0xff, 0xff, 0xff, 0xff, 0x7f]));
+        assert!(through(&bytes, 64).unwrap_err().to_string().contains("HPACK"));
+
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, 0, 1, &[0x82]));
+        bytes.extend(frame(0x0, 0, 1, b"x"));
+        assert!(through(&bytes, 64).unwrap_err().to_string().contains("interrupted"));
+
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, 0, 1, &[0x82]));
+        for _ in 0..5 {
+            bytes.extend(frame(CONTINUATION, 0, 1, &vec![0u8; MAX_FRAME]));
+        }
+        assert!(through(&bytes, 4096).unwrap_err().to_string().contains("over"));
+
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, END_HEADERS | PADDED, 1, &[9, 0x82]));
+        assert!(through(&bytes, 64).unwrap_err().to_string().contains("padding"));
+    }
+
+    #[test]
+    fn what_is_not_http2_passes_untouched() {
+        let bytes = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        assert_eq!(through(bytes, 5).unwrap(), bytes);
+    }
+}
