@@ -74,6 +74,9 @@ pub(super) async fn run(mut ctx: EndpointCtx, handle: ResourceHandle, fall_back:
                     return Ended::Stopped;
                 }
                 _ = &mut patience, if fall_back && seen == 0 => {
+                    // Looked at again every `patience` until kubelet calls or falling back is
+                    // possible (a finished sleep would fire again at once).
+                    patience.as_mut().reset(tokio::time::Instant::now() + ctx.patience);
                     let asked = ctx.registration.borrow().info_asked;
                     if asked == 0 && kubelet_sock.exists() {
                         tracing::warn!(resource = %resource, socket = %sock_path.display(), kubelet = %kubelet_sock.display(),

@@ -111,13 +111,14 @@ impl RegistrationState {
     }
 }
 
-/// Log one ERROR when `state` stays unregistered for `after` after it was served (again after
-/// every new serving), until the sender is gone.
+/// Log one ERROR when `state` stays unregistered for `after` after it was served or GetInfo was
+/// asked (once per such stage, however often the state is touched), until the sender is gone.
 pub async fn alarm(mut state: watch::Receiver<RegistrationState>, after: Duration) {
+    let mut told: Option<Instant> = None;
     loop {
         let since = {
             let s = state.borrow_and_update();
-            (s.stage == Stage::Serving).then_some(s.since)
+            matches!(s.stage, Stage::Serving | Stage::InfoAsked).then_some(s.since).filter(|t| Some(*t) != told)
         };
         let deadline = since.map(|s| s + after);
         tokio::select! {
@@ -127,9 +128,7 @@ pub async fn alarm(mut state: watch::Receiver<RegistrationState>, after: Duratio
                 if let Some(why) = why {
                     tracing::error!(socket = %state.borrow().socket.display(), "{why}");
                 }
-                if state.changed().await.is_err() {
-                    return;
-                }
+                told = since;
             }
         }
     }
@@ -263,5 +262,24 @@ mod tests {
         );
         s.enter(Stage::Registered);
         assert_eq!(s.overdue(Duration::from_secs(30)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_alarm_fires_once_per_stage_however_often_the_state_is_touched() {
+        let (tx, rx) =
+            watch::channel(RegistrationState::new("resource a.io/b".into(), "plugin-watcher", "/p/b.sock".into()));
+        tx.send_modify(|s| s.enter(Stage::Serving));
+        let alarm = tokio::spawn(alarm(rx, Duration::from_secs(30)));
+        tokio::time::advance(Duration::from_secs(31)).await;
+        tokio::task::yield_now().await;
+        // Touching the state (a GetInfo count) without a new stage: no second alarm, no spin.
+        for _ in 0..3 {
+            tx.send_modify(|s| s.info_asked += 0);
+            tokio::time::advance(Duration::from_secs(31)).await;
+            tokio::task::yield_now().await;
+        }
+        assert!(!alarm.is_finished());
+        drop(tx);
+        tokio::time::timeout(Duration::from_secs(1), alarm).await.expect("the alarm ends with its sender").unwrap();
     }
 }
