@@ -23,6 +23,11 @@ use crate::plugin_socket::registration::{Board, RegistrationState, alarm};
 /// `/readyz`) and, in `auto` mode, falls back from the plugin watcher to `kubelet.sock`.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// How a resource's registration is named on the board.
+fn subject(resource: &str) -> String {
+    format!("resource {resource}")
+}
+
 /// How devplug announces itself to kubelet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -38,7 +43,7 @@ pub enum RegistrationMode {
 struct Running {
     cancel: CancellationToken,
     task: JoinHandle<()>,
-    state: watch::Receiver<EndpointState>,
+    state: watch::Receiver<RegistrationState>,
 }
 
 /// All resource endpoints of this host.
@@ -47,7 +52,7 @@ pub struct Endpoints {
     mode: RegistrationMode,
     /// `auto` chose the plugin watcher: fall back to `kubelet.sock` if it never calls.
     fall_back: bool,
-    patience: Duration,
+    /// Every registration and how long kubelet may take with one.
     board: Arc<Board>,
     watcher: DirWatcher,
     running: Mutex<HashMap<String, Running>>,
@@ -77,7 +82,6 @@ impl Endpoints {
             paths,
             mode,
             fall_back,
-            patience: PATIENCE,
             board: Arc::new(Board::new(PATIENCE)),
             watcher,
             running: Mutex::new(HashMap::new()),
@@ -87,7 +91,6 @@ impl Endpoints {
 
     /// Wait `patience` (instead of [`PATIENCE`]) for kubelet to complete a registration.
     pub fn with_patience(mut self, patience: Duration) -> Self {
-        self.patience = patience;
         self.board = Arc::new(Board::new(patience));
         self
     }
@@ -103,17 +106,17 @@ impl Endpoints {
         let name = handle.name.clone();
         self.remove(&name).await;
         let cancel = CancellationToken::new();
-        let (state_tx, state) = watch::channel(EndpointState::Starting);
-        let subject = format!("resource {name}");
-        let (registration, shown) =
-            watch::channel(RegistrationState::new(subject, "kubelet-socket", self.paths.device_plugin_dir.clone()));
-        self.board.show(shown.clone());
-        let patience = self.patience;
+        let (registration, state) = watch::channel(RegistrationState::new(
+            subject(&name),
+            "kubelet-socket",
+            self.paths.device_plugin_dir.clone(),
+        ));
+        self.board.show(state.clone());
+        let (patience, shown) = (self.board.patience, state.clone());
         let ctx = EndpointCtx {
             paths: self.paths.clone(),
             events: self.watcher.subscribe(),
             cancel: cancel.clone(),
-            state: state_tx,
             registration,
             registrations: self.registrations.clone(),
             patience,
@@ -136,7 +139,7 @@ impl Endpoints {
     /// Stop serving a resource and remove its socket.
     pub async fn remove(&self, name: &str) {
         let running = self.running.lock().await.remove(name);
-        self.board.hide(&format!("resource {name}"));
+        self.board.hide(&subject(name));
         if let Some(r) = running {
             r.cancel.cancel();
             let _ = r.task.await;
@@ -146,7 +149,8 @@ impl Endpoints {
     /// Every endpoint's state, by resource name.
     pub async fn states(&self) -> Vec<(String, EndpointState)> {
         let running = self.running.lock().await;
-        let mut v: Vec<_> = running.iter().map(|(n, r)| (n.clone(), r.state.borrow().clone())).collect();
+        let mut v: Vec<_> =
+            running.iter().map(|(n, r)| (n.clone(), EndpointState::from(&r.state.borrow().stage))).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -155,7 +159,7 @@ impl Endpoints {
     pub async fn shutdown(&self) {
         let all: Vec<(String, Running)> = self.running.lock().await.drain().collect();
         for (name, _) in &all {
-            self.board.hide(&format!("resource {name}"));
+            self.board.hide(&subject(name));
         }
         let all: Vec<Running> = all.into_iter().map(|(_, r)| r).collect();
         for r in &all {

@@ -16,7 +16,6 @@ use tonic::service::Routes;
 use super::KubeletPaths;
 use super::dirwatch::DirEvent;
 use super::service::DevicePluginService;
-use super::state::EndpointState;
 use crate::plugin_socket::{Registration, RegistrationState, Stage};
 use crate::proto::deviceplugin::device_plugin_server::DevicePluginServer;
 
@@ -26,13 +25,12 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const STOP_GRACE: Duration = Duration::from_secs(2);
 
 /// What every endpoint task needs: kubelet's paths, directory events, its cancel token, where it
-/// reports its state (for `Endpoints::states` and, with socket and mode, for `/readyz`) and
-/// counts registrations.
+/// reports where its registration stands (read by `Endpoints::states`, `/readyz` and `/status`)
+/// and counts registrations.
 pub(super) struct EndpointCtx {
     pub paths: KubeletPaths,
     pub events: broadcast::Receiver<DirEvent>,
     pub cancel: CancellationToken,
-    pub state: watch::Sender<EndpointState>,
     pub registration: watch::Sender<RegistrationState>,
     pub registrations: Arc<AtomicU64>,
     /// How long kubelet may take to complete a registration before an ERROR (and, in `auto`
@@ -41,16 +39,9 @@ pub(super) struct EndpointCtx {
 }
 
 impl EndpointCtx {
-    /// Move to `state`, on the registration board too.
-    pub fn set(&self, state: EndpointState) {
-        let stage = match &state {
-            EndpointState::Starting => Stage::Starting,
-            EndpointState::WaitingForKubelet => Stage::Serving,
-            EndpointState::Registered => Stage::Registered,
-            EndpointState::Refused(why) => Stage::Refused(why.clone()),
-        };
+    /// Move the registration to `stage`.
+    pub fn set(&self, stage: Stage) {
         self.registration.send_modify(|r| r.enter(stage));
-        self.state.send_replace(state);
     }
 
     /// Registrations from now on are of `mode` on `socket`.

@@ -19,8 +19,8 @@ use super::dirwatch::DirEvent;
 use super::plumbing::{EndpointCtx, FIRST_BACKOFF, MAX_BACKOFF, back_off, file_id, finish, pause, serve, stop_server};
 use super::registration::register;
 use super::service::{DevicePluginService, StreamTracker};
-use super::state::EndpointState;
 use super::{ResourceHandle, names};
+use crate::plugin_socket::Stage;
 use crate::proto::deviceplugin::KUBELET_SOCKET;
 
 /// How long a sign of a kubelet restart (our stream closed, our socket gone) waits for the new
@@ -131,7 +131,7 @@ impl SocketEndpoint {
                     tracing::info!(resource = %self.handle.name, kubelet = %self.kubelet_sock.display(), "waiting for kubelet");
                     said_waiting = true;
                 }
-                self.ctx.set(EndpointState::WaitingForKubelet);
+                self.ctx.set(Stage::Serving);
                 if !pause(&mut self.ctx, MAX_BACKOFF, Some(&self.kubelet_sock)).await {
                     return Registration::Cancelled;
                 }
@@ -142,7 +142,7 @@ impl SocketEndpoint {
                 Ok(()) => return Registration::Done(id),
                 Err(e) => {
                     tracing::warn!(resource = %self.handle.name, error = %e, retry_in = ?self.backoff, "registration failed");
-                    self.ctx.set(EndpointState::Refused(e.to_string()));
+                    self.ctx.set(Stage::Refused(e.to_string()));
                     if !back_off(&mut self.ctx, &mut self.backoff, Some(&self.kubelet_sock)).await {
                         return Registration::Cancelled;
                     }
@@ -158,7 +158,7 @@ impl SocketEndpoint {
         if let Some(m) = &self.handle.metrics {
             m.registered(&self.handle.name, reason != "start");
         }
-        self.ctx.set(EndpointState::Registered);
+        self.ctx.set(Stage::Registered);
         tracing::info!(resource = %self.handle.name, socket = %self.sock_name, reason, "registered with kubelet");
     }
 
@@ -185,7 +185,7 @@ impl SocketEndpoint {
                 },
             }
         };
-        self.ctx.set(EndpointState::Starting);
+        self.ctx.set(Stage::Starting);
         tracing::info!(resource = %self.handle.name, reason, "kubelet is restarting; waiting for its new socket");
         Some(reason)
     }

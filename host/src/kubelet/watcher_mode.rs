@@ -13,7 +13,6 @@ use tokio::sync::broadcast;
 use super::dirwatch::DirEvent;
 use super::plumbing::{EndpointCtx, FIRST_BACKOFF, back_off, finish, serve, stop_server};
 use super::service::{DevicePluginService, StreamTracker};
-use super::state::EndpointState;
 use super::{ResourceHandle, names};
 use crate::plugin_socket::{Registration, Stage};
 use crate::proto::deviceplugin as dp;
@@ -61,7 +60,7 @@ pub(super) async fn run(mut ctx: EndpointCtx, handle: ResourceHandle, fall_back:
             }
         };
         backoff = FIRST_BACKOFF;
-        ctx.set(EndpointState::WaitingForKubelet);
+        ctx.set(Stage::Serving);
         tracing::info!(resource = %resource, socket = %sock_path.display(), "serving for kubelet's plugin watcher");
         let patience = tokio::time::sleep(ctx.patience);
         tokio::pin!(patience);
@@ -90,19 +89,14 @@ pub(super) async fn run(mut ctx: EndpointCtx, handle: ResourceHandle, fall_back:
                         finish(&stop, server, &sock_path).await;
                         return Ended::Stopped;
                     }
-                    let (count, stage) = {
-                        let s = registered.borrow_and_update();
-                        (s.registered, s.stage.clone())
-                    };
+                    // The Registration service moved the stage itself; count what is new.
+                    let count = registered.borrow_and_update().registered;
                     if count > seen {
                         seen = count;
                         ctx.registrations.fetch_add(1, Ordering::Relaxed);
                         if let Some(m) = &handle.metrics {
                             m.registered(&resource, count > 1);
                         }
-                        ctx.state.send_replace(EndpointState::Registered);
-                    } else if let Stage::Refused(why) = stage {
-                        ctx.state.send_replace(EndpointState::Refused(why));
                     }
                 }
                 ev = ctx.events.recv() => match ev {
