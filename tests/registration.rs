@@ -100,6 +100,14 @@ fn spawn(n: &Node, mode: &str) -> Devplug {
     Devplug::spawn(&args)
 }
 
+/// The address of `d`'s probes (from its log).
+fn probes(d: &Devplug) -> String {
+    d.wait_log("serving /healthz, /readyz, /metrics and /status", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned()
+}
+
 /// `devplug run` in plugin-watcher mode with no watcher calling: after `registration_timeout`
 /// an ERROR and a 503 from `/readyz` name the socket; kubelet's recorded bytes then get GetInfo
 /// answered (a DevicePlugin, the resource, its endpoint) and the registration recorded, so
@@ -109,10 +117,7 @@ async fn kubelets_recorded_bytes_register_devplugs_device_plugin_watcher_socket(
     let n = node();
     let registry = n.registry.clone();
     let d = spawn(&n, "plugin-watcher");
-    d.wait_log("serving /healthz, /readyz, /metrics and /status", T).unwrap();
-    let log = d.log();
-    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
-    let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let addr = probes(&d);
     let socket = socket_in(&registry, ".sock").await;
 
     d.wait_log("plugin-watcher still not registered", T).unwrap();
@@ -236,4 +241,30 @@ async fn auto_falls_back_to_kubelet_sock_when_the_watcher_never_calls() {
     assert!(d.log().contains("registering through kubelet.sock instead"), "{}", d.log());
     assert!(std::fs::read_dir(&registry).unwrap().next().is_none(), "the watcher socket is gone");
     drop(d);
+}
+
+/// A DaemonSet rolling update with `maxSurge`: a second devplug starts on a node while the
+/// first serves. It stands by (ready, so the controller goes on, serving nothing), and takes
+/// over the moment the first has stopped; kubelet sees one registration at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_devplugs_on_one_node_serve_one_at_a_time() {
+    let n = node();
+    let kubelet = support::kubelet::Kubelet::start(&n.kdir).await;
+    let mut old = spawn(&n, "kubelet-socket");
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let new = spawn(&n, "kubelet-socket");
+    let addr = probes(&new);
+    new.wait_log("standing by until it exits", T).unwrap();
+    let (code, body) = devplug::cli::http_get(&addr, "/readyz").await.unwrap();
+    assert_eq!(code, 200, "standing by is ready, or a maxSurge update never deletes the old pod: {body}");
+    assert!(body.contains("standby"), "{body}");
+    assert!(!new.log().contains("backends loaded"), "nothing loaded while standing by:\n{}", new.log());
+    assert_eq!(kubelet.registrations(), 1, "the standing-by devplug registered nothing");
+
+    old.terminate(T).unwrap();
+    new.wait_log("taking over", T).unwrap();
+    let plugin = kubelet.wait_registered(WIDGET, 2, T).await.unwrap();
+    assert!(plugin.endpoint.starts_with(&n.kdir));
+    kubelet.wait_devices(WIDGET, T, |l| !l.is_empty()).await.unwrap();
+    drop(new);
 }

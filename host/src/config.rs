@@ -181,6 +181,9 @@ pub struct Config {
     /// How backends with an `image` are pulled, verified and followed.
     pub registry: crate::oci::RegistrySettings,
     pub dra: DraSettings,
+    /// The lock one devplug per node holds while it serves (see `daemon/handover.rs`); default
+    /// `<plugins dir>/devplug/instance.lock`.
+    pub instance_lock: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -211,6 +214,7 @@ impl Default for Config {
             backends: BTreeMap::new(),
             registry: crate::oci::RegistrySettings::default(),
             dra: DraSettings::default(),
+            instance_lock: None,
         }
     }
 }
@@ -310,6 +314,11 @@ impl Config {
         self.dra.plugins_dir.clone().unwrap_or_else(|| {
             self.kubelet_dir.parent().map(|p| p.join("plugins")).unwrap_or_else(|| PathBuf::from("plugins"))
         })
+    }
+
+    /// The instance lock's path: `instance_lock`, else `devplug/instance.lock` in the plugins dir.
+    pub fn instance_lock(&self) -> PathBuf {
+        self.instance_lock.clone().unwrap_or_else(|| self.dra_plugins_dir().join("devplug").join("instance.lock"))
     }
 
     /// The DRA driver name of backend `backend`: its `dra_driver`, else `BACKEND.devplug.io`.

@@ -8,6 +8,7 @@
 //! - [`specs`]: the CDI directory's side of the loop.
 //! - [`trim`]: giving back start-up memory once start-up is over.
 
+mod handover;
 mod polls;
 mod serve;
 mod specs;
@@ -80,6 +81,8 @@ struct Daemon {
     following: Option<tokio::task::JoinHandle<()>>,
     /// The registry versions on offer; a change means reconcile.
     pulled: tokio::sync::watch::Receiver<Vec<BackendSource>>,
+    /// This devplug's hold on the node; released when the daemon is dropped, after `stop`.
+    _instance: handover::InstanceLock,
     /// Settled changes of the backends directory (none without one, or when it cannot be watched).
     ticks: Option<DirTicks>,
     uevents: Option<tokio::sync::mpsc::Receiver<Uevent>>,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +25,7 @@ impl Daemon {
     /// came first.
     pub(super) async fn start<F: Future<Output = ()>>(
         cfg: Config,
-        shutdown: Pin<&mut F>,
+        mut shutdown: Pin<&mut F>,
     ) -> anyhow::Result<Option<Daemon>> {
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
@@ -59,6 +59,7 @@ impl Daemon {
             stop.clone(),
         );
         let polled = Arc::new(AtomicBool::new(false));
+        let standby = Arc::new(AtomicBool::new(false));
         let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
         let probes = observe::Probes {
             endpoints: endpoints.clone(),
@@ -66,6 +67,7 @@ impl Daemon {
             metrics: metrics.clone(),
             pods,
             polled: polled.clone(),
+            standby: standby.clone(),
             heartbeat: heartbeat.clone(),
             sources: statuses.clone(),
         };
@@ -80,6 +82,16 @@ impl Daemon {
                 }
             }
         });
+        // One devplug serves the node at a time: nothing is loaded, written or served before
+        // the instance lock is held (a second devplug stands by, see handover.rs).
+        let Some(instance) =
+            super::handover::acquire(&cfg.instance_lock(), shutdown.as_mut(), |s| standby.store(s, Ordering::Release))
+                .await?
+        else {
+            loading.abort();
+            stop.cancel();
+            return Ok(None);
+        };
         let started = load(&cfg, &loaded, follower, shutdown).await;
         loading.abort();
         let Some(Started { refused, follower, pulled_tx, pulled }) = started? else {
@@ -116,6 +128,7 @@ impl Daemon {
             next_poll: tokio::time::Instant::now(),
             trimmed: false,
             sweep_pending: true,
+            _instance: instance,
         }))
     }
 }

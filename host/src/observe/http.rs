@@ -30,6 +30,8 @@ pub struct Probes {
     pub pods: Arc<PodAssignments>,
     /// Set once the first discover round has been published.
     pub polled: Arc<AtomicBool>,
+    /// Set while another devplug serves this node and this one waits to take over.
+    pub standby: Arc<AtomicBool>,
     /// Beaten by the control loop on every turn.
     pub heartbeat: Arc<Heartbeat>,
     /// The backends from registries: reference, digest, signature, last check and error.
@@ -73,6 +75,11 @@ async fn healthz(State(h): State<Probes>) -> (StatusCode, String) {
 }
 
 async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
+    // Standing by is ready: a DaemonSet rolling update with maxSurge deletes the old pod only
+    // once the new one is ready, and only then can the new one take over.
+    if h.standby.load(Ordering::Acquire) {
+        return (StatusCode::OK, "ready: standby, another devplug serves this node until it exits\n".into());
+    }
     if !h.polled.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: backends are still starting\n".into());
     }
@@ -167,9 +174,7 @@ pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) ->
         .route("/status", get(status))
         .route("/status/devices", get(status_devices))
         .with_state(probes);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-addr): {e}"))?;
+    let listener = listen(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-addr): {e}"))?;
     let addr = listener.local_addr().unwrap_or(addr);
     tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
     tokio::spawn(async move {
@@ -180,8 +185,21 @@ pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) ->
     Ok(())
 }
 
+/// Listen on `addr` with `SO_REUSEPORT`: during a rolling update two devplug pods share the host
+/// network on one node, and the new one's probes must answer while the old one still listens.
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    tokio::net::TcpListener::from_std(socket.into())
+}
+
 #[cfg(test)]
-mod heartbeat_tests {
+mod tests {
     use super::*;
 
     #[test]
@@ -192,5 +210,13 @@ mod heartbeat_tests {
         // Never beaten, and any time at all is too long.
         let stuck = Heartbeat::new(std::time::Duration::ZERO);
         assert!(stuck.stalled().is_some(), "no beat within the allowed time");
+    }
+
+    #[tokio::test]
+    async fn two_instances_can_listen_on_one_probe_port() {
+        let first = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let port = first.local_addr().unwrap();
+        let second = listen(port).expect("the port is shared, as two pods on one host network share it");
+        assert_eq!(second.local_addr().unwrap(), port);
     }
 }
