@@ -16,10 +16,14 @@
 //! untouched. It was chosen over forking h2 or tonic because it keeps both as they are, and over
 //! a proxy socket because it adds no hop: it is a wrapper around the accepted stream.
 //!
-//! Every header block is re-encoded (not only the ones it changes), because the client's blocks
-//! refer to its HPACK dynamic table by index and h2's decoder must see one consistent encoder.
-//! Our encoder keeps no dynamic table (size 0), so what h2 decodes never depends on state kept
-//! here. A block that cannot be decoded, or that grows past [`MAX_BLOCK`], ends the connection
+//! A connection's first header block decides: an acceptable `:authority` (kubelet's device
+//! manager and DRA client send `localhost`) passes that block and everything after it through
+//! unchanged, without decoding anything more — a gRPC client keeps one authority per connection,
+//! and the Allocate path pays for one decode per connection, not per call. A refused one puts
+//! the connection in rewriting mode: every header block from then on is re-encoded (not only
+//! the ones it changes), because the client's blocks refer to its HPACK dynamic table by index
+//! and h2's decoder must see one consistent encoder. Our encoder keeps no dynamic table (size
+//! 0), so what h2 decodes never depends on state kept here. A block that cannot be decoded, or that grows past [`MAX_BLOCK`], ends the connection
 //! with an error (h2 would end it with COMPRESSION_ERROR); bytes before the preface that are
 //! not HTTP/2 pass through untouched for h2 to refuse.
 
@@ -72,6 +76,8 @@ struct OpenBlock {
     flags: u8,
     priority: Option<[u8; 5]>,
     fragments: Vec<u8>,
+    /// The block's frames as they came (passed on unchanged when nothing needs rewriting).
+    raw: Vec<u8>,
 }
 
 /// The read-side rewriter: raw client bytes in, bytes for h2 out.
@@ -86,6 +92,8 @@ pub struct Rewriter {
     encoder: loona_hpack::Encoder<'static>,
     /// How many `:authority` values were replaced on this connection.
     pub rewritten: u64,
+    /// The first header block set the connection's mode (rewriting, or passing through).
+    decided: bool,
 }
 
 impl Default for Rewriter {
@@ -103,6 +111,7 @@ impl Default for Rewriter {
             decoder,
             encoder,
             rewritten: 0,
+            decided: false,
         }
     }
 }
@@ -184,15 +193,16 @@ impl Rewriter {
                     if self.input.len() < FRAME_HEADER + length {
                         return Ok(());
                     }
-                    self.input.advance(FRAME_HEADER);
-                    let payload = self.input.split_to(length);
-                    self.header_frame(kind, flags, stream, &payload)?;
+                    let frame = self.input.split_to(FRAME_HEADER + length);
+                    self.header_frame(kind, flags, stream, &frame)?;
                 }
             }
         }
     }
 
-    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, payload: &[u8]) -> io::Result<()> {
+    /// One HEADERS or CONTINUATION `frame` (its 9-byte header included).
+    fn header_frame(&mut self, kind: u8, flags: u8, stream: u32, frame: &[u8]) -> io::Result<()> {
+        let payload = &frame[FRAME_HEADER..];
         let fragment = match (kind, self.open.as_mut()) {
             (HEADERS, None) => {
                 let mut body = payload;
@@ -221,6 +231,7 @@ impl Rewriter {
                     flags: flags & (END_STREAM | PRIORITY),
                     priority,
                     fragments: Vec::with_capacity(body.len()),
+                    raw: Vec::new(),
                 });
                 body
             }
@@ -233,6 +244,9 @@ impl Rewriter {
             return Err(invalid(format!("a header block over {MAX_BLOCK} bytes")));
         }
         open.fragments.extend_from_slice(fragment);
+        if !self.decided {
+            open.raw.extend_from_slice(frame);
+        }
         if flags & END_HEADERS == 0 {
             return Ok(());
         }
@@ -265,6 +279,15 @@ impl Rewriter {
             return Err(invalid(format!("a header list over {MAX_BLOCK} bytes")));
         }
         self.rewritten += rewritten;
+        if !self.decided {
+            self.decided = true;
+            if rewritten == 0 {
+                // The client's own bytes, so h2's table is the client's from here on.
+                self.output.extend_from_slice(&block.raw);
+                self.phase = Phase::Raw;
+                return Ok(());
+            }
+        }
         let encoded = self.encoder.encode(fields.iter().map(|(n, v)| (&n[..], &v[..])));
         let mut first = true;
         let mut rest: &[u8] = &encoded;
@@ -462,6 +485,23 @@ mod tests {
             // needs the state stream 1 built.
             assert_eq!(streams, [1, 3]);
         }
+    }
+
+    #[test]
+    fn a_connection_that_starts_with_an_acceptable_authority_passes_unchanged() {
+        let mut enc = loona_hpack::Encoder::new();
+        let mut bytes = PREFACE.to_vec();
+        for (id, authority) in [(1u32, "localhost"), (3, "localhost"), (5, "%2Flater")] {
+            let block = enc.encode([(&b":method"[..], &b"POST"[..]), (b":authority", authority.as_bytes())]);
+            bytes.extend(frame(HEADERS, END_HEADERS, id, &block));
+            bytes.extend(frame(0x0, END_STREAM, id, b"x"));
+        }
+        let mut r = Rewriter::default();
+        for part in bytes.chunks(5) {
+            r.feed(part).unwrap();
+        }
+        assert_eq!(r.ready().to_vec(), bytes, "byte for byte: later blocks are not even decoded");
+        assert_eq!(r.rewritten, 0);
     }
 
     #[test]
