@@ -431,13 +431,14 @@ impl ApiServer {
     }
 
     /// What kubelet does at its start: delete every slice of `node` (watchers are told).
-    pub fn wipe(&self, node: &str) {
+    pub fn wipe(&self, node: &str) -> usize {
         let mut st = self.store.lock().unwrap();
         let gone: Vec<Value> = st.slices.values().filter(|v| v["spec"]["nodeName"] == node).cloned().collect();
         st.slices.retain(|_, v| v["spec"]["nodeName"] != node);
         for v in &gone {
             st.emit("DELETED", v);
         }
+        gone.len()
     }
 
     /// Store a claim allocated `devices` (request, driver, pool, device) — the scheduler's work.
