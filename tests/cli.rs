@@ -94,6 +94,17 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
     let (code, out, err) = run(&["discover", "--backend", junk.to_str().unwrap(), "--format", "table"]);
     assert_eq!(code, 1);
     assert!(out.contains("junk.wasm") && out.contains("not a Wasm file"), "{out}\n{err}");
+    // With `--log-format json` every line on stderr is a JSON record, the failure summary too
+    // (issue 33: a collector must never meet a line it cannot parse).
+    let (code, _, err) =
+        run(&["--log-format", "json", "discover", "--backend", junk.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 1);
+    assert!(!err.trim().is_empty());
+    for line in err.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["level"].is_string() && v["message"].is_string() || v["fields"].is_object(), "{line}");
+    }
+    assert!(err.contains("not a Wasm file"), "{err}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod support;
 use std::path::PathBuf;
 
 use devplug::dra::slice_rules::problems;
+use devplug::proto::deviceplugin as pb;
 
 fn corpus() -> PathBuf {
     // Recorded from a real kube-apiserver 1.36 and kept in the project (tests/fixtures/k8s/README.md).
@@ -131,10 +132,13 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
 
     async fn unprepare(
         &self,
-        _: &devplug::dra::checkpoint::ClaimRef,
+        claim: &devplug::dra::checkpoint::ClaimRef,
         _: &[devplug::dra::checkpoint::PreparedDevice],
     ) -> Result<(), String> {
         self.unprepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if claim.name == "stuck" {
+            return Err("backend chaos: cannot let go of the device".into());
+        }
         Ok(())
     }
 }
@@ -200,6 +204,64 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
     assert_eq!(preparer.prepares.load(Ordering::SeqCst), 5, "an unprepared claim is prepared afresh");
     stop.cancel();
     server.await.unwrap();
+}
+
+/// A claim whose backend cannot unprepare it: the backend is asked once (the WIT's promise),
+/// kubelet's retries get its error with what to do, `/status`'s board shows it stuck with the
+/// retries counted, a restart asks the backend once more, and `devplug dra release` (through the
+/// binary) ends it at kubelet's next retry without the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_released_by_the_operator() {
+    use devplug::dra::checkpoint::{Checkpoint, ClaimRef};
+    use devplug::dra::claims::ClaimBoard;
+    use devplug::dra::plugin::DraPlugin;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let plugins = tempfile::tempdir().unwrap();
+    let driver = "chaos.devplug.io";
+    let state = plugins.path().join(driver);
+    let preparer = Arc::new(CountingPreparer::default());
+    let board = Arc::new(ClaimBoard::default());
+    let start = || DraPlugin::on_board(preparer.clone(), Checkpoint::open(&state).unwrap(), driver, board.clone());
+    let claim = ClaimRef { namespace: "ml".into(), uid: "uid-stuck".into(), name: "stuck".into() };
+    let plugin = start();
+    assert!(plugin.prepare(vec![claim.clone()]).await["uid-stuck"].is_ok());
+    assert_eq!(board.all()[0].state, "prepared");
+    for _ in 0..3 {
+        let e = plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].clone().unwrap_err();
+        assert!(e.contains("cannot let go"), "{e}");
+    }
+    assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 1, "the backend is asked once");
+    let again = plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].clone().unwrap_err();
+    assert!(again.contains("devplug dra release --driver chaos.devplug.io uid-stuck"), "{again}");
+    let shown = board.all();
+    assert_eq!((shown[0].state, shown[0].retries), ("stuck", Some(3)), "{shown:?}");
+    assert_eq!(board.counts("stuck")[driver], 1);
+    // After a restart the backend is asked once more (and fails again).
+    drop(plugin);
+    let plugin = start();
+    assert!(plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].is_err());
+    assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 2);
+    // The operator releases it.
+    let out = std::process::Command::new(support::binary::BIN)
+        .args(["dra", "release", "--driver", driver, "--dra-plugins-dir"])
+        .arg(plugins.path())
+        .arg("uid-stuck")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bad = std::process::Command::new(support::binary::BIN)
+        .args(["dra", "release", "--driver", "nobody.example.com", "--dra-plugins-dir"])
+        .arg(plugins.path())
+        .arg("uid-stuck")
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("holds no DRA checkpoint"));
+    assert!(plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].is_ok(), "released at the next retry");
+    assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 2, "the backend was not asked for the release");
+    assert!(board.all().is_empty());
+    assert!(Checkpoint::open(&state).unwrap().get("uid-stuck").is_none(), "its record is gone");
 }
 
 /// DRA, step 4: the API-server stand-in the end-to-end tests publish to answers every recorded
@@ -376,44 +438,44 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     drop(n.dir);
 }
 
-/// The sandbox's rules hold for what a backend says through DRA, through the real binary: a
-/// description the API server would refuse (an 80-byte attribute) refuses that backend's pool
-/// with an error naming backend, device and field, and publishes nothing of it; prepare edits
-/// outside the grants (a host node, a root mount, a loader env) and a spinning allocate fail
-/// their own claim's entry and write no CDI spec; honest claims and backends carry on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
+/// A `devplug run` binary on `m` serving chaos copies (`(name, config)`, each with the chaos
+/// manifest's requests as `requests` rewrites them) under `config`, beside a kubelet stand-in
+/// with its plugin watcher, the DRA stand-in (kubelet 1.33) and the API-server stand-in.
+struct BinaryNode {
+    root: tempfile::TempDir,
+    api: std::sync::Arc<support::apiserver::ApiServer>,
+    kubelet: support::kubelet::Kubelet,
+    dra: std::sync::Arc<support::kubelet_dra::DraKubelet>,
+    d: support::binary::Devplug,
+}
+
+async fn binary_node(
+    m: &support::fixtures::Machine,
+    chaos: &[(&str, String)],
+    requests: impl Fn(String) -> String,
+    config: &str,
+) -> BinaryNode {
     use support::binary::{Devplug, run_args};
-    let m = support::fixtures::Machine::generic_box();
-    m.node("zero", 'c', 1, 5).node("mem", 'c', 1, 1);
     let root = tempfile::tempdir().unwrap();
     let (kdir, registry, backends) =
         (root.path().join("device-plugins"), root.path().join("plugins_registry"), root.path().join("backends"));
     std::fs::create_dir_all(&backends).unwrap();
     let (wasm, manifest) = support::daemon::chaos_paths();
-    let requests = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
-    let evil = ["evil-dev-mem", "evil-mount-root", "evil-env-ld-preload"];
-    for (name, config) in [
-        ("chaos", format!("devices=5 names=widget-0,spin-0,{}", evil.join(","))),
-        ("loud", format!("resource=test.devplug.io/loud note={}", "x".repeat(80))),
-    ] {
+    let text = requests(std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", ""));
+    for (name, config) in chaos {
         std::fs::copy(&wasm, backends.join(format!("{name}.wasm"))).unwrap();
-        std::fs::write(backends.join(format!("{name}.toml")), format!("config = \"{config}\"\n{requests}")).unwrap();
+        std::fs::write(backends.join(format!("{name}.toml")), format!("config = \"{config}\"\n{text}")).unwrap();
     }
     let api = std::sync::Arc::new(support::apiserver::ApiServer::start(&[NODE]).await);
     let kubeconfig = root.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let cfg = root.path().join("devplug.toml");
-    std::fs::write(
-        &cfg,
-        "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n[resources.\"test.devplug.io/loud\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, config).unwrap();
     let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
     let dra = support::kubelet_dra::DraKubelet::new(support::kubelet_dra::KNOWN_1_33, NODE, api.clone());
     kubelet.handle("DRAPlugin", dra.clone());
     let s = |p: &std::path::Path| p.display().to_string();
-    let mut args = run_args(&kdir, &backends, &m);
+    let mut args = run_args(&kdir, &backends, m);
     args.extend([
         "--cache-dir".into(),
         s(&std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")),
@@ -429,6 +491,25 @@ async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
         s(&root.path().join("plugins")),
     ]);
     let d = Devplug::spawn(&args);
+    BinaryNode { root, api, kubelet, dra, d }
+}
+
+/// The sandbox's rules hold for what a backend says through DRA, through the real binary: a
+/// description the API server would refuse (an 80-byte attribute) refuses that backend's pool
+/// with an error naming backend, device and field, and publishes nothing of it; prepare edits
+/// outside the grants (a host node, a root mount, a loader env) and a spinning allocate fail
+/// their own claim's entry and write no CDI spec; honest claims and backends carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
+    let m = support::fixtures::Machine::generic_box();
+    m.node("zero", 'c', 1, 5).node("mem", 'c', 1, 1);
+    let evil = ["evil-dev-mem", "evil-mount-root", "evil-env-ld-preload"];
+    let chaos_configs = [
+        ("chaos", format!("devices=5 names=widget-0,spin-0,{}", evil.join(","))),
+        ("loud", format!("resource=test.devplug.io/loud note={}", "x".repeat(80))),
+    ];
+    let config = "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n[resources.\"test.devplug.io/loud\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
+    let BinaryNode { api, dra, d, kubelet, root: _root } = binary_node(&m, &chaos_configs, |r| r, config).await;
 
     let chaos = "chaos.devplug.io";
     dra.wait_plugin(chaos, T).await;
@@ -750,6 +831,84 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     daemon.stop().await.unwrap();
 }
 
+/// One output policy for both APIs: the same hostile answers (code-loading env keys a glob
+/// grant of `env = ["*"]` would match, another device's node, host nodes, root mounts, CDI
+/// annotations) go through Allocate on one chaos backend and through DRA prepare on its twin;
+/// every one is refused on both paths with the same rule text, and no claim spec is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
+    let m = support::fixtures::Machine::generic_box();
+    m.node("zero", 'c', 1, 5).node("mem", 'c', 1, 1).node("sda", 'b', 8, 0);
+    let mut kinds: Vec<String> = (0..25).map(|i| format!("hook-{i}")).collect();
+    kinds.extend(["steal-zero", "dev-mem", "mount-root", "env-ld-preload", "annotation-cdi"].map(str::to_owned));
+    // widget-1 owns /dev/zero; everything else has /dev/null.
+    let names: Vec<String> = ["widget-0".to_owned(), "widget-1".to_owned()]
+        .into_iter()
+        .chain(kinds.iter().map(|k| format!("evil-{k}")))
+        .collect();
+    let chaos_configs: Vec<(&str, String)> =
+        [("plain", "test.devplug.io/widget"), ("claimed", "test.devplug.io/claimed")]
+            .into_iter()
+            .map(|(name, resource)| {
+                let ids = names.join(",");
+                (name, format!("resource={resource} devices={} names={ids} nodes=null,zero prepare=whole", names.len()))
+            })
+            .collect();
+    // A generous grant: any env key by glob. Code-loading keys must still need their exact word.
+    let any_env = |r: String| {
+        assert!(r.contains("env = [\"CHAOS_*\"]"), "{r}");
+        r.replace("env = [\"CHAOS_*\"]", "env = [\"*\"]")
+    };
+    let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
+    let BinaryNode { api, dra, d, kubelet, root: _root } = binary_node(&m, &chaos_configs, any_env, config).await;
+    let plugin = kubelet.wait_plugin("test.devplug.io/widget", T).await.unwrap();
+    let driver = "claimed.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the claimed pool", || api.devices(NODE, driver).len() == names.len()).await;
+
+    // The rule a refusal names, without the path-specific words before it.
+    let rule = |msg: &str| -> String {
+        let at = ["env key", "device node", "mount ", "annotation "].iter().filter_map(|n| msg.find(n)).min();
+        at.map_or_else(|| format!("(no rule in: {msg})"), |i| msg[i..].to_owned())
+    };
+    let mut claims = Vec::new();
+    for k in &kinds {
+        let id = format!("evil-{k}");
+        let req = pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.clone()] }],
+        };
+        let refused = plugin.client.clone().allocate(req).await.expect_err(&id);
+        api.allocate_claim("ml", k, &format!("uid-{k}"), &[("dev", driver, NODE, &id)]);
+        claims.push((k.clone(), refused.message().to_owned()));
+    }
+    let refs: Vec<(String, String)> = kinds.iter().map(|k| (format!("uid-{k}"), k.clone())).collect();
+    let refs: Vec<(&str, &str, &str)> = refs.iter().map(|(u, n)| ("ml", u.as_str(), n.as_str())).collect();
+    let answers = dra.prepare(driver, &refs).await.unwrap();
+    for (k, allocate_msg) in &claims {
+        let prepared = &answers[&format!("uid-{k}")];
+        assert!(prepared.devices.is_empty() && prepared.error.contains("refused"), "{k}: {prepared:?}");
+        assert!(allocate_msg.contains("refused"), "{k}: {allocate_msg}");
+        assert_eq!(rule(allocate_msg), rule(&prepared.error), "{k}: Allocate and prepare disagree");
+        if k.starts_with("hook-") {
+            assert!(allocate_msg.contains("grant names it exactly"), "{k}: {allocate_msg}");
+        }
+    }
+    assert!(rule(&claims.iter().find(|(k, _)| k == "steal-zero").unwrap().1).contains("widget-1's"));
+    let specs: Vec<_> = std::fs::read_dir(m.root().join("cdi"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("devplug-claim-"))
+        .collect();
+    assert!(specs.is_empty(), "no hostile claim has a spec: {specs:?}");
+    // Honest answers still pass on both paths.
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-1".into()] }],
+    };
+    let ok = plugin.client.clone().allocate(req).await.unwrap().into_inner();
+    assert!(ok.container_responses[0].devices.iter().all(|n| n.host_path == "/dev/zero"), "{ok:?}");
+    drop(d);
+}
+
 /// A WIT 0.3.0 backend through DRA (chaos with `describe=typed prepare=whole`): its typed
 /// attributes, capacity and shared counters reach the slices the stand-in accepts (the counter
 /// set in a slice of its own, the partitions at most 64 a slice); `prepare` gets the claim's
@@ -802,7 +961,7 @@ async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself(
     let spec = std::fs::read_to_string(cdi.join("devplug-claim-uid-pair.json")).unwrap();
     assert!(spec.contains("CHAOS_CLAIM=uid-pair"), "{spec}");
     assert!(spec.contains("CHAOS_CLAIM_DEVICES=a:widget-0,b:widget-1"), "{spec}");
-    assert!(spec.contains("CHAOS_CONFIG={\\\"mode\\\":\\\"fast\\\"}"), "only this driver's config: {spec}");
+    assert!(spec.contains("CHAOS_PARAMS={\\\"mode\\\":\\\"fast\\\"}"), "only this driver's config: {spec}");
     assert!(!spec.contains("CHAOS_IDS"), "prepare answered, allocate was not asked: {spec}");
     assert!(!cdi.join("devplug-claim-uid-evil.json").exists());
 

@@ -76,7 +76,7 @@ const EVIL: &[(&str, &str)] = &[
     ("env-cuda-injection", "grant names it exactly"),
     ("env-openssl", "OPENSSL_CONF changes how programs load"),
     ("env-glibc-tunables", "GLIBC_TUNABLES changes how programs load"),
-    ("env-unrequested", "HOME: not requested in the backend's manifest ([requests] env)"),
+    ("env-unrequested", "OTHER_DEVICES: not requested in the backend's manifest ([requests] env)"),
     ("annotation-cdi", "cdi.k8s.io/ keys are the host's to write"),
     ("annotation-other", "not requested in the backend's manifest ([requests] annotations)"),
 ];
@@ -358,6 +358,57 @@ fn a_backend_cannot_forge_a_host_log_line() {
     assert!(err.contains("via log\\n2026-01-01T00:00:00"), "the message is kept, escaped: {err}");
     assert!(err.contains("via log again\\u{1b}[2K\\r2026-01-01"), "{err}");
     assert!(!err.contains('\u{1b}'), "no raw escape sequence reaches the log");
+}
+
+/// A backend's version is shown on every surface (`/status`, tables, a metric label, logs): a
+/// megabyte of it with terminal escapes is clipped to a short, escaped string when it loads.
+#[test]
+fn a_backends_version_is_clipped_and_escaped_where_it_loads() {
+    let evil = format!("1.0\\u001b]0;owned\\u0007\\u001b[2J{}", "v".repeat(1 << 20));
+    let (code, v, err) = discover(&machine(), &format!("devices=1 version={evil}"));
+    assert_eq!(code, 0, "{err}");
+    let version = v["backends"][0]["version"].as_str().unwrap();
+    assert!(version.len() < 200, "{} bytes", version.len());
+    assert!(!version.chars().any(char::is_control), "{version:?}");
+    assert!(version.starts_with("1.0\\u{1b}]0;owned"), "{version}");
+    assert!(!err.contains('\u{1b}') && err.len() < 64 << 10, "{} bytes of log", err.len());
+}
+
+/// A backend flipping the health of 3,000 devices on every poll: the host logs one record per
+/// poll (16 devices named, the rest counted), not one line per device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_flips_are_one_log_record_per_poll() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    backend(&backends, "chaos", "mode=flip devices=3000");
+    let cfg = root.path().join("devplug.toml");
+    std::fs::write(&cfg, "poll_interval = \"100ms\"\n").unwrap();
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend([
+        "--cache-dir".into(),
+        cache_dir().display().to_string(),
+        "--config".into(),
+        cfg.display().to_string(),
+    ]);
+    let d = Devplug::spawn(&args);
+    kubelet.wait_plugin(WIDGET, T).await.unwrap();
+    let records = || d.log().lines().filter(|l| l.contains("device health changed")).count();
+    let t0 = Instant::now();
+    while records() < 5 {
+        assert!(t0.elapsed() < T, "no health flips logged: {}", d.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = d.log();
+    let flips: Vec<&str> = log.lines().filter(|l| l.contains("device health changed")).collect();
+    for line in &flips {
+        assert!(line.contains("and 2984 more") && line.contains("changed=3000"), "{line}");
+        assert!(line.matches("widget-").count() <= 16, "{line}");
+    }
+    let widget_lines = log.lines().filter(|l| l.contains("widget-")).count();
+    assert!(widget_lines <= flips.len() + 10, "{widget_lines} lines name a device for {} flips", flips.len());
 }
 
 #[test]

@@ -14,7 +14,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("untrusted", &[]),
     ("fswatch", &[]),
     ("proto", &[]),
-    ("model", &[]),
+    ("model", &["untrusted"]),
     ("plugin_socket", &["proto", "sync", "untrusted"]),
     ("dra", &["model", "cdi", "proto", "durable", "sync", "untrusted", "plugin_socket"]),
     ("runtime", &["model", "sync", "durable", "untrusted"]),
@@ -22,7 +22,7 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("backends", &["runtime", "oci", "model", "sync", "durable", "untrusted", "fswatch"]),
     ("cdi", &["model", "sync", "durable", "untrusted"]),
     ("kubelet", &["model", "cdi", "proto", "sync", "untrusted", "fswatch", "plugin_socket"]),
-    ("observe", &["backends", "kubelet", "model", "runtime", "oci", "sync", "untrusted", "plugin_socket"]),
+    ("observe", &["backends", "kubelet", "dra", "model", "runtime", "oci", "sync", "untrusted", "plugin_socket"]),
     ("config", &["backends", "kubelet", "runtime", "oci", "model", "dra"]),
 ];
 /// The process and its commands; `local_kubelet` is the binary's `devplug try` (the test suite's

@@ -178,6 +178,16 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
     assert_eq!(devices[1]["nodes"], serde_json::json!(["/dev/null:/dev/null"]), "{v}");
     assert_eq!(devices[1]["numa_nodes"], serde_json::json!([1]), "{v}");
     assert_eq!(devices[1]["attributes"]["index"], "1", "{v}");
+    // The listener answers in bounded pages; the CLI above joined them.
+    let (code, body) = get(&addr, "/status/devices?limit=3").await;
+    assert_eq!(code, 200, "{body}");
+    let first: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(first["resources"][0]["devices"].as_array().unwrap().len(), 3, "{first}");
+    assert_eq!((first["total"].as_u64(), first["next"].as_u64()), (Some(4), Some(3)), "{first}");
+    let (_, body) = get(&addr, "/status/devices?offset=3&limit=100000").await;
+    let last: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(last["resources"][0]["devices"][0]["id"], "trap-3", "{last}");
+    assert!(last["next"].is_null(), "the last page says so: {last}");
     let (code, table, err) = run(&["status", "--addr", &addr, "--devices"]);
     assert_eq!(code, 0, "{err}");
     assert!(

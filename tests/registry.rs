@@ -476,6 +476,40 @@ async fn a_hostile_registry_cannot_flood_a_pull() {
     }
 }
 
+/// A registry whose manifest, index or token server streams for ever: `devplug pull` reads each
+/// body only to its cap (4 MiB for a manifest or index, 256 KiB for a token answer), says which
+/// body and cap, and the registry got only what the socket buffers held before devplug stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_registry_cannot_flood_a_manifest_an_index_or_a_token() {
+    use support::hostile_registry::{Attack, HostileRegistry};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("devplug.toml");
+    std::fs::write(&config, "[registry]\ntimeout = \"20s\"\n").unwrap();
+    for (attack, needle) in [
+        (Attack::EndlessManifest, "manifest"),
+        (Attack::EndlessIndex, "manifest"),
+        (Attack::EndlessToken, "token from http://"),
+    ] {
+        let reg = HostileRegistry::attack(attack).await;
+        let reference = format!("{}/evil:latest", reg.addr);
+        let args =
+            ["pull", reference.as_str(), "--plain-http", reg.addr.as_str(), "--config", config.to_str().unwrap()]
+                .map(str::to_owned);
+        let (ok, _, err) = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            devplug(&args)
+        })
+        .await
+        .unwrap();
+        let sent = reg.sent();
+        eprintln!("{attack:?}: the registry got {sent} body bytes into the socket");
+        assert!(!ok, "{attack:?}: the pull succeeded");
+        assert!(err.contains(needle) && err.contains("the registry sent more than"), "{attack:?}: {err}");
+        assert!(!err.contains("took longer"), "{attack:?}: cut by the cap, not the timeout: {err}");
+        assert!(sent < 16 << 20, "{attack:?}: {sent} bytes left the registry before devplug stopped");
+    }
+}
+
 /// A registry that does not answer (nothing listens on its port) is logged once when the outage
 /// starts, then counted (`failing_checks` in `/status`), not logged at every poll (issue 28).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

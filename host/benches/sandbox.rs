@@ -93,7 +93,9 @@ fn main() {
         ..RuntimeConfig::default()
     })
     .expect("runtime");
-    let load = |config: &str| BackendInstance::load(&rt, &bytes, config.into(), sandbox(dir.path())).expect("load");
+    let load = |config: &str| {
+        BackendInstance::load(&rt, &bytes, config.into(), sandbox(dir.path()).describing(true)).expect("load")
+    };
 
     let inst = load("devices=2");
     for id in ["spin-0", "sleep-0"] {
@@ -123,12 +125,22 @@ fn main() {
         "mode=huge-error",
         "mode=glob-bomb",
         "devices=200000",
+        // Issue 33: a description of 8,192 devices × 30 legal 64-byte attributes (~18 MiB), and
+        // a 16 MiB version string.
+        "devices=8192 describe=bomb",
+        "version=16MiB",
     ] {
+        let config =
+            if mode == "version=16MiB" { format!("version={}", "v".repeat(16 << 20)) } else { mode.to_owned() };
         let t0 = Instant::now();
-        let outcome =
-            load(mode).discover().map(|r| r.len()).map_err(|e| e.to_string().chars().take(80).collect::<String>());
+        let inst = load(&config);
+        let version_len = inst.info().version.len();
+        let outcome = inst
+            .discover()
+            .map(|r| (r.len(), r.iter().map(|r| r.described.len()).sum::<usize>(), version_len))
+            .map_err(|e| e.to_string().chars().take(80).collect::<String>());
         println!(
-            "{mode}: {:?} in {:?}; peak RSS now {} MiB above idle",
+            "{mode}: (resources, described, version bytes) {:?} in {:?}; peak RSS now {} MiB above idle",
             outcome,
             t0.elapsed(),
             peak_rss_kib().saturating_sub(idle) / 1024

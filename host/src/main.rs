@@ -36,7 +36,7 @@ fn main() -> std::process::ExitCode {
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("devplug: {e:#}");
+            observe::say(tracing::Level::ERROR, &format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -54,6 +54,15 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         Command::Discover(args) => discover(args).await,
         Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
         Command::Dra(DraCommand::Deviceclasses(args)) => print_json(&cli::device_classes(args).await?),
+        Command::Dra(DraCommand::Release(args)) => {
+            let marker = devplug::dra::claims::request_release(&args.dra_plugins_dir.join(&args.driver), &args.uid)?;
+            println!(
+                "release of claim {} asked ({}); devplug drops it at kubelet's next unprepare",
+                args.uid,
+                marker.display()
+            );
+            Ok(())
+        }
         Command::Pack(args) => pack(&args),
         Command::Push(args) => print_json(&cli::push(args).await?),
         Command::Pull(args) => print_json(&cli::pull(args).await?),
@@ -88,7 +97,7 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     let errors: Vec<String> =
         v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(str::to_owned)).collect();
     for e in &errors {
-        eprintln!("devplug: {e}");
+        observe::say(tracing::Level::ERROR, e);
     }
     anyhow::ensure!(
         errors.is_empty(),
@@ -104,7 +113,7 @@ async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<()> {
         println!("{}", f.display());
     }
     for e in &errors {
-        eprintln!("devplug: {e}");
+        observe::say(tracing::Level::ERROR, e);
     }
     anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
     Ok(())
@@ -124,10 +133,8 @@ fn pack(args: &PackArgs) -> anyhow::Result<()> {
 }
 
 async fn status(args: &StatusArgs) -> anyhow::Result<()> {
-    let path = if args.devices { "/status/devices" } else { "/status" };
-    let (code, body) = cli::http_get(&args.addr, path).await?;
-    anyhow::ensure!(code == 200, "devplug at {} answered {code}: {body}", args.addr);
-    let v: serde_json::Value = serde_json::from_str(&body)?;
+    let v =
+        if args.devices { cli::all_devices(&args.addr).await? } else { cli::http_json(&args.addr, "/status").await? };
     match args.format {
         Format::Json => print_json(&v),
         Format::Table if args.devices => {

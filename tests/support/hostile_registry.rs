@@ -1,6 +1,7 @@
 //! A deliberately hostile OCI registry on loopback: it answers the distribution API's `/v2/`,
-//! manifest `HEAD`/`GET` and blob `GET` like a registry, but misbehaves in the blob body the
-//! way a compromised or broken registry would. It counts every body byte it sends, so a test can
+//! manifest `HEAD`/`GET` and blob `GET` like a registry, but misbehaves the way a compromised or
+//! broken registry would: in a blob body, a manifest or index body, or the body of the token
+//! server its `401` challenge sends clients to. It counts every body byte it sends, so a test can
 //! say how much devplug read before refusing. The real registry (`support::registry`, Debian's
 //! `docker-registry`) covers the normal path; this exists because no real registry lies on cue.
 
@@ -21,6 +22,19 @@ pub enum Blob {
     LyingLength,
     /// One byte every 100 ms, for ever.
     Drip,
+}
+
+/// What the registry attacks.
+#[derive(Clone, Copy, Debug)]
+pub enum Attack {
+    Blob(Blob),
+    /// The manifest `GET` streams for ever (no digest header on `HEAD`, so a client must `GET`).
+    EndlessManifest,
+    /// The same, served as an image index.
+    EndlessIndex,
+    /// Every `/v2/` request is answered `401 Bearer realm=<this registry>/token`, whose body
+    /// streams for ever.
+    EndlessToken,
 }
 
 /// The size the manifest's layer descriptor announces.
@@ -47,6 +61,11 @@ impl HostileRegistry {
     /// Serve repository `evil` (tag `latest`): a Wasm-artifact manifest whose one layer claims
     /// [`LAYER_SIZE`] bytes, its blob misbehaving as `blob` says.
     pub async fn start(blob: Blob) -> Self {
+        Self::attack(Attack::Blob(blob)).await
+    }
+
+    /// Serve repository `evil` misbehaving as `attack` says.
+    pub async fn attack(attack: Attack) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let config = b"{}".to_vec();
@@ -61,12 +80,13 @@ impl HostileRegistry {
         .into_bytes();
         let sent = Arc::new(AtomicU64::new(0));
         let counter = sent.clone();
+        let addr_for_task = addr.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((sock, _)) = listener.accept().await else { return };
-                let (manifest, counter) = (manifest.clone(), counter.clone());
+                let (manifest, counter, addr) = (manifest.clone(), counter.clone(), addr_for_task.clone());
                 tokio::spawn(async move {
-                    let _ = serve(sock, &manifest, blob, &counter).await;
+                    let _ = serve(sock, &manifest, attack, &counter, &addr).await;
                 });
             }
         });
@@ -78,7 +98,29 @@ impl HostileRegistry {
     }
 }
 
-async fn serve(mut sock: TcpStream, manifest: &[u8], blob: Blob, sent: &AtomicU64) -> std::io::Result<()> {
+/// 16 KiB chunks of a chunked body, up to 1 GiB (bounded, as every test loop must be; far past
+/// anything devplug may read).
+async fn endless(sock: &mut TcpStream, ctype: &str, sent: &AtomicU64) -> std::io::Result<()> {
+    let head =
+        format!("HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n");
+    sock.write_all(head.as_bytes()).await?;
+    let chunk = vec![b' '; 16 << 10];
+    for _ in 0..(1u64 << 30) / chunk.len() as u64 {
+        sock.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).await?;
+        sock.write_all(&chunk).await?;
+        sock.write_all(b"\r\n").await?;
+        sent.fetch_add(chunk.len() as u64, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+async fn serve(
+    mut sock: TcpStream,
+    manifest: &[u8],
+    attack: Attack,
+    sent: &AtomicU64,
+    addr: &str,
+) -> std::io::Result<()> {
     let mut req = Vec::new();
     let mut buf = [0u8; 4096];
     while !req.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -99,6 +141,32 @@ async fn serve(mut sock: TcpStream, manifest: &[u8], blob: Blob, sent: &AtomicU6
     };
     let ok = |ctype: &str, extra: &str, len: usize| {
         format!("HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {len}\r\n{extra}Connection: close\r\n\r\n")
+    };
+    if path.starts_with("/token") {
+        return endless(&mut sock, "application/json", sent).await;
+    }
+    let authorized = head.lines().any(|l| l.to_ascii_lowercase().starts_with("authorization:"));
+    if matches!(attack, Attack::EndlessToken) && path.starts_with("/v2/") && !authorized {
+        let challenge = format!("WWW-Authenticate: Bearer realm=\"http://{addr}/token\",service=\"evil\"\r\n");
+        let answer = format!("HTTP/1.1 401 Unauthorized\r\n{challenge}Content-Length: 0\r\nConnection: close\r\n\r\n");
+        return sock.write_all(answer.as_bytes()).await;
+    }
+    if path.starts_with("/v2/evil/manifests/") {
+        let ctype = match attack {
+            Attack::EndlessManifest => Some("application/vnd.oci.image.manifest.v1+json"),
+            Attack::EndlessIndex => Some("application/vnd.oci.image.index.v1+json"),
+            _ => None,
+        };
+        if let Some(ctype) = ctype {
+            if method == "HEAD" {
+                let answer = format!("HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nConnection: close\r\n\r\n");
+                return sock.write_all(answer.as_bytes()).await;
+            }
+            return endless(&mut sock, ctype, sent).await;
+        }
+    }
+    let Attack::Blob(blob) = attack else {
+        return sock.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").await;
     };
     if path == "/v2/" {
         sock.write_all(ok("application/json", "", 2).as_bytes()).await?;

@@ -1,14 +1,16 @@
 //! `chaos`: the backend devplug's own tests use to prove the sandbox and the runtime.
 //!
-//! Config is `key=value` words: `mode=ok|churn|escape|spin-init|spin-discover|trap-init|
+//! Config is `key=value` words: `mode=ok|churn|flip|escape|spin-init|spin-discover|trap-init|
 //! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
-//! device, so the device list changes on each poll), `devices=N` (default 4), `resource=NAME`, `version=V`,
+//! device, so the device list changes on each poll; `flip`: every device changes health on every
+//! discover), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
-//! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse).
+//! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse),
+//! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`).
 //! For DRA (WIT 0.3.0): `describe=typed` (typed attributes, a `memory` capacity, each device
 //! drawing 16Gi from a 64Gi counter set `chaos-memory`), `describe=stranger` (describes a device
-//! discover did not list); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
-//! and `CHAOS_CONFIG` in env; a claim of an `evil-KIND` device gets that attack; unprepare of a
+//! discover did not list), `describe=bomb` (thirty 64-byte attributes per device); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
+//! and `CHAOS_PARAMS` in env; a claim of an `evil-KIND` device gets that attack; unprepare of a
 //! claim whose UID contains `stuck` fails).
 //! In every mode, `allocate` misbehaves by device ID: an ID starting with `trap` panics, `spin`
 //! loops forever, `hog` allocates 1 GiB; any other ID gets `CHAOS_IDS=<ids>` in its env.
@@ -48,6 +50,7 @@ pub struct Chaos {
     note: Option<String>,
     describe: String,
     prepare: bool,
+    nodes: Vec<String>,
 }
 
 impl Chaos {
@@ -73,6 +76,7 @@ impl Backend for Chaos {
             note: None,
             describe: String::new(),
             prepare: false,
+            nodes: Vec::new(),
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -86,6 +90,7 @@ impl Backend for Chaos {
                 Some(("note", v)) => me.note = Some(v.into()),
                 Some(("describe", v)) => me.describe = v.into(),
                 Some(("prepare", v)) => me.prepare = v == "whole",
+                Some(("nodes", v)) => me.nodes = v.split(',').map(str::to_owned).collect(),
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -131,27 +136,34 @@ impl Backend for Chaos {
                     edits: edits::empty(),
                 })
                 .collect(),
-            _ => (0..self.devices - u32::from(self.churned()))
-                .map(|i| (i, self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}"))))
-                .map(|(i, id)| Device {
-                    health: if self.sick.contains(&id) { Health::Unhealthy } else { Health::Healthy },
-                    id,
-                    numa_nodes: vec![i % 2],
-                    attributes: std::iter::once(("index".into(), i.to_string()))
-                        .chain(self.note.iter().map(|n| ("note".into(), n.clone())))
-                        .collect(),
-                    edits: {
-                        let mut e = ContainerEdits {
-                            device_nodes: vec![edits::dev_node("null")],
-                            ..edits::env("CHAOS_DEVICE", &format!("widget-{i}"))
-                        };
-                        if let Some(kind) = &self.evil {
-                            edits::merge(&mut e, evil_edits(kind));
-                        }
-                        e
-                    },
-                })
-                .collect(),
+            _ => {
+                let churned = self.churned();
+                // `flip`: every device changes health on every discover.
+                let flipped = self.mode == "flip" && self.polls.get().is_multiple_of(2);
+                (0..self.devices - u32::from(churned))
+                    .map(|i| (i, self.names.get(i as usize).cloned().unwrap_or_else(|| format!("widget-{i}"))))
+                    .map(|(i, id)| Device {
+                        health: if self.sick.contains(&id) || flipped { Health::Unhealthy } else { Health::Healthy },
+                        id,
+                        numa_nodes: vec![i % 2],
+                        attributes: std::iter::once(("index".into(), i.to_string()))
+                            .chain(self.note.iter().map(|n| ("note".into(), n.clone())))
+                            .collect(),
+                        edits: {
+                            let mut e = ContainerEdits {
+                                device_nodes: vec![edits::dev_node(
+                                    self.nodes.get(i as usize).map_or("null", String::as_str),
+                                )],
+                                ..edits::env("CHAOS_DEVICE", &format!("widget-{i}"))
+                            };
+                            if let Some(kind) = &self.evil {
+                                edits::merge(&mut e, evil_edits(kind));
+                            }
+                            e
+                        },
+                    })
+                    .collect()
+            }
         };
         Ok(vec![Resource { name: self.resource.clone(), devices, common_edits: edits::empty() }])
     }
@@ -203,6 +215,21 @@ impl Backend for Chaos {
         let ids: Vec<String> = match self.describe.as_str() {
             "typed" => self.discover(sys)?.into_iter().flat_map(|r| r.devices).map(|d| d.id).collect(),
             "stranger" => vec!["nobody-listed-me".into()],
+            // Every device with thirty attributes at the API server's 64-byte limit: about 18 MiB
+            // for 8,192 devices, each string legal, the whole past the host's 8 MiB per answer.
+            "bomb" => {
+                let ids: Vec<String> = self.discover(sys)?.into_iter().flat_map(|r| r.devices).map(|d| d.id).collect();
+                let devices = ids
+                    .iter()
+                    .map(|id| dra::DeviceDescription {
+                        attributes: (0..30)
+                            .map(|a| (format!("a{a:02}"), dra::AttributeValue::Text(format!("{a:064}"))))
+                            .collect(),
+                        ..dra::describe(&self.resource, id)
+                    })
+                    .collect();
+                return Ok(dra::PoolDescription { counter_sets: vec![], devices });
+            }
             _ => return Ok(dra::PoolDescription { counter_sets: vec![], devices: vec![] }),
         };
         let q = |name: &str, value: &str| dra::Counter { name: name.into(), value: value.into() };
@@ -244,7 +271,7 @@ impl Backend for Chaos {
         let mut e = edits::env("CHAOS_CLAIM", claim_uid);
         let ids: Vec<String> = devices.iter().map(|d| format!("{}:{}", d.request, d.id)).collect();
         e.env.push(("CHAOS_CLAIM_DEVICES".into(), ids.join(",")));
-        e.env.push(("CHAOS_CONFIG".into(), config.join(";")));
+        e.env.push(("CHAOS_PARAMS".into(), config.join(";")));
         Ok(e)
     }
 
@@ -306,12 +333,48 @@ fn evil_edits(kind: &str) -> ContainerEdits {
         "env-cuda-injection" => edits::env("CUDA_INJECTION64_PATH", "/opt/chaos/lib/inject.so"),
         "env-openssl" => edits::env("OPENSSL_CONF", "/opt/chaos/openssl.cnf"),
         "env-glibc-tunables" => edits::env("GLIBC_TUNABLES", "glibc.malloc.check=3"),
-        "env-unrequested" => edits::env("HOME", "/opt/chaos"),
+        "env-unrequested" => edits::env("OTHER_DEVICES", "0"),
         "annotation-cdi" => annotation("cdi.k8s.io/x", "nvidia.com/gpu=all"),
         "annotation-other" => annotation("other.io/x", "y"),
+        // Another device's node (with `nodes=null,zero`, the second device's).
+        "steal-zero" => node("/dev/zero", ""),
+        other if other.starts_with("hook-") => {
+            let key = other[5..].parse::<usize>().ok().and_then(|i| HOOK_KEYS.get(i)).expect("chaos: hook-N, N < 25");
+            edits::env(key, "/opt/chaos/lib/inject.so")
+        }
         other => panic!("chaos: unknown evil kind {other:?}"),
     }
 }
+
+/// Env keys that make a loader, driver stack, library or tool load code or files, none of them
+/// in a fixed list of the host's: a grant of `env = ["*"]` must still not let them through.
+pub const HOOK_KEYS: [&str; 25] = [
+    "VK_LAYER_PATH",
+    "VK_ICD_FILENAMES",
+    "VK_ADD_DRIVER_FILES",
+    "OCL_ICD_FILENAMES",
+    "OCL_ICD_VENDORS",
+    "HSA_TOOLS_LIB",
+    "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN",
+    "LESSOPEN",
+    "LESSCLOSE",
+    "GST_PLUGIN_PATH",
+    "__EGL_VENDOR_LIBRARY_FILENAMES",
+    "LIBGL_DRIVERS_PATH",
+    "LIBVA_DRIVERS_PATH",
+    "GBM_BACKENDS_PATH",
+    "MESA_LOADER_DRIVER_OVERRIDE",
+    "__GLX_VENDOR_LIBRARY_NAME",
+    "FI_PROVIDER_PATH",
+    "HWLOC_PLUGINS_PATH",
+    "OMPI_MCA_plm_rsh_agent",
+    "GIT_SSH_COMMAND",
+    "EDITOR",
+    "HTTPS_PROXY",
+    "SSL_CERT_FILE",
+    "GDK_PIXBUF_MODULE_FILE",
+];
 
 /// Patterns that once panicked or stalled the host's glob; each must come back as an error.
 fn glob_bomb(sys: &dyn Sys) -> Vec<Device> {

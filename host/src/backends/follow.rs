@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oci_client::{Client, Reference};
+use oci_client::Reference;
 use p256::ecdsa::VerifyingKey;
 use serde::Serialize;
 
@@ -90,7 +90,7 @@ struct Entry {
 
 pub struct Follower {
     settings: RegistrySettings,
-    client: Client,
+    fetcher: crate::oci::fetch::Fetcher,
     key: Option<VerifyingKey>,
     cache: Option<Cache>,
     entries: Vec<Entry>,
@@ -148,9 +148,9 @@ impl Follower {
         }
         let settings = registry.clone();
         let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
-        let client = settings.client()?;
+        let fetcher = settings.fetcher()?;
         let cache = cache_dir.map(Cache::new);
-        Ok(Some(Follower { settings, client, key, cache, entries, statuses }))
+        Ok(Some(Follower { settings, fetcher, key, cache, entries, statuses }))
     }
 
     pub fn statuses(&self) -> Arc<Statuses> {
@@ -232,7 +232,7 @@ impl Follower {
             self.statuses.update(&e.backend, |s| s.last_check = Some(now()));
             return Ok(false);
         }
-        let digest = artifact::resolve(&self.client, &auth, &e.reference).await?;
+        let digest = artifact::resolve(&self.fetcher, &auth, &e.reference).await?;
         if current.as_deref() == Some(digest.as_str()) {
             let backend = e.backend.clone();
             self.statuses.update(&e.backend, |s| {
@@ -250,7 +250,7 @@ impl Follower {
             return Ok(false);
         }
         let pinned = artifact::pinned(&e.reference, &digest);
-        let state = signature::verify(&self.client, &auth, &pinned, &digest, self.key.as_ref()).await?;
+        let state = signature::verify(&self.fetcher, &auth, &pinned, &digest, self.key.as_ref()).await?;
         if !state.accepted() {
             let why = format!("{state} (registry.public_key requires a valid signature)");
             let e = &mut self.entries[i];
@@ -266,7 +266,7 @@ impl Follower {
         let was_cached = cached.is_some();
         let fetched = match cached {
             Some(p) => Ok(p),
-            None => artifact::pull(&self.client, &auth, &pinned, &e.backend).await,
+            None => artifact::pull(&self.fetcher, &auth, &pinned, &e.backend).await,
         };
         let pulled = match fetched {
             Ok(p) => p,

@@ -6,6 +6,9 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+/// Health changes named in the one record a poll writes; the rest are counted.
+const MAX_FLIPS_NAMED: usize = 16;
+
 use super::loaded::{Loaded, MAX_LOGGED};
 use super::routing::{ReadyResource, ResourceCalls};
 use super::slot::Slot;
@@ -123,6 +126,10 @@ impl Loaded {
             Err(_) => BTreeMap::new(),
         };
         let mut resources = self.resources.locked();
+        // Every health change of this poll, for one record (a backend flipping thousands of
+        // devices writes one line per poll, inside its log budget, not one per device).
+        let mut flips: Vec<String> = Vec::new();
+        let mut flipped = 0usize;
         for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
             let prev = rs.tx.borrow().clone();
             let mut next = match found.get(rname) {
@@ -141,7 +148,10 @@ impl Loaded {
                 for d in &next.devices {
                     let before = prev.device(&d.id).map(|p| p.health);
                     if before.is_some_and(|b| b != d.health) {
-                        tracing::warn!(resource = %rname, device = %d.id, health = d.health.as_str(), "device health changed");
+                        flipped += 1;
+                        if flips.len() < MAX_FLIPS_NAMED {
+                            flips.push(format!("{rname} {} {}", d.id, d.health.as_str()));
+                        }
                     }
                 }
             }
@@ -169,6 +179,11 @@ impl Loaded {
                     }),
                 });
             }
+        }
+        if flipped > 0 && inst.may_log() {
+            let more = flipped - flips.len();
+            let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+            tracing::warn!(backend = %name, changed = flipped, "device health changed: {}{more}", flips.join(", "));
         }
         let extras: Vec<&String> = found.keys().filter(|k| !resources.contains_key(*k)).collect();
         for extra in extras {

@@ -17,3 +17,36 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     let body = resp.into_body().collect().await?.to_bytes();
     Ok((code, String::from_utf8_lossy(&body).into_owned()))
 }
+
+/// GET `path` and parse its JSON; a non-200 answer is an error saying what devplug said.
+pub async fn http_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let (code, body) = http_get(addr, path).await?;
+    anyhow::ensure!(code == 200, "devplug at {addr} answered {code} to {path}: {}", crate::untrusted::clip(&body));
+    Ok(serde_json::from_str(&body)?)
+}
+
+/// Every page of `/status/devices`, joined into one answer of the same shape (a resource split
+/// across pages is one entry again).
+pub async fn all_devices(addr: &str) -> anyhow::Result<serde_json::Value> {
+    let mut resources: Vec<serde_json::Value> = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let page = http_json(addr, &format!("/status/devices?offset={offset}")).await?;
+        for r in page["resources"].as_array().into_iter().flatten() {
+            match resources.last_mut() {
+                Some(last) if last["name"] == r["name"] => {
+                    let more = r["devices"].as_array().cloned().unwrap_or_default();
+                    if let Some(devices) = last["devices"].as_array_mut() {
+                        devices.extend(more);
+                    }
+                }
+                _ => resources.push(r.clone()),
+            }
+        }
+        match page["next"].as_u64() {
+            Some(next) if next > offset => offset = next,
+            _ => break,
+        }
+    }
+    Ok(serde_json::json!({ "resources": resources }))
+}

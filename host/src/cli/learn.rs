@@ -28,10 +28,21 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
         .find(|s| s.name == name)
         .ok_or_else(|| anyhow::anyhow!("no backend named {name} (embedded, or a --backend file {name}.wasm)"))?;
     let every: Vec<String> = vec!["**".into()];
+    // procfs is where other processes' secrets are (`environ`, `cmdline`, devplug's own under
+    // `self`): learning grants only what the manifest already asks for there, and of that only
+    // patterns rooted in a named, non-process directory (`driver/nvidia/**`, `sys/kernel/*`).
+    let (procfs, withheld) = learnable_procfs(&src.manifest.requests.procfs);
+    for p in &withheld {
+        tracing::warn!(
+            backend = name,
+            "learning without procfs {}: it can reach other processes' files; grant it by hand if it is needed",
+            crate::untrusted::clip(p)
+        );
+    }
     let all = Globs {
         sysfs: every.clone(),
         dev: every.clone(),
-        procfs: every.clone(),
+        procfs,
         mounts: vec!["/**".into()],
         mount_targets: vec!["/**".into()],
         writable_mounts: vec!["/**".into()],
@@ -98,6 +109,9 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
     out.outputs(inst.info().resources.iter().map(|(n, _)| n.clone()), &found);
     Ok(out.render(name, &args.sysfs_root.display().to_string()))
 }
+
+/// Longest pattern a learned manifest holds (a manifest's globs are capped at 512 bytes).
+const MAX_PATTERN: usize = 512;
 
 /// One kind of request: pattern → (how it was used, an example path).
 #[derive(Default)]
@@ -173,14 +187,40 @@ impl Requests {
             }
             out.push_str(&format!("{key} = [\n"));
             for (pattern, (how, example)) in &p.0 {
+                // A backend chose these paths: a pattern no grant could hold is left out (and
+                // said so), a comment's example is clipped and escaped so it stays a comment.
+                if pattern.len() > MAX_PATTERN || pattern.chars().any(char::is_control) {
+                    out.push_str(&format!(
+                        "  # left out: a path of {} bytes or with control characters\n",
+                        pattern.len()
+                    ));
+                    continue;
+                }
                 let how: Vec<&str> = how.iter().map(String::as_str).collect();
                 let line = format!("  {},", toml_string(pattern));
+                let example = crate::untrusted::clip_to(example, 120);
                 out.push_str(&format!("{line:<60} # {} (e.g. {example})\n", how.join(", ")));
             }
             out.push_str("]\n");
         }
         out
     }
+}
+
+/// The manifest's procfs requests a learning run may use, and those it withholds: a pattern
+/// passes only when its first component is a literal name that is not a process (`self`,
+/// `thread-self`, a PID) and no component names a process's `environ`, `cmdline`, `mem` or
+/// `maps`-like files.
+fn learnable_procfs(requested: &[String]) -> (Vec<String>, Vec<String>) {
+    const PROCESS_FILES: &[&str] = &["environ", "cmdline", "mem", "maps", "smaps", "fd", "cwd", "root", "exe", "auxv"];
+    requested.iter().cloned().partition(|p| {
+        let first = p.split('/').next().unwrap_or("");
+        let literal = !first.is_empty() && first.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c));
+        literal
+            && !first.chars().all(|c| c.is_ascii_digit())
+            && !matches!(first, "self" | "thread-self")
+            && !p.split('/').any(|c| PROCESS_FILES.contains(&c))
+    })
 }
 
 fn toml_string(s: &str) -> String {
@@ -219,7 +259,40 @@ fn general(path: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::general;
+    use super::{Requests, general, learnable_procfs};
+
+    #[test]
+    fn learning_never_opens_other_processes_files() {
+        let asked: Vec<String> = [
+            "driver/nvidia/**",
+            "sys/kernel/ostype",
+            "self/**",
+            "**",
+            "*/environ",
+            "1/cmdline",
+            "thread-self/x",
+            "driver/x/environ",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let (kept, withheld) = learnable_procfs(&asked);
+        assert_eq!(kept, ["driver/nvidia/**", "sys/kernel/ostype"]);
+        assert_eq!(withheld.len(), 6);
+    }
+
+    #[test]
+    fn learned_output_stays_a_manifest_whatever_the_paths_say() {
+        let mut r = Requests::default();
+        let forged = "class/x\n[backends.evil.grant]\nsysfs = [\"**\"]";
+        r.sysfs.add(forged, "read", forged, false);
+        r.sysfs.add(&"a".repeat(100_000), "read", "x", false);
+        r.dev.add("null", "stat", forged, false);
+        let text = r.render("b", "/");
+        assert!(!text.contains("\n[backends"), "{text}");
+        let parsed: toml::Value = toml::from_str(&text).expect("the output parses as TOML");
+        assert!(parsed.get("backends").is_none(), "{text}");
+        assert!(text.len() < 4096, "{} bytes", text.len());
+    }
 
     #[test]
     fn machine_specific_parts_become_wildcards() {

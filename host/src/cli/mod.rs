@@ -374,6 +374,22 @@ pub enum DraCommand {
     /// List for `kubectl apply -f -`: it selects the resource's devices and names the resource as
     /// its extendedResourceName, so pods asking for it by name keep working.
     Deviceclasses(DeviceClassesArgs),
+    /// Release a claim whose backend could not unprepare it (`devplug status` lists it as
+    /// stuck): at kubelet's next unprepare of it, devplug drops its CDI spec and record without
+    /// asking the backend again. Run on the node, as the user devplug runs as.
+    Release(ReleaseArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReleaseArgs {
+    /// The DRA driver holding the claim (`devplug status` shows it).
+    #[arg(long)]
+    pub driver: String,
+    /// Where devplug keeps its DRA drivers' state (its `dra.plugins_dir`).
+    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    pub dra_plugins_dir: PathBuf,
+    /// The claim's UID.
+    pub uid: String,
 }
 
 #[derive(clap::Args, Debug)]
@@ -429,7 +445,7 @@ pub mod scaffold;
 mod tables;
 
 pub use commands::{allocate, cdi_generate, device_classes, discover};
-pub use http::http_get;
+pub use http::{all_devices, http_get, http_json};
 pub use inspect::inspect;
 pub use learn::learn_requests;
 pub use registry::{pull, push, sign};

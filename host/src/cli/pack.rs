@@ -58,8 +58,8 @@ impl Contents {
                     };
                     match manifest {
                         Some(m) => add(format!("{stem}.toml"), checked_manifest(&m, &stem)?.into_bytes())?,
-                        None => eprintln!(
-                            "devplug: warning: {} has no manifest (NAME.toml beside it, or a .toml right after it): it will get no capabilities",
+                        None => tracing::warn!(
+                            "{} has no manifest (NAME.toml beside it, or a .toml right after it): it will get no capabilities",
                             p.display()
                         ),
                     }

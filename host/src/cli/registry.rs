@@ -39,7 +39,8 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
         tracing::warn!("{warning}");
         warning
     });
-    let digest = artifact::push(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
+    let fetcher = settings.fetcher()?;
+    let digest = artifact::push(&client, &fetcher, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
     if let Some(w) = mismatch {
         out["warning"] = serde_json::json!(w);
@@ -58,7 +59,7 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<serde_json::Value> {
     if args.public_key.is_some() {
         settings.public_key = args.public_key.clone();
     }
-    let client = settings.client()?;
+    let fetcher = settings.fetcher()?;
     let r = reference(&args.reference)?;
     let auth = settings.auth_for(&r)?;
     let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
@@ -69,15 +70,15 @@ pub async fn pull(args: PullArgs) -> anyhow::Result<serde_json::Value> {
     let within = |what: &'static str| {
         move |_| anyhow::anyhow!("{what} took longer than {:?} (registry.timeout)", settings_timeout)
     };
-    let digest = tokio::time::timeout(settings_timeout, artifact::resolve(&client, &auth, &r))
+    let digest = tokio::time::timeout(settings_timeout, artifact::resolve(&fetcher, &auth, &r))
         .await
         .map_err(within("resolving"))??;
     let pinned = artifact::pinned(&r, &digest);
     let state =
-        tokio::time::timeout(settings_timeout, signature::verify(&client, &auth, &pinned, &digest, key.as_ref()))
+        tokio::time::timeout(settings_timeout, signature::verify(&fetcher, &auth, &pinned, &digest, key.as_ref()))
             .await
             .map_err(within("the signature check"))??;
-    let pulled = tokio::time::timeout(settings_timeout, artifact::pull(&client, &auth, &pinned, &guess))
+    let pulled = tokio::time::timeout(settings_timeout, artifact::pull(&fetcher, &auth, &pinned, &guess))
         .await
         .map_err(within("the pull"))??;
     // A Wasm artifact says its backend's name; `--name` wins, as the config key does in `run`.
@@ -115,7 +116,7 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<serde_json::Value> {
     let r = reference(&args.reference)?;
     let auth = settings.auth_for(&r)?;
     let key = signature::load_private_key(&args.key)?;
-    let digest = artifact::resolve(&client, &auth, &r).await?;
+    let digest = artifact::resolve(&settings.fetcher()?, &auth, &r).await?;
     let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
     Ok(serde_json::json!({ "reference": args.reference, "digest": digest, "signature": sig.whole() }))
 }

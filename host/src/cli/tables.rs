@@ -1,10 +1,24 @@
-//! Command output for people: JSON answers as aligned tables.
+//! Command output for people: JSON answers as aligned tables. Every cell is outsider text (a
+//! backend's version, IDs and attributes, a registry's error) and goes through
+//! [`clip`]: cut to a bounded length, control characters escaped, so nothing a backend says
+//! can move the terminal's cursor, ring its bell or rewrite the lines above.
+
+use crate::untrusted::clip;
+
+/// A JSON value as one clipped table cell.
+fn cell(x: &serde_json::Value) -> String {
+    match x.as_str() {
+        Some(s) => clip(s).into_owned(),
+        None if x.is_null() => "?".to_owned(),
+        None => clip(&x.to_string()).into_owned(),
+    }
+}
 
 /// `devplug status` as a table for people.
 pub fn status_table(v: &serde_json::Value) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let str_of = |x: &serde_json::Value| x.as_str().map(str::to_owned).unwrap_or_else(|| x.to_string());
+    let str_of = cell;
     let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "KUBELET"].map(str::to_owned).to_vec()];
     for r in v["resources"].as_array().into_iter().flatten() {
         rows.push(vec![str_of(&r["name"]), str_of(&r["healthy"]), str_of(&r["unhealthy"]), str_of(&r["endpoint"])]);
@@ -19,7 +33,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
         let _ = writeln!(out);
         out.push_str(&table(&rows, &[false, false, false, false]));
         for why in regs.iter().filter_map(|r| r["overdue"].as_str()) {
-            let _ = writeln!(out, "! {why}");
+            let _ = writeln!(out, "! {}", clip(why));
         }
     }
     let mut rows = vec![
@@ -37,7 +51,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
             breaker.to_owned(),
             str_of(&b["stats"]["traps"]),
             str_of(&b["stats"]["timeouts"]),
-            b["last_error"].as_str().unwrap_or("").to_owned(),
+            b["last_error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
         ]);
     }
     let _ = writeln!(out);
@@ -51,7 +65,11 @@ pub fn status_table(v: &serde_json::Value) -> String {
         ];
         for s in &sources {
             let digest: String = str_of(&s["digest"]).trim_start_matches("sha256:").chars().take(12).collect();
-            let error = [&s["swap_error"], &s["last_error"]].iter().find_map(|e| e.as_str()).unwrap_or("").to_owned();
+            let error = [&s["swap_error"], &s["last_error"]]
+                .iter()
+                .find_map(|e| e.as_str())
+                .map(|e| clip(e).into_owned())
+                .unwrap_or_default();
             rows.push(vec![
                 str_of(&s["backend"]),
                 str_of(&s["reference"]),
@@ -64,6 +82,28 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
         let _ = writeln!(out);
         out.push_str(&table(&rows, &[false, false, false, false, false, true, false]));
+    }
+    let claims = v["claims"].as_array().cloned().unwrap_or_default();
+    if !claims.is_empty() {
+        let mut rows = vec![["DRA DRIVER", "CLAIM", "UID", "STATE", "RETRIES", "ERROR"].map(str::to_owned).to_vec()];
+        for c in &claims {
+            rows.push(vec![
+                str_of(&c["driver"]),
+                format!("{}/{}", str_of(&c["namespace"]), str_of(&c["name"])),
+                str_of(&c["uid"]),
+                str_of(&c["state"]),
+                c["retries"].as_u64().map_or_else(String::new, |n| n.to_string()),
+                c["error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
+            ]);
+        }
+        let _ = writeln!(out);
+        out.push_str(&table(&rows, &[false, false, false, false, true, false]));
+        if claims.iter().any(|c| c["state"] == "stuck") {
+            let _ = writeln!(
+                out,
+                "! stuck claims keep their devices: fix the backend and restart devplug, or `devplug dra release --driver DRIVER UID`"
+            );
+        }
     }
     let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
     if allocs.is_empty() {
@@ -87,7 +127,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
 
 /// `devplug status --devices` as a table: one row per device.
 pub fn devices_table(v: &serde_json::Value) -> String {
-    let str_of = |x: &serde_json::Value| x.as_str().map(str::to_owned).unwrap_or_else(|| x.to_string());
+    let str_of = cell;
     let mut rows = vec![
         ["RESOURCE", "DEVICE", "HEALTH", "NUMA", "NODES (HOST:CONTAINER)", "ATTRIBUTES"].map(str::to_owned).to_vec(),
     ];
@@ -112,6 +152,7 @@ pub fn devices_table(v: &serde_json::Value) -> String {
 
 /// Rows as columns as wide as their widest cell (`right` aligns numbers), two spaces apart.
 fn table(rows: &[Vec<String>], right: &[bool]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|x| clip(x).into_owned()).collect()).collect();
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width: Vec<usize> =
         (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|x| x.chars().count()).max().unwrap_or(0)).collect();
@@ -141,10 +182,10 @@ pub fn discover_table(v: &serde_json::Value) -> String {
     for b in v["backends"].as_array().into_iter().flatten() {
         out.push_str(&format!(
             "backend {} {} (wit {}, {}){}\n",
-            b["name"].as_str().unwrap_or("?"),
-            b["version"].as_str().unwrap_or("?"),
-            b["wit_version"].as_str().unwrap_or("?"),
-            b["origin"].as_str().unwrap_or("?"),
+            cell(&b["name"]),
+            cell(&b["version"]),
+            cell(&b["wit_version"]),
+            cell(&b["origin"]),
             if b["breaker_open"].as_bool() == Some(true) { " BREAKER OPEN" } else { "" }
         ));
     }
@@ -152,21 +193,21 @@ pub fn discover_table(v: &serde_json::Value) -> String {
     for r in v["resources"].as_array().into_iter().flatten() {
         let devices = r["devices"].as_array().cloned().unwrap_or_default();
         if devices.is_empty() {
-            out.push_str(&format!("{:<28} {:<40} {:<10}\n", r["name"].as_str().unwrap_or("?"), "(none)", "-"));
+            out.push_str(&format!("{:<28} {:<40} {:<10}\n", cell(&r["name"]), "(none)", "-"));
         }
         for d in devices {
             let numa: Vec<String> = d["numa_nodes"].as_array().into_iter().flatten().map(|n| n.to_string()).collect();
             out.push_str(&format!(
                 "{:<28} {:<40} {:<10} {}\n",
-                r["name"].as_str().unwrap_or("?"),
-                d["id"].as_str().unwrap_or("?"),
-                d["health"].as_str().unwrap_or("?"),
+                cell(&r["name"]),
+                cell(&d["id"]),
+                cell(&d["health"]),
                 if numa.is_empty() { "-".into() } else { numa.join(",") }
             ));
         }
     }
     for e in v["errors"].as_array().into_iter().flatten() {
-        out.push_str(&format!("error: {}\n", e.as_str().unwrap_or("?")));
+        out.push_str(&format!("error: {}\n", cell(e)));
     }
     out
 }
@@ -191,6 +232,33 @@ mod tests {
             assert!(row.contains(want), "{want} missing: {row}");
         }
         let plain = serde_json::json!({ "resources": [], "backends": [], "allocations": [] });
+        assert!(!status_table(&plain).contains("DRA DRIVER"), "no claims, no table");
         assert!(!status_table(&plain).contains("REFERENCE"), "no sources, no table");
+    }
+
+    /// What a hostile backend puts in its version and attributes reaches no terminal raw: no
+    /// ESC, BEL or CR in any table, and a 1 MiB version is a short cell.
+    #[test]
+    fn outsider_text_is_clipped_and_escaped_in_every_table() {
+        let evil = "1.0\u{1b}]0;owned\u{7}\u{1b}[2J\rforged";
+        let v = serde_json::json!({
+            "resources": [{ "name": "x.io/w", "healthy": 1, "unhealthy": 0, "endpoint": evil,
+                "devices": [{ "id": "d0", "health": "Healthy", "numa_nodes": [0], "nodes": [evil],
+                              "attributes": { "note": evil } }] }],
+            "backends": [{ "name": "b", "version": "v".repeat(1 << 20), "digest": "", "stats": {},
+                           "last_error": evil, "wit_version": evil, "origin": evil }],
+            "allocations": [{ "resource": evil, "device": "d0", "namespace": "n", "pod": "p", "container": "c" }],
+            "claims": [{ "driver": "d.io", "namespace": "n", "name": "c", "uid": "u", "state": "stuck",
+                         "retries": 2, "error": evil }],
+            "registrations": [{ "subject": evil, "mode": "m", "state": "s", "socket": "/x", "overdue": evil }],
+            "errors": [evil],
+        });
+        for (what, text) in
+            [("status", status_table(&v)), ("devices", devices_table(&v)), ("discover", discover_table(&v))]
+        {
+            assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{what}: {text:?}");
+            assert!(text.len() < 8192, "{what}: {} bytes", text.len());
+        }
+        assert!(status_table(&v).contains("stuck"), "the stuck claim shows");
     }
 }

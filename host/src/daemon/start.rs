@@ -49,7 +49,8 @@ impl Daemon {
             plugins_registry_dir: cfg.plugins_registry_dir(),
         };
         let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?.with_patience(cfg.registration_timeout));
-        let dra = connect_dra(&cfg, specs.as_ref(), endpoints.board()).await;
+        let claims = Arc::new(crate::dra::claims::ClaimBoard::default());
+        let dra = connect_dra(&cfg, specs.as_ref(), endpoints.board(), claims.clone()).await;
         let stop = CancellationToken::new();
         let served = loaded.clone();
         let pods = podresources::spawn(
@@ -70,6 +71,8 @@ impl Daemon {
             standby: standby.clone(),
             heartbeat: heartbeat.clone(),
             sources: statuses.clone(),
+            claims,
+            device_pages: observe::Probes::device_pages(),
         };
         observe::serve(cfg.metrics_addr, probes, stop.clone()).await?;
         let loading = tokio::spawn({
@@ -181,6 +184,7 @@ async fn connect_dra(
     cfg: &Config,
     specs: Option<&Arc<crate::cdi::SpecDir>>,
     board: Arc<crate::plugin_socket::registration::Board>,
+    claims: Arc<crate::dra::claims::ClaimBoard>,
 ) -> Option<Arc<crate::dra::DraNode>> {
     if !cfg.uses_dra() {
         return None;
@@ -199,6 +203,7 @@ async fn connect_dra(
         resync: cfg.dra.resync,
         board,
         patience: cfg.registration_timeout,
+        claims,
     };
     match crate::dra::DraNode::connect(settings, specs.clone()).await {
         Ok(node) => {

@@ -45,6 +45,8 @@ pub struct DriverSetup {
     pub board: Arc<Board>,
     /// How long kubelet may take to register the driver before an ERROR.
     pub patience: Duration,
+    /// Where the driver's claims show (prepared, stuck).
+    pub claims: Arc<super::claims::ClaimBoard>,
 }
 
 /// How long stopping waits for the API server to delete the pool.
@@ -78,7 +80,7 @@ impl Driver {
             served: served.clone(),
             specs: setup.specs.clone(),
         });
-        let plugin = Arc::new(DraPlugin::new(preparer, checkpoint));
+        let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
         let wake = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let (health, changes) = tokio::sync::watch::channel(0u64);

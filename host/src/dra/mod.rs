@@ -6,7 +6,8 @@
 //! - [`slices`]: a backend's devices as the slices of one pool.
 //! - [`api`]: the API server: writing a pool, reading a claim.
 //! - [`plugin`], [`checkpoint`]: the DRA kubelet plugin service (`v1` and `v1beta1`) and its
-//!   crash-safe record of prepared claims; [`registration`]: kubelet's plugin watcher finding it.
+//!   crash-safe record of prepared claims; [`claims`]: where each claim stands (prepared, or
+//!   stuck and how to release it); [`registration`]: kubelet's plugin watcher finding it.
 //! - [`health`]: the devices' health streamed to kubelet (`DRAResourceHealth` v1alpha1).
 //! - [`prepare`]: what preparing a claim does (backend edits → a claim CDI spec → CDI IDs).
 //! - [`served`], [`driver`], [`node`]: what each driver serves, the task that keeps its pool
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod checkpoint;
+pub mod claims;
 pub mod classes;
 pub mod driver;
 pub mod health;

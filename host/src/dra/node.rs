@@ -22,6 +22,8 @@ pub struct NodeSettings<'a> {
     pub board: Arc<crate::plugin_socket::registration::Board>,
     /// How long kubelet may take to register a driver before an ERROR.
     pub patience: Duration,
+    /// Where every driver's claims show.
+    pub claims: Arc<super::claims::ClaimBoard>,
 }
 
 /// The DRA drivers of this node.
@@ -54,6 +56,7 @@ impl DraNode {
             resync: s.resync,
             board: s.board,
             patience: s.patience,
+            claims: s.claims,
         };
         Ok(DraNode { setup, drivers: tokio::sync::Mutex::default() })
     }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
+use super::claims::ClaimBoard;
 use crate::proto::dra::{v1, v1beta1};
 
 /// What preparing a claim means for this node: the backend decides the devices' CDI edits for
@@ -23,6 +24,11 @@ pub trait ClaimPreparer: Send + Sync + 'static {
     /// Whether what `prepare` left on the node for `claim` is still there (its CDI spec).
     fn intact(&self, claim: &ClaimRef) -> bool;
     async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String>;
+    /// Drop what `prepare` left on the node for `claim` without the backend (the operator
+    /// released a claim its backend could not unprepare).
+    fn release(&self, _claim: &ClaimRef) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// One driver's plugin: its preparer and checkpoint.
@@ -31,11 +37,79 @@ pub struct DraPlugin {
     checkpoint: Checkpoint,
     /// Kubelet may call prepare and unprepare concurrently; one claim is handled at a time.
     busy: tokio::sync::Mutex<()>,
+    /// The driver's name, and where its claims show.
+    driver: String,
+    board: Arc<ClaimBoard>,
 }
 
 impl DraPlugin {
     pub fn new(preparer: Arc<dyn ClaimPreparer>, checkpoint: Checkpoint) -> Self {
-        DraPlugin { preparer, checkpoint, busy: tokio::sync::Mutex::new(()) }
+        Self::on_board(preparer, checkpoint, "", Arc::default())
+    }
+
+    /// A plugin for `driver` whose claims show on `board` (every recorded claim as prepared).
+    pub fn on_board(
+        preparer: Arc<dyn ClaimPreparer>,
+        checkpoint: Checkpoint,
+        driver: &str,
+        board: Arc<ClaimBoard>,
+    ) -> Self {
+        for uid in checkpoint.uids() {
+            if let Some((claim, _)) = checkpoint.get(&uid) {
+                board.prepared(driver, &claim);
+            }
+        }
+        DraPlugin { preparer, checkpoint, busy: tokio::sync::Mutex::new(()), driver: driver.to_owned(), board }
+    }
+
+    /// Whether the operator asked (`devplug dra release`) to drop claim `uid`; the marker is
+    /// consumed.
+    fn release_requested(&self, uid: &str) -> bool {
+        let marker = super::claims::release_dir(self.checkpoint.dir()).join(uid);
+        let asked = marker.exists();
+        if asked && let Err(e) = std::fs::remove_file(&marker) {
+            tracing::warn!(driver = %self.driver, uid, "could not remove the release marker {}: {e}", marker.display());
+        }
+        asked
+    }
+
+    /// Unprepare one held claim: the backend once; after it failed, its error again until the
+    /// operator releases the claim or devplug restarts.
+    async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String> {
+        let shown = format!("{}/{}", held.namespace, held.name);
+        if self.release_requested(&held.uid) {
+            self.preparer.release(held)?;
+            self.checkpoint.remove(&held.uid).map_err(|e| format!("checkpoint: {e}"))?;
+            self.board.gone(&self.driver, &held.uid);
+            tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "claim released by the operator: its CDI spec and record are gone, the backend was not asked again");
+            return Ok(());
+        }
+        if let Some(error) = self.board.retry(&self.driver, &held.uid) {
+            return Err(format!(
+                "{error} (not retried: the backend is asked once; restart devplug to ask it again, or `devplug dra release --driver {} {}` to drop the claim)",
+                self.driver, held.uid
+            ));
+        }
+        match self.preparer.unprepare(held, devices).await {
+            Ok(()) => {
+                self.checkpoint.remove(&held.uid).map_err(|e| format!("checkpoint: {e}"))?;
+                self.board.gone(&self.driver, &held.uid);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(
+                    driver = %self.driver,
+                    claim = %shown,
+                    uid = %held.uid,
+                    "claim could not be unprepared: {}. Its CDI spec and record stay; kubelet's retries get this error without the backend being asked again. Fix the backend and restart devplug, or release the claim: devplug dra release --driver {} {}",
+                    crate::untrusted::clip(&e),
+                    self.driver,
+                    held.uid
+                );
+                self.board.stuck(&self.driver, held, &e);
+                Err(e)
+            }
+        }
     }
 
     /// Prepare each claim (or answer from the checkpoint); by claim UID.
@@ -57,7 +131,10 @@ impl DraPlugin {
                 Some((_, devices)) => Ok(devices),
                 None => match self.preparer.prepare(&claim).await {
                     Ok(devices) => match self.checkpoint.put(&claim, &devices) {
-                        Ok(()) => Ok(devices),
+                        Ok(()) => {
+                            self.board.prepared(&self.driver, &claim);
+                            Ok(devices)
+                        }
                         Err(e) => Err(format!("prepared, but the checkpoint could not be written: {e}")),
                     },
                     Err(e) => Err(e),
@@ -78,10 +155,7 @@ impl DraPlugin {
         for claim in claims {
             let answer = match self.checkpoint.get(&claim.uid) {
                 None => Ok(()),
-                Some((held, devices)) => match self.preparer.unprepare(&held, &devices).await {
-                    Ok(()) => self.checkpoint.remove(&claim.uid).map(drop).map_err(|e| format!("checkpoint: {e}")),
-                    Err(e) => Err(e),
-                },
+                Some((held, devices)) => self.unprepare_one(&held, &devices).await,
             };
             out.insert(claim.uid.clone(), answer);
         }

@@ -122,17 +122,22 @@ impl ClaimPreparer for Preparer {
             common.merge(edits);
         }
         for (resource, (served, picked)) in groups {
+            let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
+            let list = served.devices.borrow().clone();
             if whole.is_none() {
-                let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
                 let extra = served
                     .calls
-                    .allocate(ids)
+                    .allocate(ids.clone())
                     .await
                     .map_err(|e| format!("backend {}, resource {resource}: {e}", served.backend))?;
                 common.merge(&extra);
             }
-            let list = served.devices.borrow().clone();
             common.merge(&list.common_edits);
+            // A claim's spec carries its own devices' nodes and nodes no device owns, never a
+            // neighbour's (the rule Allocate's answers follow too).
+            if let Some(why) = list.foreign_node(&ids, &common) {
+                return Err(format!("backend {}, resource {resource}: answer refused: {why}", served.backend));
+            }
             for (request, name, id) in picked {
                 let Some(d) = list.device(&id) else {
                     return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
@@ -165,6 +170,10 @@ impl ClaimPreparer for Preparer {
 
     fn intact(&self, claim: &ClaimRef) -> bool {
         self.specs.has_claim(&claim.uid)
+    }
+
+    fn release(&self, claim: &ClaimRef) -> Result<(), String> {
+        self.specs.remove_claim(&claim.uid).map_err(|e| format!("removing the claim's CDI spec: {e}"))
     }
 
     async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), String> {

@@ -14,7 +14,7 @@ pub const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
 /// Attributes and capacities of one device, together.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// The name part of an attribute or capacity name (a C identifier).
-pub const MAX_ATTRIBUTE_NAME: usize = 32;
+pub use crate::model::dra::MAX_ATTRIBUTE_NAME;
 /// A string or version attribute's value.
 pub const MAX_ATTRIBUTE_VALUE: usize = 64;
 

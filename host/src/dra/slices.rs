@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::slice_rules;
-use crate::model::dra::{AttributeValue, CounterSet};
+use crate::model::dra::{AttributeValue, CounterSet, attribute_name};
 use crate::model::{Health, Resource};
 
 /// A counter set (or what a device draws from one) as the API writes it.
@@ -19,6 +19,29 @@ fn counters_json(set: &CounterSet) -> Value {
     let counters: serde_json::Map<String, Value> =
         set.counters.iter().map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
     json!({ "counterSet": set.name, "counters": counters })
+}
+
+/// Bytes of device JSON one pool may publish, all its slices together: a backend's answers are
+/// capped at 8 MiB each (`runtime::vet`), and what devplug builds and writes to the API server
+/// from them is capped the same way, so one backend cannot make the host hold, hash and send
+/// tens of megabytes per sync.
+pub const MAX_POOL_BYTES: usize = 8 << 20;
+
+/// How many bytes `v` is as JSON, without building the text.
+fn json_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The taint an Unhealthy device carries.
@@ -61,16 +84,6 @@ pub fn device_name(id: &str) -> String {
     if keep.is_empty() { format!("d-{hash}") } else { format!("{keep}-{hash}") }
 }
 
-/// An attribute key as a C identifier of at most 32 bytes (`unhealthy`, `cdi_name`, `pci_addr`).
-fn attribute_name(key: &str) -> String {
-    let mut s: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    if !s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
-        s.insert(0, '_');
-    }
-    s.truncate(slice_rules::MAX_ATTRIBUTE_NAME);
-    s
-}
-
 /// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
 /// lists of the `resources` it serves through DRA, at `generation`.
 pub fn pool(
@@ -89,6 +102,7 @@ pub fn pool(
     };
     let mut ids = BTreeMap::new();
     let mut devices = Vec::new();
+    let mut bytes = 0usize;
     for r in resources {
         for d in &r.devices {
             let name = device_name(&d.id);
@@ -96,10 +110,6 @@ pub fn pool(
                 return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
             }
             let mut attributes = serde_json::Map::new();
-            attributes.insert("resource".into(), json!({ "string": r.name }));
-            if let Some(numa) = d.numa_nodes.first() {
-                attributes.insert("numa".into(), json!({ "int": numa }));
-            }
             for (k, v) in &d.attributes {
                 attributes.insert(attribute_name(k), json!({ "string": v }));
             }
@@ -115,6 +125,13 @@ pub fn pool(
                 };
                 attributes.insert(k.clone(), value);
             }
+            // The host's own attributes last, so nothing a backend says can replace them (its
+            // answers naming them are refused before they get here: `vet`).
+            attributes.insert("resource".into(), json!({ "string": r.name }));
+            match d.numa_nodes.first() {
+                Some(numa) => attributes.insert("numa".into(), json!({ "int": numa })),
+                None => attributes.remove("numa"),
+            };
             let mut device = json!({ "name": name, "attributes": attributes });
             if let Some(x) = described {
                 if !x.capacity.is_empty() {
@@ -135,6 +152,16 @@ pub fn pool(
                     why.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(63).collect();
                 let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
                 device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
+            }
+            bytes += json_len(&device);
+            if bytes > MAX_POOL_BYTES {
+                return Err(fail(
+                    "(the pool)",
+                    "size".into(),
+                    format!(
+                        "its devices come to more than {MAX_POOL_BYTES} bytes of JSON; describe fewer or shorter attributes"
+                    ),
+                ));
             }
             devices.push((d.id.clone(), device));
         }
@@ -214,6 +241,37 @@ mod tests {
 
     fn resource(name: &str, devices: Vec<Device>) -> Resource {
         Resource { name: name.into(), devices, ..Default::default() }
+    }
+
+    /// Issue 33: what a pool publishes is bounded as a whole (8,192 devices × 32 legal
+    /// attributes is ~20 MiB of JSON): refused with the size named, nothing half-built.
+    #[test]
+    fn a_pool_is_bounded_in_bytes_as_a_whole() {
+        let attrs: Vec<(String, String)> = (0..32).map(|a| (format!("a{a:02}"), format!("{a:064}"))).collect();
+        let attrs: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let devices = (0..8192).map(|i| device(&format!("d{i}"), Health::Healthy, &attrs)).collect();
+        let e = pool("b", "b.devplug.io", "node-a", "node-a", 1, &[resource("x.io/w", devices)]).unwrap_err();
+        assert_eq!(e.field, "size", "{e}");
+        assert!(e.message.contains(&MAX_POOL_BYTES.to_string()), "{e}");
+    }
+
+    /// The host's own `resource` and `numa` are written last: whatever a backend's attributes
+    /// said (its answers naming them are refused earlier, in `vet`), the published values are the
+    /// host's.
+    #[test]
+    fn the_hosts_attributes_are_never_replaced() {
+        let mut d = device("d0", Health::Healthy, &[("numa", "9"), ("resource", "evil.io/x")]);
+        d.numa_nodes = vec![];
+        let mut r = resource("x.io/w", vec![d]);
+        let typed = crate::model::dra::Described {
+            attributes: vec![("resource".into(), AttributeValue::Text("evil.io/y".into()))],
+            ..Default::default()
+        };
+        r.described.insert("d0".into(), typed);
+        let p = pool("b", "b.devplug.io", "node-a", "node-a", 1, &[r]).unwrap();
+        let attrs = &p.slices[0]["spec"]["devices"][0]["attributes"];
+        assert_eq!(attrs["resource"]["string"], "x.io/w", "{attrs}");
+        assert!(attrs["numa"].is_null(), "no NUMA node known, none published: {attrs}");
     }
 
     #[test]

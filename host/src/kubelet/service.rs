@@ -275,6 +275,14 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             for c in reqs {
                 let extra =
                     self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
+                // The same isolation rule as a DRA claim's: no container gets a node of a
+                // device it was not allocated, from the answer or the resource's common edits.
+                let foreign =
+                    [&extra, &snap.common_edits].into_iter().find_map(|e| snap.foreign_node(&c.devices_ids, e));
+                if let Some(why) = foreign {
+                    tracing::error!(resource = %self.handle.name, "allocate answer refused: {why}");
+                    return Err(Status::internal(format!("{}: allocate answer refused: {why}", self.handle.name)));
+                }
                 out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
             }
             Ok(Response::new(pb::AllocateResponse { container_responses: out }))

@@ -44,3 +44,49 @@ pub struct ClaimDevice {
     pub resource: String,
     pub id: String,
 }
+
+/// Longest attribute name the API server accepts (a C identifier).
+pub const MAX_ATTRIBUTE_NAME: usize = 32;
+
+/// A `discover` attribute key as a DRA attribute name: a C identifier of at most 32 bytes
+/// (`unhealthy`, `cdi_name`, `pci_addr`).
+pub fn attribute_name(key: &str) -> String {
+    let mut s: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    if !s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+        s.insert(0, '_');
+    }
+    s.truncate(MAX_ATTRIBUTE_NAME);
+    s
+}
+
+/// Attributes the host writes on every device it publishes: the device-plugin resource name
+/// (DeviceClasses select on it) and the NUMA node (the scheduler aligns on it). A backend's
+/// attribute of the same name would replace them, so it is refused.
+pub const HOST_ATTRIBUTES: &[&str] = &["resource", "numa"];
+
+/// Domains whose attribute names belong to devplug or to Kubernetes' standard attributes
+/// (`resource.kubernetes.io/pcieRoot`): the host writes those, never a backend.
+const RESERVED_DOMAINS: &[&str] = &["devplug.io", "kubernetes.io", "k8s.io"];
+
+/// Why a backend may not publish attribute `key` (a `discover` key, or a `describe` name, which
+/// may be `domain/name`), if it may not.
+pub fn reserved_attribute(key: &str) -> Option<String> {
+    let (domain, name) = match key.rsplit_once('/') {
+        Some((d, n)) => (Some(d), n),
+        None => (None, key),
+    };
+    let name = attribute_name(name);
+    if HOST_ATTRIBUTES.contains(&name.as_str()) {
+        return Some(format!(
+            "attribute {key:?}: {name} is written by the host (reserved: {})",
+            HOST_ATTRIBUTES.join(", ")
+        ));
+    }
+    let domain = domain?;
+    // `devplug.io` itself (not a driver's `NAME.devplug.io`), Kubernetes' domains and theirs below.
+    let taken = |r: &&&str| domain == **r || (**r != "devplug.io" && domain.ends_with(&format!(".{r}")));
+    RESERVED_DOMAINS
+        .iter()
+        .find(taken)
+        .map(|r| format!("attribute {key:?}: names in the {r} domain are the host's and Kubernetes' to write"))
+}

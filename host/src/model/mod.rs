@@ -130,6 +130,37 @@ impl Resource {
         self.devices.iter().find(|d| d.id == id)
     }
 
+    /// Whether `edits`, given to a container or claim holding devices `ids` of this resource,
+    /// hand out another device's node: a host node that some device outside `ids` has in its
+    /// own edits and none in `ids` has. Such a node is refused (named in the answer) wherever
+    /// edits are given out, in Allocate and in DRA prepare alike: a container gets the nodes of
+    /// the devices it holds and nodes no device owns (`/dev/nvidiactl`), never a neighbour's.
+    pub fn foreign_node(&self, ids: &[String], edits: &ContainerEdits) -> Option<String> {
+        let held = |path: &str| {
+            self.devices
+                .iter()
+                .filter(|d| ids.contains(&d.id))
+                .any(|d| d.edits.device_nodes.iter().any(|n| n.host_path() == path))
+        };
+        for n in &edits.device_nodes {
+            let path = n.host_path();
+            let owner = self
+                .devices
+                .iter()
+                .find(|d| !ids.contains(&d.id) && d.edits.device_nodes.iter().any(|m| m.host_path() == path));
+            if let Some(owner) = owner
+                && !held(path)
+            {
+                return Some(format!(
+                    "device node {} is device {}'s, which was not allocated here",
+                    crate::untrusted::clip(path),
+                    crate::untrusted::clip(&owner.id)
+                ));
+            }
+        }
+        None
+    }
+
     /// What kubelet sees of this resource: ID → (health, NUMA nodes). Used to decide whether a
     /// new discover result is worth a ListAndWatch update.
     pub fn kubelet_view(&self) -> BTreeMap<&str, (Health, &[u32])> {

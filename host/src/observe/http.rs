@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -36,6 +36,17 @@ pub struct Probes {
     pub heartbeat: Arc<Heartbeat>,
     /// The backends from registries: reference, digest, signature, last check and error.
     pub sources: Arc<Statuses>,
+    /// The DRA claims this node holds: prepared, or stuck and how to release them.
+    pub claims: Arc<crate::dra::claims::ClaimBoard>,
+    /// Permits for building `/status/devices` pages.
+    pub device_pages: Arc<tokio::sync::Semaphore>,
+}
+
+impl Probes {
+    /// Permits for [`Probes::device_pages`].
+    pub fn device_pages() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(DEVICE_PAGES_AT_ONCE))
+    }
 }
 
 /// A control loop that has not turned for this long is stalled: `/healthz` fails, so kubelet's
@@ -102,7 +113,7 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
-    let body = h.metrics.render(&h.loaded, &h.pods.get(), &h.sources.all());
+    let body = h.metrics.render(&h.loaded, &h.pods.get(), &h.sources.all(), &h.claims.counts("stuck"));
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
@@ -129,40 +140,80 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
         "allocations": *h.pods.get(),
         "sources": h.sources.all(),
         "registrations": h.endpoints.board().json(),
+        "claims": h.claims.all(),
     }))
 }
 
-/// `/status/devices`: every resource's devices as devplug serves them — health, NUMA nodes,
-/// attributes (a backend's `cdi-name` among them) and the device nodes a container gets.
-async fn status_devices(State(h): State<Probes>) -> Json<serde_json::Value> {
-    let resources: Vec<serde_json::Value> = h
-        .loaded
-        .snapshot()
-        .iter()
-        .map(|r| {
-            let devices: Vec<serde_json::Value> = r
-                .devices
-                .iter()
-                .map(|d| {
-                    let nodes: Vec<String> = d
-                        .edits
-                        .device_nodes
-                        .iter()
-                        .map(|n| format!("{}:{}", n.host_path(), n.container_path))
-                        .collect();
-                    serde_json::json!({
-                        "id": d.id,
-                        "health": d.health.as_str(),
-                        "numa_nodes": d.numa_nodes,
-                        "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-                        "nodes": nodes,
-                    })
+/// Devices one `/status/devices` page holds by default, and at most.
+pub const DEVICES_PAGE: usize = 500;
+pub const MAX_DEVICES_PAGE: usize = 2000;
+/// `/status/devices` pages built at once; more are answered 503 at once (each page is bounded,
+/// so this bounds the memory the listener can be made to use).
+const DEVICE_PAGES_AT_ONCE: usize = 2;
+
+/// Which page of `/status/devices`.
+#[derive(serde::Deserialize)]
+struct Page {
+    #[serde(default)]
+    offset: usize,
+    #[serde(default = "default_page")]
+    limit: usize,
+}
+
+fn default_page() -> usize {
+    DEVICES_PAGE
+}
+
+/// `/status/devices?offset=N&limit=M`: one page of every resource's devices as devplug serves
+/// them — health, NUMA nodes, attributes (a backend's `cdi-name` among them) and the device nodes
+/// a container gets — in resource then device order, with `total` and, when more follow, `next`
+/// (the offset of the next page). A page is at most [`MAX_DEVICES_PAGE`] devices, and at most
+/// two pages are built at once, so a node with a hundred thousand devices answers in bounded
+/// memory however many clients ask.
+async fn status_devices(State(h): State<Probes>, Query(page): Query<Page>) -> axum::response::Response {
+    let Ok(_permit) = h.device_pages.clone().try_acquire_owned() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "busy: other /status/devices pages are being built; try again\n")
+            .into_response();
+    };
+    let limit = page.limit.clamp(1, MAX_DEVICES_PAGE);
+    let snapshot = h.loaded.snapshot();
+    let total: usize = snapshot.iter().map(|r| r.devices.len()).sum();
+    let mut skip = page.offset;
+    let mut left = limit;
+    let mut resources = Vec::new();
+    for r in &snapshot {
+        if left == 0 {
+            break;
+        }
+        if skip >= r.devices.len() {
+            skip -= r.devices.len();
+            continue;
+        }
+        let devices: Vec<serde_json::Value> = r.devices[skip..]
+            .iter()
+            .take(left)
+            .map(|d| {
+                let nodes: Vec<String> =
+                    d.edits.device_nodes.iter().map(|n| format!("{}:{}", n.host_path(), n.container_path)).collect();
+                serde_json::json!({
+                    "id": d.id,
+                    "health": d.health.as_str(),
+                    "numa_nodes": d.numa_nodes,
+                    "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    "nodes": nodes,
                 })
-                .collect();
-            serde_json::json!({ "name": r.name, "devices": devices })
-        })
-        .collect();
-    Json(serde_json::json!({ "resources": resources }))
+            })
+            .collect();
+        skip = 0;
+        left -= devices.len();
+        resources.push(serde_json::json!({ "name": r.name, "devices": devices }));
+    }
+    let end = page.offset.saturating_add(limit - left);
+    let mut body = serde_json::json!({ "resources": resources, "offset": page.offset, "total": total });
+    if end < total {
+        body["next"] = serde_json::json!(end);
+    }
+    Json(body).into_response()
 }
 
 /// Serve the probes until `stop`. Binding errors are returned so a port clash is reported.

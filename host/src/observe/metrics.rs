@@ -121,6 +121,12 @@ pub struct Metrics {
     registry_source: Family<SourceLabels, Gauge>,
     registry_source_failing: Family<BackendLabel, Gauge>,
     registry_source_checked: Family<BackendLabel, Gauge>,
+    claims_stuck: Family<DriverLabel, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DriverLabel {
+    driver: String,
 }
 
 impl Default for Metrics {
@@ -147,6 +153,7 @@ impl Metrics {
             registry_source: Family::default(),
             registry_source_failing: Family::default(),
             registry_source_checked: Family::default(),
+            claims_stuck: Family::default(),
         };
         {
             let mut r = m.registry.locked();
@@ -184,12 +191,23 @@ impl Metrics {
                 "Unix time of a registry source's last successful check",
                 m.registry_source_checked.clone(),
             );
+            r.register(
+                "dra_claims_stuck",
+                "DRA claims whose backend could not unprepare them, by driver (see /status claims; devplug dra release)",
+                m.claims_stuck.clone(),
+            );
         }
         m
     }
 
     /// The OpenMetrics text, with state read from `backends` and `pods` now.
-    pub fn render(&self, backends: &Loaded, pods: &[Assignment], sources: &[SourceStatus]) -> String {
+    pub fn render(
+        &self,
+        backends: &Loaded,
+        pods: &[Assignment],
+        sources: &[SourceStatus],
+        stuck: &std::collections::BTreeMap<String, usize>,
+    ) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
         // scrape clearing them in between would hand out a half-filled set.
         let r = self.registry.locked();
@@ -227,6 +245,10 @@ impl Metrics {
                     origin: b.origin.clone(),
                 })
                 .set(1);
+        }
+        self.claims_stuck.clear();
+        for (driver, n) in stuck {
+            self.claims_stuck.get_or_create(&DriverLabel { driver: driver.clone() }).set(*n as i64);
         }
         self.allocated.clear();
         for a in pods {
@@ -329,7 +351,9 @@ mod tests {
             .map(|_| {
                 let (r, m) = (loaded.clone(), metrics.clone());
                 std::thread::spawn(move || {
-                    (0..300).filter(|_| !m.render(&r, &[], &[]).contains("devplug_devices{")).count()
+                    (0..300)
+                        .filter(|_| !m.render(&r, &[], &[], &Default::default()).contains("devplug_devices{"))
+                        .count()
                 })
             })
             .collect();

@@ -15,8 +15,31 @@ pub enum LogFormat {
     Json,
 }
 
+/// The format [`init_logging`] chose, for [`say`].
+static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// A one-shot command's message for the person or the log collector on stderr, in the log
+/// format: `devplug: TEXT` in text mode, one JSON object per line in JSON mode, so a collector
+/// reading `--log-format json` never meets a line it cannot parse.
+pub fn say(level: tracing::Level, text: &str) {
+    let text = crate::untrusted::clip_to(text, 4096);
+    match FORMAT.get().copied().unwrap_or_default() {
+        LogFormat::Text => eprintln!("devplug: {text}"),
+        LogFormat::Json => {
+            let line = serde_json::json!({
+                "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
+                "level": level.as_str(),
+                "message": text,
+                "target": "devplug",
+            });
+            eprintln!("{line}");
+        }
+    }
+}
+
 /// Install the global `tracing` subscriber. `RUST_LOG` filters (default `info`).
 pub fn init_logging(format: LogFormat) {
+    let _ = FORMAT.set(format);
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for a person at a terminal: log collectors get plain text.

@@ -17,11 +17,13 @@ use std::io::Read;
 
 use base64::Engine;
 
-use oci_client::errors::{OciDistributionError, OciErrorCode};
+use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{IMAGE_MANIFEST_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 use oci_wasm::{WASM_LAYER_MEDIA_TYPE, WASM_MANIFEST_CONFIG_MEDIA_TYPE, WasmClient, WasmConfig};
+
+use super::fetch::{FetchError, Fetcher};
 
 /// The manifest annotation carrying the backend's `NAME.toml`, base64 (standard alphabet).
 pub const MANIFEST_ANNOTATION: &str = "io.devplug.backend.manifest";
@@ -45,45 +47,30 @@ pub struct Pulled {
     pub name: Option<String>,
 }
 
-/// Whether a registry error means "no such manifest".
-pub fn is_not_found(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::ImageManifestNotFoundError(_) => true,
-        OciDistributionError::RegistryError { envelope, .. } => {
-            envelope.errors.iter().any(|x| matches!(x.code, OciErrorCode::ManifestUnknown | OciErrorCode::NotFound))
-        }
-        OciDistributionError::ServerError { code, .. } => *code == 404,
-        _ => false,
-    }
-}
-
-/// The image manifest `reference` names, as bytes, and its digest (checked by oci-client against
-/// the bytes and, for a digest reference, against the digest asked for).
+/// The image manifest `reference` names, as bytes (at most [`super::fetch::MAX_MANIFEST`]), and its
+/// digest, checked against the bytes and, for a digest reference, against the digest asked for.
 async fn manifest_raw(
-    client: &Client,
+    fetcher: &Fetcher,
     auth: &RegistryAuth,
     reference: &Reference,
-) -> anyhow::Result<(bytes::Bytes, String)> {
-    client
-        .pull_manifest_raw(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE])
-        .await
-        .map_err(|e| anyhow::Error::new(e).context(reference.to_string()))
+) -> anyhow::Result<(Vec<u8>, String)> {
+    Ok(fetcher.manifest(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE]).await?)
 }
 
 /// What `reference` resolves to now, without pulling anything else: a `HEAD` of the manifest (its
-/// `Docker-Content-Digest`), so a follow tick never downloads an unchanged manifest's body.
-/// oci-client falls back to a `GET` for a registry that sends no digest header.
-pub async fn resolve(client: &Client, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
-    client
-        .fetch_manifest_digest(reference, auth)
-        .await
-        .map_err(|e| anyhow::Error::new(e).context(reference.to_string()))
+/// `Docker-Content-Digest`), so a follow tick never downloads an unchanged manifest's body; a
+/// registry that sends no digest header gets a capped `GET`.
+pub async fn resolve(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference) -> anyhow::Result<String> {
+    Ok(fetcher.digest(reference, auth, &[OCI_IMAGE_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE]).await?)
 }
 
 /// Whether `err` says some content did not match its digest: the artifact's fault, not the
 /// network's, so worth remembering rather than retrying.
 pub fn is_digest_mismatch(err: &anyhow::Error) -> bool {
-    err.chain().any(|c| matches!(c.downcast_ref::<OciDistributionError>(), Some(OciDistributionError::DigestError(_))))
+    err.chain().any(|c| {
+        matches!(c.downcast_ref::<OciDistributionError>(), Some(OciDistributionError::DigestError(_)))
+            || matches!(c.downcast_ref::<FetchError>(), Some(FetchError::DigestMismatch { .. }))
+    })
 }
 
 /// `reference` pinned to `digest` (same registry and repository): what resolving it gave.
@@ -92,8 +79,8 @@ pub fn pinned(reference: &Reference, digest: &str) -> Reference {
 }
 
 /// Pull backend `name` from `reference`.
-pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, name: &str) -> anyhow::Result<Pulled> {
-    let (raw, digest) = manifest_raw(client, auth, reference).await?;
+pub async fn pull(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference, name: &str) -> anyhow::Result<Pulled> {
+    let (raw, digest) = manifest_raw(fetcher, auth, reference).await?;
     let manifest: OciImageManifest =
         serde_json::from_slice(&raw).map_err(|e| anyhow::anyhow!("{reference}: not an image manifest: {e}"))?;
     // Blobs are fetched by digest from the same repository: what the manifest names is what is read.
@@ -111,7 +98,7 @@ pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, n
             [l] if l.media_type == WASM_LAYER_MEDIA_TYPE => l,
             _ => anyhow::bail!("{reference}: a Wasm artifact must have exactly one {WASM_LAYER_MEDIA_TYPE} layer"),
         };
-        let component = blob(client, &pinned, layer).await?;
+        let component = blob(fetcher, auth, &pinned, layer).await?;
         let text = match manifest.annotations.as_ref().and_then(|a| a.get(MANIFEST_ANNOTATION)) {
             Some(b64) => {
                 let raw = base64::engine::general_purpose::STANDARD
@@ -134,7 +121,7 @@ pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, n
             l.digest,
             l.media_type
         );
-        let data = blob(client, &pinned, l).await?;
+        let data = blob(fetcher, auth, &pinned, l).await?;
         untar(&data, gz, &mut files).map_err(|e| anyhow::anyhow!("{reference}: layer {}: {e}", l.digest))?;
     }
     let wasm_name = format!("{name}.wasm");
@@ -154,62 +141,26 @@ pub async fn pull(client: &Client, auth: &RegistryAuth, reference: &Reference, n
 
 /// The blob `layer` names, at most its descriptor's size (itself at most [`MAX_LAYER`]): a
 /// registry that sends more (an endless body, a Content-Length that lies) is cut off there.
-async fn blob(client: &Client, reference: &Reference, layer: &OciDescriptor) -> anyhow::Result<Vec<u8>> {
+async fn blob(
+    fetcher: &Fetcher,
+    auth: &RegistryAuth,
+    reference: &Reference,
+    layer: &OciDescriptor,
+) -> anyhow::Result<Vec<u8>> {
     let size = usize::try_from(layer.size)
         .map_err(|_| anyhow::anyhow!("{reference}: blob {} has a negative size", layer.digest))?;
-    capped_blob(client, reference, layer, size).await
+    capped_blob(fetcher, auth, reference, layer, size).await
 }
 
-/// Blob `layer`, refused past `max` bytes; oci-client checks the bytes against the descriptor's
-/// digest (and the registry's digest header) as they stream.
+/// Blob `layer`, refused past `max` bytes and checked against the descriptor's digest.
 pub async fn capped_blob(
-    client: &Client,
+    fetcher: &Fetcher,
+    auth: &RegistryAuth,
     reference: &Reference,
     layer: &OciDescriptor,
     max: usize,
 ) -> anyhow::Result<Vec<u8>> {
-    let mut out = CappedWriter { buf: Vec::with_capacity(max.min(MAX_LAYER as usize)), max };
-    client
-        .pull_blob(reference, layer, &mut out)
-        .await
-        .map_err(|e| anyhow::Error::new(e).context(format!("{reference}: blob {}", layer.digest)))?;
-    Ok(out.buf)
-}
-
-/// A sink that refuses to hold more than `max` bytes: the error ends the transfer.
-struct CappedWriter {
-    buf: Vec<u8>,
-    max: usize,
-}
-
-impl tokio::io::AsyncWrite for CappedWriter {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-        data: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        let me = self.get_mut();
-        if me.buf.len() + data.len() > me.max {
-            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
-                "the registry sent more than the {} bytes the descriptor announced; refused",
-                me.max
-            ))));
-        }
-        me.buf.extend_from_slice(data);
-        std::task::Poll::Ready(Ok(data.len()))
-    }
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::task::Poll::Ready(Ok(()))
-    }
+    Ok(fetcher.blob(reference, auth, &layer.digest, max).await?)
 }
 
 /// The regular files at the root of a tar layer (later layers win, as in an image).
@@ -235,6 +186,7 @@ fn untar(data: &[u8], gz: bool, into: &mut BTreeMap<String, Vec<u8>>) -> anyhow:
 /// Push `component` (with its manifest text) as a Wasm OCI artifact; the digest it got.
 pub async fn push(
     client: &Client,
+    fetcher: &Fetcher,
     auth: &RegistryAuth,
     reference: &Reference,
     name: &str,
@@ -254,7 +206,7 @@ pub async fn push(
         .push(reference, auth, layer, config, Some(annotations))
         .await
         .map_err(|e| anyhow::anyhow!("pushing {reference}: {e}"))?;
-    resolve(client, auth, reference).await
+    resolve(fetcher, auth, reference).await
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! content-addressed cache on the node. Following references over time, and turning what was
 //! pulled into backend sources, is the backends' side ([`crate::backends::Follower`]).
 //!
-//! - [`settings`]: the `[registry]` config section and the client it makes (auth, CA, plain HTTP).
+//! - [`settings`]: the `[registry]` config section and the clients it makes (auth, CA, plain HTTP).
+//! - [`fetch`]: every read from a registry (manifests, blobs, tokens), each body byte-capped.
 //! - [`artifact`]: pulling and pushing a backend: the Wasm OCI artifact layout (`oci-wasm`, the
 //!   manifest in an annotation) or the image `devplug pack` writes.
 //! - [`signature`]: cosign's simple-signing format with ECDSA P-256 keys.
@@ -11,6 +12,7 @@
 
 pub mod artifact;
 pub mod cache;
+pub mod fetch;
 pub mod settings;
 pub mod signature;
 

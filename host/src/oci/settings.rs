@@ -79,6 +79,15 @@ impl RegistrySettings {
         Client::try_from(config).map_err(|e| anyhow::anyhow!("registry client: {e}"))
     }
 
+    /// The reader every pull, resolve and signature check goes through (byte-capped bodies).
+    pub fn fetcher(&self) -> anyhow::Result<super::fetch::Fetcher> {
+        let ca = match &self.ca_file {
+            Some(ca) => Some(std::fs::read(ca).map_err(|e| anyhow::anyhow!("registry.ca_file {}: {e}", ca.display()))?),
+            None => None,
+        };
+        super::fetch::Fetcher::new(self.plain_http.clone(), ca.as_deref(), self.timeout)
+    }
+
     /// The credentials for `reference`'s registry from the auth file, else anonymous.
     pub fn auth_for(&self, reference: &Reference) -> anyhow::Result<RegistryAuth> {
         let Some(file) = &self.auth_file else { return Ok(RegistryAuth::Anonymous) };

@@ -121,7 +121,7 @@ pub fn check(key: &VerifyingKey, payload: &[u8], signature_b64: &str, digest: &s
 const MAX_PAYLOAD: usize = 64 * 1024;
 
 pub async fn verify(
-    client: &Client,
+    fetcher: &super::fetch::Fetcher,
     auth: &RegistryAuth,
     reference: &Reference,
     digest: &str,
@@ -130,9 +130,9 @@ pub async fn verify(
     let Some(key) = key else { return Ok(SignatureState::NotRequired) };
     let sig_ref =
         Reference::with_tag(reference.registry().to_owned(), reference.repository().to_owned(), signature_tag(digest));
-    let raw = match client.pull_manifest_raw(&sig_ref, auth, &[oci_client::manifest::OCI_IMAGE_MEDIA_TYPE]).await {
+    let raw = match fetcher.manifest(&sig_ref, auth, &[oci_client::manifest::OCI_IMAGE_MEDIA_TYPE]).await {
         Ok((raw, _)) => raw,
-        Err(e) if super::artifact::is_not_found(&e) => return Ok(SignatureState::Missing),
+        Err(super::fetch::FetchError::NotFound { .. }) => return Ok(SignatureState::Missing),
         Err(e) => anyhow::bail!("fetching the signature {sig_ref}: {e}"),
     };
     let manifest: OciImageManifest =
@@ -148,7 +148,7 @@ pub async fn verify(
             continue;
         }
         // At most the descriptor's size: a registry that streams more is cut off there.
-        let payload = match super::artifact::capped_blob(client, &sig_ref, layer, layer.size as usize).await {
+        let payload = match super::artifact::capped_blob(fetcher, auth, &sig_ref, layer, layer.size as usize).await {
             Ok(p) => p,
             Err(e) => {
                 why.push(format!("payload {}: {e:#}", layer.digest));

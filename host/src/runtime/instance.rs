@@ -153,6 +153,13 @@ impl BackendInstance {
         self.sandbox.uevents.allows(subsystem)
     }
 
+    /// Whether one more log record about this backend may be written now: everything the host
+    /// logs because of what a backend did (its own lines, refusals, health flips) draws on one
+    /// budget, so a backend cannot flood the host's log through any of them.
+    pub fn may_log(&self) -> bool {
+        self.sandbox.log.admit(&self.name)
+    }
+
     pub fn breaker_open(&self) -> bool {
         self.stats.breaker_open.load(Ordering::Relaxed)
     }
@@ -175,6 +182,7 @@ impl BackendInstance {
         store.data_mut().end_call();
         match outcome {
             Some(Ok((Ok(mut info), bindings))) => {
+                super::vet::info(&mut info);
                 info.resources.retain(|(name, _)| match self.sandbox.returns.resource(name) {
                     Ok(()) => true,
                     Err(why) => {

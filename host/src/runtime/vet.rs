@@ -89,6 +89,70 @@ const HOOK_ENV: &[&str] = &[
 const HOOK_ENV_PREFIXES: &[&str] =
     &["LD_", "DYLD_", "MALLOC_", "CUDA_INJECTION", "OPENSSL_", "BASH_FUNC_", "CORECLR_", "COMPlus_", "PYTHON"];
 
+/// Words that, in an env key, name a way to find or run code, load a file or reach the network
+/// (`VK_LAYER_PATH`, `OCL_ICD_FILENAMES`, `HSA_TOOLS_LIB`, `NCCL_NET_PLUGIN`, `LESSOPEN`,
+/// `HTTPS_PROXY`): no list of such keys is ever complete, so a key granted by a glob passes only
+/// when none of its `_`-separated words starts or ends like one of these; anything else needs
+/// the operator's exact word. Data keys (`NVIDIA_VISIBLE_DEVICES`, `PCIDEVICE_X`) pass.
+const HOOK_WORD_STARTS: &[&str] = &[
+    "LIB", "PATH", "PLUGIN", "PRELOAD", "LAYER", "ICD", "FILE", "DIR", "OPT", "HOOK", "MODULE", "INJECT", "CONF",
+    "LOAD", "EXEC", "SCRIPT", "CMD", "COMMAND", "STARTUP", "PROFIL", "TOOL", "SHELL", "PROXY", "BACKEND", "DRIVER",
+    "VENDOR", "PROVIDER", "TUNABLE", "CERT", "BUNDLE", "AUDIT", "SOCK",
+];
+const HOOK_WORD_ENDS: &[&str] = &[
+    "PATH",
+    "PATHS",
+    "LOAD",
+    "OPEN",
+    "CLOSE",
+    "FILE",
+    "FILES",
+    "FILENAME",
+    "FILENAMES",
+    "DIR",
+    "DIRS",
+    "EDITOR",
+    "VISUAL",
+    "PAGER",
+    "BROWSER",
+    "ASKPASS",
+    "SHELL",
+    "PROXY",
+    "HOME",
+    "OPTS",
+    "OPTIONS",
+    "LIB",
+    "LIBS",
+    "PLUGIN",
+    "PLUGINS",
+    "MODULE",
+    "MODULES",
+    "CONF",
+    "CONFIG",
+    "HOOK",
+    "HOOKS",
+    "PRELOAD",
+    "RC",
+    "EXEC",
+    "CMD",
+];
+const HOOK_WORDS: &[&str] = &["ENV", "MCA", "SSL", "TLS", "KEY", "CA", "SSH", "GIT", "FUNC", "IFS", "PS4"];
+
+/// Whether env key `k` can make a loader, shell, runtime or library load or run something: the
+/// known keys and prefixes above, and any key with a word of [`HOOK_WORD_STARTS`],
+/// [`HOOK_WORD_ENDS`] or [`HOOK_WORDS`].
+pub fn hook_env(k: &str) -> bool {
+    if HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) {
+        return true;
+    }
+    let upper = k.to_ascii_uppercase();
+    upper.split('_').filter(|w| !w.is_empty()).any(|w| {
+        HOOK_WORDS.contains(&w)
+            || HOOK_WORD_STARTS.iter().any(|s| w.starts_with(s))
+            || HOOK_WORD_ENDS.iter().any(|e| w.ends_with(e))
+    })
+}
+
 /// Container paths no mount may cover, whatever the grants: a container's root, kernel views,
 /// the directories its programs and libraries come from.
 const FORBIDDEN_MOUNT_TARGETS: &[&str] = &[
@@ -208,6 +272,9 @@ impl ReturnRules {
                 }
                 for (k, v) in &d.attributes {
                     size.add(k).and_then(|_| size.add(v)).map_err(|e| format!("{}: attribute: {e}", place()))?;
+                    if let Some(why) = crate::model::dra::reserved_attribute(k) {
+                        return Err(format!("{}: {}", place(), clip(&why)));
+                    }
                 }
                 self.edits(&mut d.edits, &mut size, &stats).map_err(|e| format!("{}: {e}", place()))?;
             }
@@ -383,8 +450,7 @@ impl ReturnRules {
         if !plain {
             return Err(format!("env key {:?} is not a plain name ([A-Za-z_][A-Za-z0-9_]*)", clip(k)));
         }
-        let hook = HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p));
-        if hook && !(self.env.allows(k) && self.env_named.contains(k)) {
+        if hook_env(k) && !(self.env.allows(k) && self.env_named.contains(k)) {
             return Err(format!(
                 "env key {k} changes how programs load or start; it passes only if the operator's grant names it exactly (grant.env = [\"{k}\"])"
             ));
@@ -568,7 +634,7 @@ mod tests {
             (env("SHELLOPTS"), "changes how programs load"),
             (env("JDK_JAVA_OPTIONS"), "changes how programs load"),
             (env("BASH_FUNC_ls%%"), "not a plain name"),
-            (env("HOME"), "not requested in the backend's manifest ([requests] env)"),
+            (env("OTHER_DEVICES"), "not requested in the backend's manifest ([requests] env)"),
             (env("A=B"), "not a plain name"),
             (ann("cdi.k8s.io/x"), "host's to write"),
             (ann("other.io/x"), "not requested"),
@@ -596,6 +662,54 @@ mod tests {
         // Read-write only where requested and granted.
         let rw = rules(d.path(), &Globs { writable_mounts: vec!["/opt/vendor/rw/**".into()], ..all() });
         rw.allocate("example.com/x", &mut rw_mount("/opt/vendor/rw/state", "/var/lib/vendor")).unwrap();
+    }
+
+    /// Issue 33: with `env = ["*"]` granted, keys that make a loader, driver stack, library or
+    /// tool load code or files still need the operator's exact word; data keys pass.
+    #[test]
+    fn a_glob_grant_admits_data_keys_only() {
+        let d = tempfile::tempdir().unwrap();
+        let with_env = |granted: &[&str]| {
+            let requested = Globs { env: vec!["*".into()], ..all() };
+            let granted = Globs { env: granted.iter().map(|s| s.to_string()).collect(), ..all() };
+            let caps = Capabilities::new(&requested, &granted).unwrap();
+            ReturnRules::new(&caps, Arc::new(Jail::new(d.path(), caps.dev.clone())))
+        };
+        let star = with_env(&["*"]);
+        let named = with_env(&["*", "VK_LAYER_PATH"]);
+        let env = |k: &str| ContainerEdits { env: vec![(k.into(), "/opt/x.so".into())], ..Default::default() };
+        // (The 25 keys of chaos's `hook-N` go through Allocate and prepare in tests/dra.rs.)
+        let hooks = [
+            "VK_LAYER_PATH",
+            "LESSOPEN",
+            "https_proxy",
+            "SSLKEYLOGFILE",
+            "JAVA_HOME",
+            "XDG_CONFIG_DIRS",
+            "INPUTRC",
+            "ZDOTDIR",
+            "PKCS11_MODULE_PATH",
+            "ROCM_PATH",
+            "CUDA_HOME",
+            "BROWSER",
+            "PAGER",
+            "SUDO_ASKPASS",
+        ];
+        for k in hooks {
+            let e = star.allocate("example.com/x", &mut env(k)).expect_err(k);
+            assert!(e.contains("grant names it exactly"), "{k}: {e}");
+        }
+        named.allocate("example.com/x", &mut env("VK_LAYER_PATH")).expect("named exactly, it passes");
+        for k in [
+            "NVIDIA_VISIBLE_DEVICES",
+            "PCIDEVICE_OPENSHIFT_IO_MLXNICS",
+            "NETDEVICE_DEVPLUG_IO_SRIOV_NETDEV",
+            "SERIAL_PORTS",
+            "MY_KVM",
+            "CHAOS_CLAIM_DEVICES",
+        ] {
+            star.allocate("example.com/x", &mut env(k)).unwrap_or_else(|e| panic!("{k}: {e}"));
+        }
     }
 
     /// A code-loading env key passes only when the operator's grant names that exact key; a
@@ -640,7 +754,43 @@ mod tests {
         assert!(r.discover(&mut [big]).unwrap_err().contains("device d0"));
         let stolen = Resource { name: "nvidia.com/gpu".into(), devices: vec![dev(0)], ..Default::default() };
         assert!(r.discover(&mut [stolen]).unwrap_err().contains("nvidia.com/gpu"));
+        // The host's own attribute names are not a backend's to set.
+        for key in ["numa", "resource"] {
+            let forged = Resource {
+                name: "example.com/x".into(),
+                devices: vec![crate::model::Device { attributes: vec![(key.into(), "7".into())], ..dev(0) }],
+                ..Default::default()
+            };
+            let e = r.discover(&mut [forged]).unwrap_err();
+            assert!(e.contains("written by the host"), "{key}: {e}");
+        }
     }
+}
+
+/// Longest backend version the host keeps (it shows in `/status`, tables and a metric label).
+pub const MAX_VERSION: usize = 64;
+/// Longest resource name (a qualified Kubernetes name is at most 253 + 1 + 63 bytes).
+pub const MAX_RESOURCE_NAME: usize = 317;
+
+/// Bound what a backend says of itself at `init`: its name and version clipped (controls
+/// escaped, at most [`MAX_VERSION`] characters), at most [`MAX_RESOURCES`] resources, names no
+/// longer than a Kubernetes name can be. The version shows on every surface, so it is cut here
+/// once rather than at each.
+pub fn info(info: &mut crate::model::BackendInfo) {
+    info.name = crate::untrusted::clip_to(&info.name, MAX_VERSION).into_owned();
+    info.version = crate::untrusted::clip_to(&info.version, MAX_VERSION).into_owned();
+    info.resources.truncate(MAX_RESOURCES);
+    info.resources.retain(|(name, _)| {
+        let ok = name.len() <= MAX_RESOURCE_NAME;
+        if !ok {
+            tracing::error!(
+                "resource not served: a name of {} bytes, more than {MAX_RESOURCE_NAME}: {}",
+                name.len(),
+                clip(name)
+            );
+        }
+        ok
+    });
 }
 
 /// Counter sets a description may name, and counters in one set or use.
@@ -652,13 +802,9 @@ pub const MAX_COUNTER_SETS: usize = 64;
 /// past the host's caps. The API server's own rules (names, lengths, counts) are checked where
 /// the slices are built, per backend and device.
 pub fn described(resources: &mut [Resource], d: crate::model::dra::PoolDescription) -> Result<(), String> {
-    let strings = |s: &str| -> Result<(), String> {
-        if s.len() > MAX_STRING {
-            Err(format!("a string of {} bytes, more than {MAX_STRING}: {}", s.len(), clip(s)))
-        } else {
-            Ok(())
-        }
-    };
+    // One total for the whole answer, as for `discover`'s: every string counts once.
+    let size = std::cell::RefCell::new(Size::default());
+    let strings = |s: &str| -> Result<(), String> { size.borrow_mut().add(s).map_err(|e| format!("describe: {e}")) };
     if d.counter_sets.len() > MAX_COUNTER_SETS || d.devices.len() > MAX_DEVICES {
         return Err(format!(
             "describe: {} counter sets and {} devices, more than {MAX_COUNTER_SETS} and {MAX_DEVICES}",
@@ -679,6 +825,8 @@ pub fn described(resources: &mut [Resource], d: crate::model::dra::PoolDescripti
     let mut by_resource: std::collections::BTreeMap<String, Vec<(String, crate::model::dra::Described)>> =
         Default::default();
     for (resource, id, desc) in d.devices {
+        strings(&resource)?;
+        strings(&id)?;
         let Some(r) = resources.iter().find(|r| r.name == resource) else {
             return Err(format!("describe: resource {} is not one discover listed", clip(&resource)));
         };
@@ -691,6 +839,9 @@ pub fn described(resources: &mut [Resource], d: crate::model::dra::PoolDescripti
         }
         for (k, v) in &desc.attributes {
             strings(k)?;
+            if let Some(why) = crate::model::dra::reserved_attribute(k) {
+                return Err(format!("{place}: {}", clip(&why)));
+            }
             if let crate::model::dra::AttributeValue::Text(s) | crate::model::dra::AttributeValue::Version(s) = v {
                 strings(s)?;
             }
@@ -763,5 +914,50 @@ mod described_tests {
             assert!(e.contains(why), "{e}");
             assert!(r[0].described.is_empty(), "nothing of a refused description is kept");
         }
+    }
+
+    /// Issue 33: one `describe` answer of legal strings (thirty 64-byte attributes on each of
+    /// 8,192 devices, ~18 MiB) is refused whole by the same 8 MiB total as `discover`'s.
+    #[test]
+    fn a_description_is_bounded_as_a_whole_not_only_string_by_string() {
+        let dev = |i: usize| Device {
+            id: format!("d{i}"),
+            health: Health::Healthy,
+            numa_nodes: vec![],
+            attributes: vec![],
+            edits: Default::default(),
+        };
+        let mut r =
+            vec![Resource { name: "a.io/x".into(), devices: (0..8192).map(dev).collect(), ..Default::default() }];
+        let devices = (0..8192)
+            .map(|i| {
+                let attributes =
+                    (0..30).map(|a| (format!("a{a:02}"), AttributeValue::Text(format!("{a:064}")))).collect();
+                ("a.io/x".to_owned(), format!("d{i}"), Described { attributes, ..Default::default() })
+            })
+            .collect();
+        let e = described(&mut r, PoolDescription { counter_sets: vec![], devices }).unwrap_err();
+        assert!(e.contains("larger than 8388608 bytes"), "{e}");
+        assert!(r[0].described.is_empty());
+    }
+
+    /// The host writes `resource` and `numa` (DeviceClasses select on the one, the scheduler
+    /// aligns on the other) and Kubernetes' standard names: a description naming them is refused.
+    #[test]
+    fn a_description_cannot_take_the_hosts_attribute_names() {
+        for key in ["resource", "numa", "chaos.devplug.io/numa", "devplug.io/x", "resource.kubernetes.io/pcieRoot"] {
+            let mut r = listed();
+            let desc = Described { attributes: vec![(key.into(), AttributeValue::Int(0))], ..Default::default() };
+            let d = PoolDescription { counter_sets: vec![], devices: vec![("a.io/x".into(), "x0".into(), desc)] };
+            let e = described(&mut r, d).unwrap_err();
+            assert!(e.contains("host"), "{key}: {e}");
+        }
+        let mut r = listed();
+        let desc = Described { attributes: vec![("numa_ok".into(), AttributeValue::Int(0))], ..Default::default() };
+        described(
+            &mut r,
+            PoolDescription { counter_sets: vec![], devices: vec![("a.io/x".into(), "x0".into(), desc)] },
+        )
+        .unwrap();
     }
 }

@@ -1,0 +1,113 @@
+//! Where each claim this node holds stands, for `/status` and `/metrics`: prepared, or stuck
+//! because its backend could not unprepare it. A stuck claim keeps its CDI spec and checkpoint
+//! entry (the backend may still hold something for it); kubelet's retries are answered with the
+//! backend's error without calling the backend again (the WIT promises `unprepare` at most once
+//! per prepare, and once more after a restart); the operator ends it with
+//! `devplug dra release`, which leaves a marker the driver acts on at kubelet's next retry.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+use super::checkpoint::ClaimRef;
+use crate::sync::Locked;
+
+/// One claim's state.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct ClaimStatus {
+    pub driver: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `prepared` or `stuck`.
+    pub state: &'static str,
+    /// Why it is stuck: the backend's error, clipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Kubelet's unprepare calls answered since it got stuck.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retries: Option<u64>,
+}
+
+/// Every driver's claims on this node.
+#[derive(Default)]
+pub struct ClaimBoard {
+    claims: Mutex<BTreeMap<(String, String), ClaimStatus>>,
+}
+
+impl ClaimBoard {
+    pub fn prepared(&self, driver: &str, claim: &ClaimRef) {
+        let status = ClaimStatus {
+            driver: driver.to_owned(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+            state: "prepared",
+            error: None,
+            retries: None,
+        };
+        self.claims.locked().insert((driver.to_owned(), claim.uid.clone()), status);
+    }
+
+    /// `claim` could not be unprepared: `error` says why.
+    pub fn stuck(&self, driver: &str, claim: &ClaimRef, error: &str) {
+        self.prepared(driver, claim);
+        if let Some(s) = self.claims.locked().get_mut(&(driver.to_owned(), claim.uid.clone())) {
+            s.state = "stuck";
+            s.error = Some(crate::untrusted::clip(error).into_owned());
+            s.retries = Some(0);
+        }
+    }
+
+    /// The error claim `uid` is stuck with, counting one more retry; `None` if it is not stuck.
+    pub fn retry(&self, driver: &str, uid: &str) -> Option<String> {
+        let mut claims = self.claims.locked();
+        let s = claims.get_mut(&(driver.to_owned(), uid.to_owned())).filter(|s| s.state == "stuck")?;
+        *s.retries.get_or_insert(0) += 1;
+        s.error.clone()
+    }
+
+    pub fn gone(&self, driver: &str, uid: &str) {
+        self.claims.locked().remove(&(driver.to_owned(), uid.to_owned()));
+    }
+
+    /// Every claim, by driver and UID.
+    pub fn all(&self) -> Vec<ClaimStatus> {
+        self.claims.locked().values().cloned().collect()
+    }
+
+    /// How many claims are in `state`, by driver.
+    pub fn counts(&self, state: &str) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for s in self.claims.locked().values().filter(|s| s.state == state) {
+            *out.entry(s.driver.clone()).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// The directory of release markers of the driver whose state is in `driver_dir`.
+pub fn release_dir(driver_dir: &Path) -> PathBuf {
+    driver_dir.join("release")
+}
+
+/// Ask the driver whose state is in `driver_dir` to release claim `uid`: kept CDI spec and
+/// checkpoint entry are dropped at kubelet's next unprepare of it, without the backend.
+pub fn request_release(driver_dir: &Path, uid: &str) -> anyhow::Result<PathBuf> {
+    anyhow::ensure!(
+        !uid.is_empty() && uid.len() <= 128 && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+        "{uid:?} is not a claim UID (letters, digits and '-')"
+    );
+    anyhow::ensure!(
+        driver_dir.join(super::checkpoint::FILE).exists(),
+        "{} holds no DRA checkpoint: is the driver name right, and --dra-plugins-dir where devplug keeps its drivers?",
+        driver_dir.display()
+    );
+    let dir = release_dir(driver_dir);
+    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    let marker = dir.join(uid);
+    std::fs::write(&marker, b"").map_err(|e| anyhow::anyhow!("{}: {e}", marker.display()))?;
+    Ok(marker)
+}
