@@ -90,9 +90,25 @@ fn first_party_devices_on_the_fixtures_make_valid_pools() {
                 .collect();
             let name = r["name"].as_str().unwrap();
             let resource = Resource { name: name.into(), devices, ..Default::default() };
-            let pool = devplug::dra::slices::pool("fixture", "devplug.io", "node-a", "node-a", 1, &[resource])
-                .unwrap_or_else(|e| panic!("{machine}: {name}: {e}"));
+            let pci: usize = resource.devices.iter().filter(|d| d.attributes.iter().any(|(k, _)| k == "pci")).count();
+            let sys = m.join("sys");
+            let pool =
+                devplug::dra::slices::pool_on(Some(&sys), "fixture", "devplug.io", "node-a", "node-a", 1, &[resource])
+                    .unwrap_or_else(|e| panic!("{machine}: {name}: {e}"));
             assert!(!pool.slices.is_empty());
+            // Issue 35: every PCI device carries Kubernetes' standard attributes, its PCIe root
+            // read from the fixture's sysfs links (as upstream's deviceattribute package reads it).
+            let published: Vec<&serde_json::Value> =
+                pool.slices.iter().flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten()).collect();
+            let standard = published
+                .iter()
+                .filter(|d| {
+                    let a = &d["attributes"];
+                    a["resource.kubernetes.io/pciBusID"]["string"].is_string()
+                        && a["resource.kubernetes.io/pcieRoot"]["string"].as_str().is_some_and(|r| r.starts_with("pci"))
+                })
+                .count();
+            assert_eq!(standard, pci, "{machine}: {name}: every PCI device has pciBusID and pcieRoot");
             pools += 1;
         }
     }
@@ -612,6 +628,59 @@ fn deviceclasses_name_the_resource_and_fit_the_api_schema() {
     assert!(err.contains("api = \"dra\""), "{err}");
 }
 
+/// One-shot commands see the machine `run` would with the same config (issue 35): the config's
+/// `sysfs_root`, `dev_root`, `dev_fixtures` and `[backends.X] enabled = false` hold for
+/// `dra deviceclasses` and `discover` as for `run`; a flag given on the command line still wins.
+#[test]
+fn one_shot_commands_honour_the_configs_roots_and_switches() {
+    let m = support::fixtures::Machine::generic_box();
+    m.node("widget0", 'c', 240, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("devplug.toml");
+    let generic = "[[resource]]\nname = \"devplug.io/widget\"\npaths = [\"widget0\"]\n";
+    std::fs::write(
+        &cfg,
+        format!(
+            "sysfs_root = {:?}\ndev_root = {:?}\ndev_fixtures = true\n[backends.gpu]\nenabled = false\n\
+             [backends.generic]\nconfig = {generic:?}\n[resources.\"devplug.io/widget\"]\napi = \"dra\"\n",
+            m.sys(),
+            m.dev()
+        ),
+    )
+    .unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (cfg_s, cache_s) = (cfg.to_str().unwrap(), cache.to_str().unwrap());
+    // /dev/widget0 exists only in the fixture tree the config names.
+    let (code, out, err) = support::binary::run(&["dra", "deviceclasses", "--config", cfg_s, "--cache-dir", cache_s]);
+    assert_eq!(code, 0, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["items"][0]["metadata"]["name"], "widget.devplug.io", "{list}");
+    let (_, out, err) =
+        support::binary::run(&["discover", "--config", cfg_s, "--cache-dir", cache_s, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let names: Vec<&str> = v["backends"].as_array().unwrap().iter().filter_map(|b| b["name"].as_str()).collect();
+    assert!(!names.contains(&"gpu"), "enabled = false holds: {names:?}");
+    assert!(names.contains(&"generic"), "{names:?}");
+    let widget = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "devplug.io/widget").unwrap();
+    assert_eq!(widget["devices"].as_array().unwrap().len(), 1, "{widget}");
+    // A flag wins over the config: an empty /dev has no widget.
+    let empty = tempfile::tempdir().unwrap();
+    let (_, out, _) = support::binary::run(&[
+        "discover",
+        "--config",
+        cfg_s,
+        "--cache-dir",
+        cache_s,
+        "--dev-root",
+        empty.path().to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let widget = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "devplug.io/widget");
+    assert!(widget.is_none_or(|w| w["devices"].as_array().unwrap().is_empty()), "{v}");
+}
+
 /// The recorded OpenAPI document is the server's Go structs serialised (`SchemaProps`,
 /// `ArbitraryKeys`, `SwaggerSchemaProps` around each schema): unwrap it into plain JSON Schema,
 /// with unknown fields refused as the server's strict field validation does.
@@ -970,6 +1039,31 @@ async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself(
     assert_eq!(un["uid-pair"], "");
     assert!(cdi.join("devplug-claim-uid-stuck.json").exists(), "a failed unprepare keeps the claim as it was");
     assert!(!cdi.join("devplug-claim-uid-pair.json").exists());
+    daemon.stop().await.unwrap();
+}
+
+/// Each reader of a resource's device list decides what matters to it (issue 35): a change of
+/// attributes alone (chaos `mode=tick`: the `tick` attribute counts discovers, 100 ms polls)
+/// reaches the pool at once with a one-hour `resync` (kubelet's ListAndWatch skipping such a
+/// change is `kubelet/service.rs`'s unit test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attribute_only_change_is_republished_at_once() {
+    let m = support::fixtures::Machine::generic_box();
+    let mut node = support::dra_node::chaos_node(&m, "devices=2 mode=tick", "").await;
+    node.cfg.dra.resync = std::time::Duration::from_secs(3600);
+    let daemon = support::daemon::Daemon::start(node.cfg.clone());
+    let driver = "chaos.devplug.io";
+    let tick = |api: &support::apiserver::ApiServer| -> Option<String> {
+        api.devices(NODE, driver)
+            .get("widget-0")
+            .and_then(|d| d["attributes"]["tick"]["string"].as_str().map(str::to_owned))
+    };
+    until("the pool", || tick(&node.api).is_some()).await;
+    let first = tick(&node.api).unwrap();
+    let t0 = std::time::Instant::now();
+    until("a newer tick in the pool", || tick(&node.api).is_some_and(|t| t != first)).await;
+    let took = t0.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "an attribute change took {took:?} to reach the pool");
     daemon.stop().await.unwrap();
 }
 

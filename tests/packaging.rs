@@ -174,7 +174,7 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
         ("no-backends", vec!["backends.enabled=false", "metrics.service.enabled=false"]),
         ("service-monitor", vec!["metrics.serviceMonitor.enabled=true", "nodeSelector.gpu=true"]),
         ("registry", vec!["cache.hostPath=/var/lib/devplug/cache"]),
-        ("dra", vec!["dra.resources.devplug\\.io/fuse=generic"]),
+        ("dra", vec!["dra.resources.devplug\\.io/fuse=generic", "dra.resources.nvidia\\.com/gpu=gpu"]),
     ] {
         let mut cmd = Command::new(tool("helm"));
         cmd.args(["template", "devplug"]).arg(repo().join("deploy/helm/devplug")).args(["--namespace", "devplug"]);
@@ -212,6 +212,8 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
                     "automountServiceAccountToken: true",
                     "kind: DeviceClass",
                     "name: fuse.devplug.io",
+                    // Never the class NVIDIA's own DRA driver installs (gpu.nvidia.com).
+                    "name: gpu.nvidia.com.devplug.io",
                     "extendedResourceName: \"devplug.io/fuse\"",
                     "device.attributes[\\\"generic.devplug.io\\\"].resource == \\\"devplug.io/fuse\\\"",
                 ] {

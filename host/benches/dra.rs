@@ -44,14 +44,19 @@ fn main() -> anyhow::Result<()> {
         let (api, dra) = (n.api.clone(), n.dra.clone());
         let n = if quick { 200 } else { 2_000 };
         let (mut prepare, mut unprepare) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // Flushes (fsync, fdatasync) the daemon made, counted by devplug's durable layer (the
+        // daemon runs in this process).
+        let (mut prepare_fsyncs, mut unprepare_fsyncs) = (0u64, 0u64);
         for i in 0..n + 50 {
             let (name, uid) = (format!("c{i}"), format!("uid-{i}"));
             let device = format!("widget-{}", i % 8);
             api.allocate_claim("bench", &name, &uid, &[("dev", DRIVER, NODE, &device)]);
             let claim = [("bench", uid.as_str(), name.as_str())];
+            let f0 = devplug::durable::fsyncs();
             let t = Instant::now();
             let answer = dra.prepare(DRIVER, &claim).await?;
             let took = t.elapsed();
+            let f1 = devplug::durable::fsyncs();
             anyhow::ensure!(answer[&uid].error.is_empty(), "{:?}", answer[&uid]);
             let t = Instant::now();
             dra.unprepare(DRIVER, &claim).await?;
@@ -59,10 +64,38 @@ fn main() -> anyhow::Result<()> {
             if i >= 50 {
                 prepare.push(took);
                 unprepare.push(t.elapsed());
+                prepare_fsyncs += f1 - f0;
+                unprepare_fsyncs += devplug::durable::fsyncs() - f1;
             }
         }
         report("DRA prepare round trip (1 device, v1 over UDS, claim GET + allocate + spec + checkpoint)", prepare);
         report("DRA unprepare round trip", unprepare);
+        println!(
+            "flushes per prepare {:.2}, per unprepare {:.2} (fsync + fdatasync, {n} calls)",
+            prepare_fsyncs as f64 / n as f64,
+            unprepare_fsyncs as f64 / n as f64
+        );
+        // Eight claims in one call (kubelet batches a pod's claims): one flush for all.
+        let mut batch = Vec::new();
+        let mut batch_fsyncs = 0;
+        for round in 0..if quick { 20 } else { 200 } {
+            let claims: Vec<(String, String)> =
+                (0..8).map(|k| (format!("b{round}-{k}"), format!("uid-b{round}-{k}"))).collect();
+            for (k, (name, uid)) in claims.iter().enumerate() {
+                api.allocate_claim("bench", name, uid, &[("dev", DRIVER, NODE, &format!("widget-{k}"))]);
+            }
+            let refs: Vec<(&str, &str, &str)> = claims.iter().map(|(n, u)| ("bench", u.as_str(), n.as_str())).collect();
+            let f0 = devplug::durable::fsyncs();
+            let t = Instant::now();
+            let answer = dra.prepare(DRIVER, &refs).await?;
+            batch.push(t.elapsed());
+            batch_fsyncs += devplug::durable::fsyncs() - f0;
+            anyhow::ensure!(answer.values().all(|a| a.error.is_empty()), "{answer:?}");
+            dra.unprepare(DRIVER, &refs).await?;
+        }
+        let rounds = batch.len() as f64;
+        report("DRA prepare of 8 claims in one call", batch);
+        println!("flushes per 8-claim prepare call {:.2}", batch_fsyncs as f64 / rounds);
         daemon.stop().await?;
 
         // Device change by real kernel uevent → new pool generation at the API server.

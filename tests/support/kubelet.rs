@@ -390,8 +390,13 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
     use notify::Watcher;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut w = match notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        // fsnotify (kubelet's) reports a file moved into the directory as a create; notify
+        // reports it as a rename.
         if let Ok(e) = e
-            && matches!(e.kind, notify::EventKind::Create(_))
+            && matches!(
+                e.kind,
+                notify::EventKind::Create(_) | notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
+            )
         {
             for p in e.paths {
                 let _ = tx.send(p);
@@ -423,6 +428,14 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
 /// never reports a failed GetInfo to the plugin.
 async fn watcher_register(shared: &Arc<Shared>, socket: PathBuf, stop: &CancellationToken) {
     use prost::Message;
+    // As kubelet's `handleCreateEvent`: hidden names are ignored, and so is anything that is not
+    // a socket.
+    if socket.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+        return;
+    }
+    if !std::fs::metadata(&socket).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+        return;
+    }
     let authority = h2wire::grpc_go_authority(&socket);
     for _ in 0..50 {
         if stop.is_cancelled() || !socket.exists() {

@@ -1,9 +1,9 @@
 //! `chaos`: the backend devplug's own tests use to prove the sandbox and the runtime.
 //!
-//! Config is `key=value` words: `mode=ok|churn|flip|escape|spin-init|spin-discover|trap-init|
+//! Config is `key=value` words: `mode=ok|churn|flip|tick|escape|spin-init|spin-discover|trap-init|
 //! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
 //! device, so the device list changes on each poll; `flip`: every device changes health on every
-//! discover), `devices=N` (default 4), `resource=NAME`, `version=V`,
+//! discover; `tick`: every device's attribute `tick` counts discovers, nothing else changes), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
 //! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse),
 //! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`).
@@ -148,6 +148,7 @@ impl Backend for Chaos {
                         numa_nodes: vec![i % 2],
                         attributes: std::iter::once(("index".into(), i.to_string()))
                             .chain(self.note.iter().map(|n| ("note".into(), n.clone())))
+                            .chain((self.mode == "tick").then(|| ("tick".into(), self.polls.get().to_string())))
                             .collect(),
                         edits: {
                             let mut e = ContainerEdits {

@@ -155,14 +155,17 @@ impl Loaded {
                     }
                 }
             }
+            // Every reader hears of every change and decides what matters to it: kubelet's
+            // ListAndWatch sends only what kubelet would notice, DRA republishes any change.
+            let changed = kubelet_changed || next != *prev;
             if let Some(hook) = &self.publish_hook
-                && (kubelet_changed || next != *prev)
+                && changed
             {
                 hook(&next);
             }
             rs.tx.send_if_modified(|v| {
                 *v = Arc::new(next);
-                kubelet_changed
+                changed
             });
             if !rs.published && !rs.tx.borrow().devices.is_empty() {
                 rs.published = true;

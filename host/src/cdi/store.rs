@@ -131,6 +131,18 @@ impl SpecDir {
         Ok(file)
     }
 
+    /// [`SpecDir::write_claim`] without flushing (whole old or whole new file, never torn): a
+    /// claim's spec is written again whenever it may have been lost (a reboot changes the boot
+    /// ID its record holds; a missing spec is noticed), so its record's one flush is enough.
+    pub fn write_claim_unflushed(&self, uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+        let file = self.dir.join(claim_file(uid)?);
+        let mut bytes =
+            serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.clone(), source: e.into() })?;
+        bytes.push(b'\n');
+        crate::durable::write_file_unflushed(&self.dir, &file, &bytes, TEMP_PREFIX, 0o644).map_err(io(&file))?;
+        Ok(file)
+    }
+
     /// Whether the spec of claim `uid` is on disk (a reboot empties `/var/run/cdi`).
     pub fn has_claim(&self, uid: &str) -> bool {
         claim_file(uid).is_ok_and(|f| self.dir.join(f).is_file())
@@ -139,11 +151,10 @@ impl SpecDir {
     /// Remove a claim's spec (none there is fine: unprepare may be repeated).
     pub fn remove_claim(&self, uid: &str) -> Result<(), CdiError> {
         let file = self.dir.join(claim_file(uid)?);
+        // Not flushed: a spec that comes back after a power cut belongs to a claim no record
+        // holds, and kubelet never names it again.
         match fs::remove_file(&file) {
-            Ok(()) => {
-                crate::durable::sync_dir(&self.dir);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(CdiError::Io { path: file, source: e }),
         }

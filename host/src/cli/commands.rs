@@ -6,11 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SourceArgs};
-use crate::backends::DefaultGrant;
 use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
 use crate::runtime::Runtime;
-use crate::runtime::state::Roots;
 
 /// Load the chosen backends and run one discover. Load errors are returned, not raised: one
 /// broken backend does not hide what the others see.
@@ -23,29 +21,18 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<String>
 async fn load_and_poll(
     args: SourceArgs,
 ) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
-    let cfg = match &args.config {
-        Some(p) => Config::from_file(p)?,
-        None => Config { default_grant: DefaultGrant::Requested, ..Config::default() },
-    };
+    let cfg = args.load_config()?;
     let mut rc = cfg.runtime_config();
     if args.cache_dir.is_some() {
         rc.cache_dir = args.cache_dir.clone();
     }
     let runtime = Runtime::new(rc)?;
-    let roots = Roots {
-        sys: args.sysfs_root,
-        dev: args.dev_root,
-        proc: args.proc_root,
-        dev_fixtures: args.dev_fixtures || cfg.dev_fixtures,
-    };
+    let roots = args.roots(&cfg);
     let loaded = Arc::new(Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
-    let mut sources = Vec::new();
-    if !args.no_embedded && (args.backends.is_empty() || args.embedded) {
-        sources.extend(BackendSource::embedded());
-    }
     let mut errors = Vec::new();
     // Backends the config takes from a registry: pulled and verified as `run` would (or taken
     // from its cache), so an operator sees what they would serve on this node.
+    let mut pulled = Vec::new();
     if let Some(mut follower) = crate::backends::Follower::new(&cfg.backends, &cfg.registry, cfg.cache_dir.as_deref())?
     {
         follower.start().await;
@@ -54,8 +41,24 @@ async fn load_and_poll(
                 errors.push(format!("{} ({}): {e}", s.backend, s.reference));
             }
         }
-        sources.extend(follower.sources());
+        pulled = follower.sources();
     }
+    // Without --backend files: exactly what `run` loads with this config (embedded unless
+    // `embedded = false` or --no-embedded, its backends_dir, its registry images). With them:
+    // those files, plus the embedded ones when --embedded asks.
+    let mut dir = if args.backends.is_empty() { cfg.backends_dir.as_deref() } else { None };
+    if let Some(d) = dir.filter(|d| !d.exists()) {
+        // The node's config names the dir its DaemonSet mounts; run elsewhere, it is not there.
+        tracing::warn!("backends_dir {} is not on this machine: its backends are left out", d.display());
+        dir = None;
+    }
+    let catalog = crate::backends::Catalog {
+        embedded: !args.no_embedded && (args.backends.is_empty() && cfg.embedded || args.embedded),
+        dir,
+        settings: &cfg.backends,
+    };
+    let (mut sources, problems) = crate::backends::sources(&catalog, &pulled);
+    errors.extend(problems);
     anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
     for path in &args.backends {
         let manifest = crate::backends::manifest_for(path, args.manifest.as_deref());
@@ -68,6 +71,10 @@ async fn load_and_poll(
         }
     }
     for src in sources {
+        // `[backends.NAME] enabled = false` holds here as in `run`.
+        if !loaded.enabled(&src.name) {
+            continue;
+        }
         let origin = src.origin.to_string();
         let r = loaded.clone();
         match tokio::task::spawn_blocking(move || r.load(src)).await? {
@@ -183,6 +190,14 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
             anyhow::bail!("resource {name} is configured api = \"dra\", but no backend serves it on this machine");
         };
         classes.push(crate::dra::classes::device_class(name, &cfg.dra_driver(&r.backend)));
+        let (now, before) = (crate::dra::classes::class_name(name), crate::dra::classes::class_name_before_0_3(name));
+        if now != before {
+            tracing::warn!(
+                "{name}: its DeviceClass is now {now} (devplug 0.2 named it {before}, which can be a vendor driver's); \
+                 after applying, delete the old one if devplug made it: \
+                 kubectl delete deviceclass -l app.kubernetes.io/managed-by=devplug --field-selector metadata.name={before}"
+            );
+        }
     }
     Ok(crate::dra::classes::list(classes))
 }

@@ -13,7 +13,7 @@ use crate::model::Resource;
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::jail::Jail;
 use crate::runtime::learn::Learned;
-use crate::runtime::state::{Roots, Sandbox};
+use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 /// The `[requests]` backend `name` needs, as TOML with a comment per line.
@@ -52,12 +52,7 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
         uevents: vec![],
     };
     let caps = Capabilities::new(&all, &all).map_err(anyhow::Error::msg)?;
-    let roots = Roots {
-        sys: args.sysfs_root.clone(),
-        dev: args.dev_root.clone(),
-        proc: args.proc_root.clone(),
-        dev_fixtures: args.dev_fixtures,
-    };
+    let roots = args.roots(&args.load_config()?);
     let learned = Arc::new(Learned::default());
     let runtime = Runtime::new(RuntimeConfig { cache_dir: args.cache_dir.clone(), ..RuntimeConfig::default() })?;
     let sandbox = Sandbox::new(name, &caps, &roots, runtime.config.memory_cap).learning(learned.clone());
@@ -107,7 +102,7 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
         }
     }
     out.outputs(inst.info().resources.iter().map(|(n, _)| n.clone()), &found);
-    Ok(out.render(name, &args.sysfs_root.display().to_string()))
+    Ok(out.render(name, &roots.sys.display().to_string()))
 }
 
 /// Longest pattern a learned manifest holds (a manifest's globs are capped at 512 bytes).

@@ -226,15 +226,8 @@ pub struct RunArgs {
     /// Do not listen to kernel uevents (backends then see changes at polls only).
     #[arg(long)]
     pub no_uevents: bool,
-    /// Where /sys is (a fixture tree in tests).
-    #[arg(long)]
-    pub sysfs_root: Option<PathBuf>,
-    /// Where /dev is (a fixture tree in tests).
-    #[arg(long)]
-    pub dev_root: Option<PathBuf>,
-    /// Where /proc is (a fixture tree in tests).
-    #[arg(long)]
-    pub proc_root: Option<PathBuf>,
+    #[command(flatten)]
+    pub machine: MachineArgs,
     /// Where CDI spec files go.
     #[arg(long)]
     pub cdi_dir: Option<PathBuf>,
@@ -274,17 +267,8 @@ impl RunArgs {
         macro_rules! set {
             ($($f:ident),*) => { $( if let Some(v) = &self.$f { c.$f = v.clone(); } )* };
         }
-        set!(
-            kubelet_dir,
-            registration,
-            sysfs_root,
-            dev_root,
-            proc_root,
-            cdi_dir,
-            metrics_addr,
-            poll_interval,
-            default_grant
-        );
+        set!(kubelet_dir, registration, cdi_dir, metrics_addr, poll_interval, default_grant);
+        self.machine.apply(&mut c);
         if self.plugins_registry_dir.is_some() {
             c.plugins_registry_dir = self.plugins_registry_dir.clone();
         }
@@ -342,18 +326,64 @@ pub struct SourceArgs {
     /// Config file for backend settings and grants (without it, backends get what they request).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    #[arg(long, default_value = "/sys")]
-    pub sysfs_root: PathBuf,
-    #[arg(long, default_value = "/dev")]
-    pub dev_root: PathBuf,
-    #[arg(long, default_value = "/proc")]
-    pub proc_root: PathBuf,
-    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only).
+    #[command(flatten)]
+    pub machine: MachineArgs,
+    /// Read `c MAJOR:MINOR` files under --dev-root as device nodes (fixture trees only; also on
+    /// when the config says `dev_fixtures = true`).
     #[arg(long)]
     pub dev_fixtures: bool,
     /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+}
+
+impl SourceArgs {
+    /// The config these commands read (`--config`, else defaults in which every backend gets
+    /// what it requests).
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        match &self.config {
+            Some(p) => Config::from_file(p),
+            None => Ok(Config { default_grant: crate::backends::DefaultGrant::Requested, ..Config::default() }),
+        }
+    }
+
+    /// The machine as `run` with `cfg` would see it; a flag given here wins.
+    pub fn roots(&self, cfg: &Config) -> crate::runtime::state::Roots {
+        let mut cfg = cfg.clone();
+        self.machine.apply(&mut cfg);
+        crate::runtime::state::Roots { dev_fixtures: self.dev_fixtures || cfg.dev_fixtures, ..cfg.roots() }
+    }
+}
+
+/// Where the machine's kernel views are (fixture trees in tests), for `run` and the one-shot
+/// commands alike: unset, the config's `sysfs_root`, `dev_root` and `proc_root` (else `/sys`,
+/// `/dev`, `/proc`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct MachineArgs {
+    /// Where sysfs is (default: the config's `sysfs_root`, else /sys).
+    #[arg(long)]
+    pub sysfs_root: Option<PathBuf>,
+    /// Where /dev is (default: the config's `dev_root`, else /dev).
+    #[arg(long)]
+    pub dev_root: Option<PathBuf>,
+    /// Where procfs is (default: the config's `proc_root`, else /proc).
+    #[arg(long)]
+    pub proc_root: Option<PathBuf>,
+}
+
+impl MachineArgs {
+    /// The config with the roots given here in place of its own.
+    fn apply(&self, c: &mut Config) {
+        for (given, root) in [
+            (&self.sysfs_root, &mut c.sysfs_root),
+            (&self.dev_root, &mut c.dev_root),
+            (&self.proc_root, &mut c.proc_root),
+        ] {
+            if let Some(p) = given {
+                *root = p.clone();
+            }
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]

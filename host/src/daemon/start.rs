@@ -204,6 +204,7 @@ async fn connect_dra(
         board,
         patience: cfg.registration_timeout,
         claims,
+        sysfs_root: cfg.sysfs_root.clone(),
     };
     match crate::dra::DraNode::connect(settings, specs.clone()).await {
         Ok(node) => {

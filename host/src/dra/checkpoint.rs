@@ -1,6 +1,12 @@
 //! The claims this node has prepared, on disk: a prepare that was answered is never answered
-//! differently, across a devplug restart or a crash at any instant (the file is replaced
-//! atomically: the old set or the new one, never a torn file).
+//! differently, across a devplug restart or a crash at any instant.
+//!
+//! Two files in the driver's directory: `dra-claims.json`, a snapshot (replaced atomically),
+//! and `dra-claims.journal`, the changes since (one JSON record a line, [`super::journal`]). A
+//! call's prepared claims are one journal append and one flush; the snapshot is rewritten (and
+//! the journal emptied) only when the journal has grown past a few times the claims it
+//! describes. Reading replays the journal over the snapshot; damage to either costs only the
+//! records it touched.
 //!
 //! Each claim also records the boot it was prepared in (`/proc/sys/kernel/random/boot_id`):
 //! the checkpoint lives under `/var/lib/kubelet` and survives a reboot, the claim's CDI spec in
@@ -49,56 +55,84 @@ pub fn boot_id() -> String {
 }
 
 const FORMAT: u32 = 1;
-/// The checkpoint's file name in its directory.
+/// The checkpoint's snapshot file name in its directory.
 pub const FILE: &str = "dra-claims.json";
+/// The journal of changes since the snapshot.
+pub const JOURNAL: &str = "dra-claims.journal";
+/// The journal is folded into the snapshot once it holds more records than this, or four times
+/// the claims prepared, whichever is more.
+const COMPACT_AT: usize = 256;
 
-/// Prepared claims, kept in memory and in `DIR/dra-claims.json`.
+/// One change, as the journal records it.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Change {
+    Put { claim: ClaimRef, devices: Vec<PreparedDevice>, boot: String },
+    Remove { uid: String },
+}
+
+/// Prepared claims, kept in memory and on disk (snapshot + journal).
 pub struct Checkpoint {
     dir: PathBuf,
     saved: Mutex<Saved>,
+    journal: super::journal::Journal,
     /// The boot this process runs in.
     boot: String,
 }
 
 impl Checkpoint {
-    /// The checkpoint in `dir` (created if missing). A damaged file (truncated, garbled, an
-    /// entry of the wrong shape) never stops the driver: every claim that can still be read is
-    /// kept, what was dropped is named in an ERROR, the damaged file is kept beside it as
-    /// `dra-claims.json.damaged` for inspection, and the salvaged set is written in its place.
-    /// Only a file from a newer devplug is refused (its claims may mean something else).
+    /// The checkpoint in `dir` (created if missing). A damaged snapshot or journal (truncated,
+    /// garbled, a record of the wrong shape) never stops the driver: every claim that can still
+    /// be read is kept, what was dropped is named in an ERROR, the damaged snapshot is kept
+    /// beside it as `dra-claims.json.damaged` for inspection, and the salvaged set is written in
+    /// its place. Only a file from a newer devplug is refused (its claims may mean something
+    /// else).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
         let path = dir.join(FILE);
-        let me = |saved| Checkpoint { dir: dir.to_owned(), saved: Mutex::new(saved), boot: boot_id() };
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
+        let (saved, mut dropped, damaged_snapshot) = match std::fs::read(&path) {
+            Ok(bytes) => {
+                let Salvaged { saved, dropped } = salvage(&bytes);
+                let damaged = dropped.is_some();
+                (saved, dropped.into_iter().collect::<Vec<_>>(), damaged)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(me(Saved { version: FORMAT, ..Saved::default() }));
+                (Saved { version: FORMAT, ..Saved::default() }, Vec::new(), false)
             }
             Err(e) => anyhow::bail!("{}: {e}", path.display()),
         };
-        let Salvaged { saved, dropped } = salvage(&bytes);
         anyhow::ensure!(
             saved.version <= FORMAT,
             "{}: checkpoint format {} is newer than this devplug reads ({FORMAT}); run the newer devplug, or move the file away to start afresh",
             path.display(),
             saved.version
         );
-        let cp = me(Saved { version: FORMAT, ..saved });
-        if let Some(dropped) = dropped {
+        let mut saved = Saved { version: FORMAT, ..saved };
+        let (journal, replayed) = super::journal::Journal::open(&dir.join(JOURNAL))
+            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.join(JOURNAL).display()))?;
+        dropped.extend(replayed.problems);
+        for record in replayed.records {
+            match serde_json::from_value::<Change>(record) {
+                Ok(change) => apply(&mut saved, change),
+                Err(e) => dropped.push(format!("{}: a record of the wrong shape: {e}", journal.path().display())),
+            }
+        }
+        let cp = Checkpoint { dir: dir.to_owned(), saved: Mutex::new(saved), journal, boot: boot_id() };
+        if !dropped.is_empty() {
             let aside = dir.join(format!("{FILE}.damaged"));
-            let kept = cp.saved.locked().claims.len();
+            let kept = cp.count();
             tracing::error!(
                 checkpoint = %path.display(),
                 kept,
-                "the DRA checkpoint is damaged: {dropped}; kept the {kept} claims that could be read, the file as it was is in {}. \
+                "the DRA checkpoint is damaged: {}; kept the {kept} claims that could be read{}. \
                  A dropped claim is prepared again when kubelet asks, and its old CDI spec stays until then",
-                aside.display()
+                dropped.join("; "),
+                if damaged_snapshot { format!(", the snapshot as it was is in {}", aside.display()) } else { String::new() }
             );
-            if let Err(e) = std::fs::copy(&path, &aside) {
+            if damaged_snapshot && let Err(e) = std::fs::copy(&path, &aside) {
                 tracing::warn!("could not keep the damaged checkpoint as {}: {e}", aside.display());
             }
-            cp.write(&cp.saved.locked()).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            cp.compact().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         }
         Ok(cp)
     }
@@ -126,21 +160,66 @@ impl Checkpoint {
 
     /// Remember `claim` as prepared with `devices`, on disk before this returns.
     pub fn put(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> std::io::Result<()> {
-        let mut saved = self.saved.locked();
-        saved.claims.insert(claim.uid.clone(), (claim.clone(), devices.to_vec()));
-        saved.boots.insert(claim.uid.clone(), self.boot.clone());
-        self.write(&saved)
+        self.put_many(&[(claim.clone(), devices.to_vec())])
+    }
+
+    /// Remember each claim as prepared with its devices: one journal append, one flush, on
+    /// disk before this returns.
+    pub fn put_many(&self, claims: &[(ClaimRef, Vec<PreparedDevice>)]) -> std::io::Result<()> {
+        let changes: Vec<Change> = claims
+            .iter()
+            .map(|(claim, devices)| Change::Put {
+                claim: claim.clone(),
+                devices: devices.clone(),
+                boot: self.boot.clone(),
+            })
+            .collect();
+        self.record(changes)
     }
 
     /// Forget claim `uid`, on disk before this returns; whether it was there.
     pub fn remove(&self, uid: &str) -> std::io::Result<bool> {
-        let mut saved = self.saved.locked();
-        let was = saved.claims.remove(uid).is_some();
-        saved.boots.remove(uid);
-        if was {
-            self.write(&saved)?;
+        Ok(self.remove_many(&[uid.to_owned()])? == 1)
+    }
+
+    /// Forget these claims (one flush); how many were there.
+    pub fn remove_many(&self, uids: &[String]) -> std::io::Result<usize> {
+        let held: Vec<Change> = {
+            let saved = self.saved.locked();
+            uids.iter().filter(|u| saved.claims.contains_key(*u)).map(|u| Change::Remove { uid: u.clone() }).collect()
+        };
+        let n = held.len();
+        if n > 0 {
+            self.record(held)?;
         }
-        Ok(was)
+        Ok(n)
+    }
+
+    /// On disk first, then in memory: a change that could not be recorded is not made.
+    fn record(&self, changes: Vec<Change>) -> std::io::Result<()> {
+        self.journal.append(&changes)?;
+        let claims = {
+            let mut saved = self.saved.locked();
+            for c in changes {
+                apply(&mut saved, c);
+            }
+            saved.claims.len()
+        };
+        if self.journal.lines() > COMPACT_AT.max(4 * claims)
+            && let Err(e) = self.compact()
+        {
+            // The journal still holds everything; the next change tries again.
+            tracing::warn!(checkpoint = %self.dir.join(FILE).display(), "could not fold the journal into the snapshot: {e}");
+        }
+        Ok(())
+    }
+
+    /// Write the snapshot of what is in memory, then empty the journal. A crash between the two
+    /// replays a journal whose changes the snapshot already holds: the same set.
+    fn compact(&self) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(&*self.saved.locked()).map_err(std::io::Error::other)?;
+        crate::durable::write_file(&self.dir, &self.dir.join(FILE), &bytes, ".dra-claims-", 0o600)?;
+        self.journal.reset()
     }
 
     /// The directory the checkpoint is in (the driver's own).
@@ -152,10 +231,18 @@ impl Checkpoint {
     pub fn count(&self) -> usize {
         self.saved.locked().claims.len()
     }
+}
 
-    fn write(&self, saved: &Saved) -> std::io::Result<()> {
-        let bytes = serde_json::to_vec_pretty(saved).map_err(std::io::Error::other)?;
-        crate::durable::write_file(&self.dir, &self.dir.join(FILE), &bytes, ".dra-claims-", 0o600)
+fn apply(saved: &mut Saved, change: Change) {
+    match change {
+        Change::Put { claim, devices, boot } => {
+            saved.boots.insert(claim.uid.clone(), boot);
+            saved.claims.insert(claim.uid.clone(), (claim, devices));
+        }
+        Change::Remove { uid } => {
+            saved.claims.remove(&uid);
+            saved.boots.remove(&uid);
+        }
     }
 }
 
@@ -255,7 +342,7 @@ mod tests {
         (c, vec![d])
     }
 
-    /// A file with claims `a` and `b`, in the format devplug writes.
+    /// A snapshot with claims `a` and `b`, in the format devplug writes.
     fn two_claims() -> Vec<u8> {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open_in_boot(dir.path(), "boot-1").unwrap();
@@ -263,6 +350,7 @@ mod tests {
             let (c, d) = claim(uid);
             cp.put(&c, &d).unwrap();
         }
+        cp.compact().unwrap();
         std::fs::read(dir.path().join(FILE)).unwrap()
     }
 
@@ -327,5 +415,34 @@ mod tests {
         std::fs::write(dir.path().join(FILE), br#"{"version":7,"claims":{}}"#).unwrap();
         let e = Checkpoint::open(dir.path()).err().unwrap().to_string();
         assert!(e.contains("newer") && e.contains("move the file away"), "{e}");
+    }
+
+    /// A call's claims are one flush; the journal is folded into the snapshot as it grows; a
+    /// record cut short at the journal's end (a crash mid-append) costs only itself; and what is
+    /// read back after all that is exactly what was recorded.
+    #[test]
+    fn claims_are_journaled_one_flush_a_batch_and_survive_compaction_and_a_torn_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path()).unwrap();
+        let batch: Vec<_> = (0..8).map(|i| claim(&format!("c{i}"))).collect();
+        cp.put_many(&batch).unwrap();
+        assert_eq!(cp.journal.flushes(), 1, "eight claims, one flush");
+        assert_eq!(cp.remove_many(&["c0".into(), "c1".into(), "nobody".into()]).unwrap(), 2);
+        assert_eq!(cp.journal.flushes(), 2);
+        for i in 0..300 {
+            let (c, d) = claim(&format!("x{i}"));
+            cp.put(&c, &d).unwrap();
+            cp.remove(&c.uid).unwrap();
+        }
+        assert!(cp.journal.lines() <= COMPACT_AT + 1, "folded into the snapshot: {}", cp.journal.lines());
+        drop(cp);
+        let mut f = std::fs::OpenOptions::new().append(true).open(dir.path().join(JOURNAL)).unwrap();
+        std::io::Write::write_all(&mut f, br#"{"put":{"claim":{"namespace":"ml","uid":"torn""#).unwrap();
+        drop(f);
+        let again = Checkpoint::open(dir.path()).unwrap();
+        let mut uids = again.uids();
+        uids.sort();
+        assert_eq!(uids, ["c2", "c3", "c4", "c5", "c6", "c7"]);
+        assert_eq!(again.get("c5"), Some(claim("c5")));
     }
 }

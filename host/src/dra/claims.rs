@@ -101,7 +101,7 @@ pub fn request_release(driver_dir: &Path, uid: &str) -> anyhow::Result<PathBuf> 
         "{uid:?} is not a claim UID (letters, digits and '-')"
     );
     anyhow::ensure!(
-        driver_dir.join(super::checkpoint::FILE).exists(),
+        driver_dir.join(super::checkpoint::FILE).exists() || driver_dir.join(super::checkpoint::JOURNAL).exists(),
         "{} holds no DRA checkpoint: is the driver name right, and --dra-plugins-dir where devplug keeps its drivers?",
         driver_dir.display()
     );

@@ -47,6 +47,8 @@ pub struct DriverSetup {
     pub patience: Duration,
     /// Where the driver's claims show (prepared, stuck).
     pub claims: Arc<super::claims::ClaimBoard>,
+    /// This machine's sysfs, where PCIe roots are read (`standard.rs`).
+    pub sysfs_root: PathBuf,
 }
 
 /// How long stopping waits for the API server to delete the pool.
@@ -79,6 +81,7 @@ impl Driver {
             client: setup.client.clone(),
             served: served.clone(),
             specs: setup.specs.clone(),
+            pending: Default::default(),
         });
         let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
         let wake = Arc::new(Notify::new());
@@ -259,7 +262,9 @@ async fn keep(
         let resources: Vec<crate::model::Resource> = served.snapshot().iter().map(|r| (**r).clone()).collect();
         let backend = served.resources().first().map(|r| r.backend.clone()).unwrap_or_default();
         let build = |generation| {
-            slices::pool(&backend, &setup.driver, &setup.node, &setup.node, generation, &resources).map(|p| p.slices)
+            let sysfs = Some(setup.sysfs_root.as_path());
+            slices::pool_on(sysfs, &backend, &setup.driver, &setup.node, &setup.node, generation, &resources)
+                .map(|p| p.slices)
         };
         match writer.sync(build).await {
             Ok(w) => {

@@ -24,6 +24,8 @@ pub struct NodeSettings<'a> {
     pub patience: Duration,
     /// Where every driver's claims show.
     pub claims: Arc<super::claims::ClaimBoard>,
+    /// This machine's sysfs (PCIe roots for the standard attributes).
+    pub sysfs_root: PathBuf,
 }
 
 /// The DRA drivers of this node.
@@ -57,6 +59,7 @@ impl DraNode {
             board: s.board,
             patience: s.patience,
             claims: s.claims,
+            sysfs_root: s.sysfs_root,
         };
         Ok(DraNode { setup, drivers: tokio::sync::Mutex::default() })
     }

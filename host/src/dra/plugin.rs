@@ -3,6 +3,12 @@
 //! claim in every answer (a claim's failure is its entry's error, never the RPC's); a claim
 //! prepared once is answered the same way again from the [`Checkpoint`], also after a restart;
 //! unpreparing a claim this node does not hold succeeds (kubelet may repeat it).
+//!
+//! The claims of one call are prepared concurrently, each under a lock of its own (a claim is
+//! never prepared and unprepared at once; unrelated claims never wait for each other), and
+//! recorded together: one checkpoint flush per call. The record comes before the claim's CDI
+//! spec is written, so a crash at any point leaves no spec without its record; a record without
+//! its spec is prepared again when kubelet asks (`ClaimPreparer::intact`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,7 +26,13 @@ use crate::proto::dra::{v1, v1beta1};
 /// the claim's allocation, the host writes them. Unpreparing undoes that.
 #[async_trait::async_trait]
 pub trait ClaimPreparer: Send + Sync + 'static {
+    /// Decide the claim's devices and edits; nothing is written yet (see [`ClaimPreparer::commit`]).
     async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String>;
+    /// Write what `prepare` decided for `claim` (its CDI spec), once the claim is recorded;
+    /// with `keep` false, forget it instead (the record could not be written).
+    fn commit(&self, _claim: &ClaimRef, _keep: bool) -> Result<(), String> {
+        Ok(())
+    }
     /// Whether what `prepare` left on the node for `claim` is still there (its CDI spec).
     fn intact(&self, claim: &ClaimRef) -> bool;
     async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String>;
@@ -31,12 +43,16 @@ pub trait ClaimPreparer: Send + Sync + 'static {
     }
 }
 
+/// Claim locks per plugin.
+const LOCKS: usize = 64;
+
 /// One driver's plugin: its preparer and checkpoint.
 pub struct DraPlugin {
     preparer: Arc<dyn ClaimPreparer>,
     checkpoint: Checkpoint,
-    /// Kubelet may call prepare and unprepare concurrently; one claim is handled at a time.
-    busy: tokio::sync::Mutex<()>,
+    /// Kubelet may call prepare and unprepare concurrently: a claim's UID picks one of these
+    /// locks, so one claim is handled at a time and unrelated claims rarely share one.
+    locks: Vec<Arc<tokio::sync::Mutex<()>>>,
     /// The driver's name, and where its claims show.
     driver: String,
     board: Arc<ClaimBoard>,
@@ -59,7 +75,46 @@ impl DraPlugin {
                 board.prepared(driver, &claim);
             }
         }
-        DraPlugin { preparer, checkpoint, busy: tokio::sync::Mutex::new(()), driver: driver.to_owned(), board }
+        let locks = (0..LOCKS).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect();
+        DraPlugin { preparer, checkpoint, locks, driver: driver.to_owned(), board }
+    }
+
+    /// The locks of `claims`, taken in one order (so two calls never wait on each other).
+    async fn lock(&self, claims: &[ClaimRef]) -> Vec<tokio::sync::OwnedMutexGuard<()>> {
+        use std::hash::{Hash, Hasher};
+        let mut picked: Vec<usize> = claims
+            .iter()
+            .map(|c| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                c.uid.hash(&mut h);
+                (h.finish() % LOCKS as u64) as usize
+            })
+            .collect();
+        picked.sort_unstable();
+        picked.dedup();
+        let mut guards = Vec::with_capacity(picked.len());
+        for i in picked {
+            guards.push(self.locks[i].clone().lock_owned().await);
+        }
+        guards
+    }
+
+    /// One claim: from the record, or prepared afresh (`true`: to be recorded and committed).
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<(Vec<PreparedDevice>, bool), String> {
+        // A claim prepared before is answered from the record, unless what it left on the node
+        // is gone (a reboot empties /var/run/cdi): then it is prepared again, and answers the
+        // same CDI IDs (they are made from the claim's UID and devices).
+        let recorded = self.checkpoint.get(&claim.uid).filter(|_| {
+            let lost = self.checkpoint.from_earlier_boot(&claim.uid) || !self.preparer.intact(claim);
+            if lost {
+                tracing::info!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepared before a reboot (or its CDI spec is gone): preparing it again");
+            }
+            !lost
+        });
+        match recorded {
+            Some((_, devices)) => Ok((devices, false)),
+            None => self.preparer.prepare(claim).await.map(|d| (d, true)),
+        }
     }
 
     /// Whether the operator asked (`devplug dra release`) to drop claim `uid`; the marker is
@@ -73,14 +128,13 @@ impl DraPlugin {
         asked
     }
 
-    /// Unprepare one held claim: the backend once; after it failed, its error again until the
-    /// operator releases the claim or devplug restarts.
+    /// Unprepare one held claim (its record is forgotten by the caller): the backend once;
+    /// after it failed, its error again until the operator releases the claim or devplug
+    /// restarts.
     async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String> {
         let shown = format!("{}/{}", held.namespace, held.name);
         if self.release_requested(&held.uid) {
             self.preparer.release(held)?;
-            self.checkpoint.remove(&held.uid).map_err(|e| format!("checkpoint: {e}"))?;
-            self.board.gone(&self.driver, &held.uid);
             tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "claim released by the operator: its CDI spec and record are gone, the backend was not asked again");
             return Ok(());
         }
@@ -91,11 +145,7 @@ impl DraPlugin {
             ));
         }
         match self.preparer.unprepare(held, devices).await {
-            Ok(()) => {
-                self.checkpoint.remove(&held.uid).map_err(|e| format!("checkpoint: {e}"))?;
-                self.board.gone(&self.driver, &held.uid);
-                Ok(())
-            }
+            Ok(()) => Ok(()),
             Err(e) => {
                 tracing::error!(
                     driver = %self.driver,
@@ -114,48 +164,67 @@ impl DraPlugin {
 
     /// Prepare each claim (or answer from the checkpoint); by claim UID.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
-        let _one = self.busy.lock().await;
+        let _held = self.lock(&claims).await;
+        let outcomes = futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
+        // Everything prepared afresh in this call is recorded at once: one flush.
+        let fresh: Vec<(ClaimRef, Vec<PreparedDevice>)> = claims
+            .iter()
+            .zip(&outcomes)
+            .filter_map(|(c, o)| match o {
+                Ok((devices, true)) => Some((c.clone(), devices.clone())),
+                _ => None,
+            })
+            .collect();
+        let recorded = if fresh.is_empty() { Ok(()) } else { self.checkpoint.put_many(&fresh) };
         let mut out = BTreeMap::new();
-        for claim in claims {
-            // A claim prepared before is answered from the record, unless what it left on the
-            // node is gone (a reboot empties /var/run/cdi): then it is prepared again, and
-            // answers the same CDI IDs (they are made from the claim's UID and devices).
-            let recorded = self.checkpoint.get(&claim.uid).filter(|_| {
-                let lost = self.checkpoint.from_earlier_boot(&claim.uid) || !self.preparer.intact(&claim);
-                if lost {
-                    tracing::info!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepared before a reboot (or its CDI spec is gone): preparing it again");
-                }
-                !lost
-            });
-            let answer = match recorded {
-                Some((_, devices)) => Ok(devices),
-                None => match self.preparer.prepare(&claim).await {
-                    Ok(devices) => match self.checkpoint.put(&claim, &devices) {
-                        Ok(()) => {
-                            self.board.prepared(&self.driver, &claim);
-                            Ok(devices)
-                        }
-                        Err(e) => Err(format!("prepared, but the checkpoint could not be written: {e}")),
-                    },
+        for (claim, outcome) in claims.into_iter().zip(outcomes) {
+            let answer = match (outcome, &recorded) {
+                (Ok((devices, false)), _) => Ok(devices),
+                (Ok((devices, true)), Ok(())) => match self.preparer.commit(&claim, true) {
+                    Ok(()) => {
+                        self.board.prepared(&self.driver, &claim);
+                        Ok(devices)
+                    }
                     Err(e) => Err(e),
                 },
+                (Ok((_, true)), Err(e)) => {
+                    let _ = self.preparer.commit(&claim, false);
+                    Err(format!("prepared, but the checkpoint could not be written: {e}"))
+                }
+                (Err(e), _) => Err(e),
             };
             if let Err(e) = &answer {
-                tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepare failed: {e}");
+                tracing::warn!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepare failed: {e}");
             }
             out.insert(claim.uid.clone(), answer);
         }
         out
     }
 
-    /// Unprepare each claim this node holds (a claim it does not hold is already unprepared).
+    /// Unprepare each claim this node holds (a claim it does not hold is already unprepared);
+    /// the claims let go of are forgotten together (one flush).
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
-        let _one = self.busy.lock().await;
+        let _held = self.lock(&claims).await;
+        let outcomes = futures::future::join_all(claims.iter().map(|claim| async move {
+            match self.checkpoint.get(&claim.uid) {
+                None => Ok(false),
+                Some((held, devices)) => self.unprepare_one(&held, &devices).await.map(|()| true),
+            }
+        }))
+        .await;
+        let done: Vec<String> =
+            claims.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Ok(true))).map(|(c, _)| c.uid.clone()).collect();
+        let forgotten = if done.is_empty() { Ok(0) } else { self.checkpoint.remove_many(&done) };
         let mut out = BTreeMap::new();
-        for claim in claims {
-            let answer = match self.checkpoint.get(&claim.uid) {
-                None => Ok(()),
-                Some((held, devices)) => self.unprepare_one(&held, &devices).await,
+        for (claim, outcome) in claims.into_iter().zip(outcomes) {
+            let answer = match (outcome, &forgotten) {
+                (Ok(true), Err(e)) => Err(format!("checkpoint: {e}")),
+                (Ok(true), Ok(_)) => {
+                    self.board.gone(&self.driver, &claim.uid);
+                    Ok(())
+                }
+                (Ok(false), _) => Ok(()),
+                (Err(e), _) => Err(e),
             };
             out.insert(claim.uid.clone(), answer);
         }

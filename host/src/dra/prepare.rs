@@ -15,6 +15,7 @@ use super::served::{Served, ServedResource};
 use crate::cdi::{Kind, SpecDir};
 use crate::model::dra::ClaimDevice;
 use crate::model::{ContainerEdits, Device, Health, Resource};
+use crate::sync::Locked;
 
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
@@ -34,6 +35,8 @@ pub struct Preparer {
     pub client: kube::Client,
     pub served: Arc<Served>,
     pub specs: Arc<SpecDir>,
+    /// Specs `prepare` decided, until `commit` writes them (after the claim is recorded).
+    pub pending: std::sync::Mutex<std::collections::HashMap<String, crate::cdi::spec::Spec>>,
 }
 
 /// An allocated device of this driver: (request, pool device name, device ID).
@@ -164,8 +167,19 @@ impl ClaimPreparer for Preparer {
         let claim_list =
             Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common, ..Default::default() };
         let spec = crate::cdi::spec::build(&claim_list, &kind);
-        self.specs.write_claim(&claim.uid, &spec).map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
+        self.pending.locked().insert(claim.uid.clone(), spec);
         Ok(out)
+    }
+
+    fn commit(&self, claim: &ClaimRef, keep: bool) -> Result<(), String> {
+        let Some(spec) = self.pending.locked().remove(&claim.uid) else { return Ok(()) };
+        if !keep {
+            return Ok(());
+        }
+        self.specs
+            .write_claim_unflushed(&claim.uid, &spec)
+            .map(drop)
+            .map_err(|e| format!("writing the claim's CDI spec: {e}"))
     }
 
     fn intact(&self, claim: &ClaimRef) -> bool {

@@ -85,8 +85,22 @@ pub fn device_name(id: &str) -> String {
 }
 
 /// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
-/// lists of the `resources` it serves through DRA, at `generation`.
+/// lists of the `resources` it serves through DRA, at `generation`, without PCIe roots (see
+/// [`pool_on`]).
 pub fn pool(
+    backend: &str,
+    driver: &str,
+    node: &str,
+    pool: &str,
+    generation: i64,
+    resources: &[Resource],
+) -> Result<Pool, PoolError> {
+    pool_on(None, backend, driver, node, pool, generation, resources)
+}
+
+/// [`pool`] on a machine whose sysfs is at `sysfs`: PCI devices get their standard `pcieRoot`.
+pub fn pool_on(
+    sysfs: Option<&std::path::Path>,
     backend: &str,
     driver: &str,
     node: &str,
@@ -132,6 +146,14 @@ pub fn pool(
                 Some(numa) => attributes.insert("numa".into(), json!({ "int": numa })),
                 None => attributes.remove("numa"),
             };
+            // Kubernetes' standard names, where the device has room for them (the server takes
+            // 32 attributes and capacities a device).
+            let capacities = described.map_or(0, |x| x.capacity.len());
+            for (k, v) in super::standard::attributes(sysfs, &d.attributes, &d.numa_nodes) {
+                if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
+                    attributes.insert(k, v);
+                }
+            }
             let mut device = json!({ "name": name, "attributes": attributes });
             if let Some(x) = described {
                 if !x.capacity.is_empty() {

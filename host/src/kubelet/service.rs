@@ -195,27 +195,37 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         // generation stops, a change already published is still sent first, without waiting: a
         // retired resource's last word is its empty list.
         let rx = self.handle.devices.clone();
-        let start = (rx, cancel, guard, None::<tokio::time::Instant>);
-        let stream = futures::stream::unfold(start, |(mut rx, cancel, guard, last_sent)| async move {
-            if let Some(last_sent) = last_sent {
-                tokio::select! {
-                    biased;
-                    changed = rx.changed() => changed.ok()?,
-                    _ = cancel.cancelled() => {
-                        if !rx.has_changed().unwrap_or(false) {
-                            return None;
+        // Only what kubelet sees (IDs, health, topology) is sent: a change of attributes or
+        // edits alone (what DRA and the CDI specs care about) sends nothing.
+        let start = (rx, cancel, guard, None::<(tokio::time::Instant, Vec<pb::Device>)>);
+        let stream = futures::stream::unfold(start, |(mut rx, cancel, guard, last)| async move {
+            loop {
+                if let Some((last_sent, _)) = &last {
+                    tokio::select! {
+                        biased;
+                        changed = rx.changed() => changed.ok()?,
+                        _ = cancel.cancelled() => {
+                            if !rx.has_changed().unwrap_or(false) {
+                                return None;
+                            }
                         }
                     }
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => {}
+                        _ = tokio::time::sleep_until(*last_sent + MIN_SEND_GAP) => {}
+                    }
                 }
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => {}
-                    _ = tokio::time::sleep_until(last_sent + MIN_SEND_GAP) => {}
+                let list = to_proto_devices(&rx.borrow_and_update());
+                if last.as_ref().is_some_and(|(_, sent)| *sent == list) {
+                    if cancel.is_cancelled() {
+                        return None;
+                    }
+                    continue;
                 }
+                let next = Some((tokio::time::Instant::now(), list.clone()));
+                return Some((Ok(pb::ListAndWatchResponse { devices: list }), (rx, cancel, guard, next)));
             }
-            let list = to_proto_devices(&rx.borrow_and_update());
-            let sent = Some(tokio::time::Instant::now());
-            Some((Ok(pb::ListAndWatchResponse { devices: list }), (rx, cancel, guard, sent)))
         });
         Ok(Response::new(Box::pin(stream)))
     }
@@ -343,6 +353,19 @@ mod tests {
     }
 
     /// A resource with one device whose ID says which state it is.
+    /// The service of resource `a.io/b`, its device list from `rx`.
+    fn serving(rx: tokio::sync::watch::Receiver<Arc<Resource>>) -> DevicePluginService {
+        let handle = ResourceHandle {
+            name: "a.io/b".into(),
+            options: Default::default(),
+            devices: rx,
+            ops: Arc::new(NoOps),
+            delivery: Default::default(),
+            metrics: None,
+        };
+        DevicePluginService::new(handle, Arc::default(), CancellationToken::new())
+    }
+
     fn state(i: u32) -> Arc<Resource> {
         let device = crate::model::Device {
             id: format!("d{i}"),
@@ -354,6 +377,30 @@ mod tests {
         Arc::new(Resource { name: "a.io/b".into(), devices: vec![device], ..Default::default() })
     }
 
+    /// A change kubelet would not notice (an attribute, an edit: what DRA and the CDI specs
+    /// care about) sends no list; the next change kubelet sees is sent as usual (issue 35: every
+    /// change now reaches every reader of the device list, each decides what matters to it).
+    #[tokio::test(start_paused = true)]
+    async fn list_and_watch_skips_changes_kubelet_would_not_notice() {
+        use pb::device_plugin_server::DevicePlugin;
+        use tokio_stream::StreamExt;
+        let (tx, rx) = tokio::sync::watch::channel(state(0));
+        let svc = serving(rx);
+        let mut stream = svc.list_and_watch(Request::new(pb::Empty {})).await.unwrap().into_inner();
+        assert_eq!(stream.next().await.unwrap().unwrap().devices[0].health, "Healthy");
+        for i in 0..5 {
+            let mut r = (*state(0)).clone();
+            r.devices[0].attributes = vec![("tick".into(), i.to_string())];
+            tx.send(Arc::new(r)).unwrap();
+            tokio::time::sleep(MIN_SEND_GAP * 2).await;
+        }
+        let mut sick = (*state(0)).clone();
+        sick.devices[0].health = Health::Unhealthy;
+        tx.send(Arc::new(sick)).unwrap();
+        let next = stream.next().await.unwrap().unwrap();
+        assert_eq!(next.devices[0].health, "Unhealthy", "the five attribute changes sent nothing before this");
+    }
+
     /// A storm of changes (one every 2 ms for 2 s, as health flipping with every uevent would
     /// make) reaches kubelet as at most one list per `MIN_SEND_GAP`, the last state always
     /// among them; a change after a quiet spell goes out at once. Time is tokio's paused clock.
@@ -362,15 +409,7 @@ mod tests {
         use pb::device_plugin_server::DevicePlugin;
         use tokio_stream::StreamExt;
         let (tx, rx) = tokio::sync::watch::channel(state(0));
-        let handle = ResourceHandle {
-            name: "a.io/b".into(),
-            options: Default::default(),
-            devices: rx,
-            ops: Arc::new(NoOps),
-            delivery: Default::default(),
-            metrics: None,
-        };
-        let svc = DevicePluginService::new(handle, Arc::default(), CancellationToken::new());
+        let svc = serving(rx);
         let mut stream = svc.list_and_watch(Request::new(pb::Empty {})).await.unwrap().into_inner();
         let id = |r: pb::ListAndWatchResponse| r.devices[0].id.clone();
         assert_eq!(id(stream.next().await.unwrap().unwrap()), "d0");

@@ -1,0 +1,131 @@
+//! An append-only log of JSON records, one per line, for the claim checkpoint: a batch of
+//! records is one `write` and one `fdatasync`, so preparing a call's claims costs one disk flush
+//! however many claims it holds (rewriting a whole file atomically costs two, plus the file's
+//! size). Replay reads every whole line; a line cut short by a crash mid-append is dropped and
+//! cut off the file, so the next append starts on a clean line.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::sync::Locked;
+
+/// The log at one path.
+pub struct Journal {
+    path: PathBuf,
+    /// The file, how many records it holds, and how many flushes this log has made.
+    file: Mutex<(File, usize, u64)>,
+}
+
+/// What [`Journal::open`] read: each whole line's JSON, and what could not be read.
+pub struct Replayed {
+    pub records: Vec<serde_json::Value>,
+    pub problems: Vec<String>,
+}
+
+impl Journal {
+    /// Open (or create) the log at `path` and read it back.
+    pub fn open(path: &Path) -> std::io::Result<(Journal, Replayed)> {
+        let existed = path.exists();
+        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path)?;
+        if !existed && let Some(dir) = path.parent() {
+            crate::durable::sync_dir(dir);
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let mut records = Vec::new();
+        let mut problems = Vec::new();
+        // Everything up to the last newline is whole lines; anything after it was cut short.
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        for (n, line) in bytes[..whole].split(|b| *b == b'\n').enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice(line) {
+                Ok(v) => records.push(v),
+                Err(e) => problems.push(format!("{} line {}: {e}", path.display(), n + 1)),
+            }
+        }
+        if whole < bytes.len() {
+            problems.push(format!(
+                "{}: the last {} bytes are a record cut short (a crash while it was written); dropped",
+                path.display(),
+                bytes.len() - whole
+            ));
+            file.set_len(whole as u64)?;
+            file.seek(SeekFrom::End(0))?;
+            crate::durable::sync_data(&file)?;
+        }
+        let lines = records.len() + problems.len();
+        Ok((Journal { path: path.to_owned(), file: Mutex::new((file, lines, 0)) }, Replayed { records, problems }))
+    }
+
+    /// Append `records` as one write, on disk before this returns (one `fdatasync`).
+    pub fn append<T: serde::Serialize>(&self, records: &[T]) -> std::io::Result<()> {
+        let mut buf = Vec::new();
+        for r in records {
+            serde_json::to_writer(&mut buf, r).map_err(std::io::Error::other)?;
+            buf.push(b'\n');
+        }
+        let mut f = self.file.locked();
+        f.0.write_all(&buf)?;
+        crate::durable::sync_data(&f.0)?;
+        f.1 += records.len();
+        f.2 += 1;
+        Ok(())
+    }
+
+    /// Flushes this log has made since it was opened.
+    pub fn flushes(&self) -> u64 {
+        self.file.locked().2
+    }
+
+    /// Records in the log.
+    pub fn lines(&self) -> usize {
+        self.file.locked().1
+    }
+
+    /// Empty the log (its records are in a snapshot now).
+    pub fn reset(&self) -> std::io::Result<()> {
+        let mut f = self.file.locked();
+        f.0.set_len(0)?;
+        f.0.seek(SeekFrom::Start(0))?;
+        crate::durable::sync_data(&f.0)?;
+        f.1 = 0;
+        f.2 += 1;
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_is_one_flush_and_a_torn_tail_is_cut_off() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("j");
+        let (j, r) = Journal::open(&p).unwrap();
+        assert!(r.records.is_empty() && r.problems.is_empty());
+        j.append(&[serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]).unwrap();
+        assert_eq!(j.flushes(), 1, "one batch, one flush");
+        drop(j);
+        // A crash mid-append leaves half a line.
+        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        f.write_all(br#"{"c": 3"#).unwrap();
+        drop(f);
+        let (j, r) = Journal::open(&p).unwrap();
+        assert_eq!(r.records.len(), 2);
+        assert!(r.problems[0].contains("cut short"), "{:?}", r.problems);
+        j.append(&[serde_json::json!({"d": 4})]).unwrap();
+        drop(j);
+        let (_, r) = Journal::open(&p).unwrap();
+        assert_eq!(r.records.len(), 3, "the next record starts on a clean line");
+        assert!(r.problems.is_empty(), "{:?}", r.problems);
+    }
+}
