@@ -151,10 +151,7 @@ async fn fifty_kubelet_restarts_fifty_reregistrations() {
     for i in 1..=50u64 {
         kubelet.restart().await;
         let t0 = Instant::now();
-        kubelet
-            .wait_registered(WIDGET, 1 + i, Duration::from_secs(1))
-            .await
-            .unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        kubelet.wait_registered(WIDGET, 1 + i, T).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         slowest = slowest.max(t0.elapsed());
         // The new registration serves a working stream, not just a Register call.
         kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
@@ -190,10 +187,7 @@ async fn fifty_kubelet_restarts_through_the_plugin_watcher() {
     assert!(plugin.endpoint.starts_with(&reg), "served from plugins_registry: {}", plugin.endpoint.display());
     for i in 1..=50u64 {
         kubelet.restart().await;
-        kubelet
-            .wait_registered(WIDGET, 1 + i, Duration::from_secs(1))
-            .await
-            .unwrap_or_else(|e| panic!("restart {i}: {e}"));
+        kubelet.wait_registered(WIDGET, 1 + i, T).await.unwrap_or_else(|e| panic!("restart {i}: {e}"));
         kubelet.wait_devices(WIDGET, T, |d| d.len() == 2).await.unwrap();
     }
     assert_eq!(kubelet.registrations(), 51);

@@ -35,7 +35,16 @@ pub struct Store {
     pub log: Vec<String>,
     /// ResourceSlice watch events ("ADDED", "MODIFIED", "DELETED", the object) for watchers.
     events: Option<tokio::sync::broadcast::Sender<(String, Value)>>,
+    /// The last events by resource version, as the server's watch cache keeps them: a watch
+    /// from a resource version replays what came after it, or answers `410 Gone` when that
+    /// version is older than what is kept.
+    history: std::collections::VecDeque<(u64, String, Value)>,
+    /// The newest version no longer in `history`.
+    forgotten: u64,
 }
+
+/// Events the stand-in's watch cache keeps.
+const HISTORY: usize = 1000;
 
 impl Store {
     fn next_version(&mut self) -> String {
@@ -43,9 +52,23 @@ impl Store {
         self.version.to_string()
     }
 
-    fn emit(&self, kind: &str, slice: &Value) {
+    fn emit(&mut self, kind: &str, slice: &Value) {
+        let mut slice = slice.clone();
+        // A deletion is a change of its own, with a new resource version (as the server's).
+        if kind == "DELETED" {
+            let rv = self.next_version();
+            slice["metadata"]["resourceVersion"] = json!(rv);
+        }
+        let rv: u64 =
+            slice["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse().ok()).unwrap_or(self.version);
+        self.history.push_back((rv, kind.to_owned(), slice.clone()));
+        if self.history.len() > HISTORY
+            && let Some((old, _, _)) = self.history.pop_front()
+        {
+            self.forgotten = old;
+        }
         if let Some(tx) = &self.events {
-            let _ = tx.send((kind.to_owned(), slice.clone()));
+            let _ = tx.send((kind.to_owned(), slice));
         }
     }
 }
@@ -211,12 +234,31 @@ async fn list_or_watch(
         Ok(sel) => sel,
         Err(e) => return e.into_response(),
     };
-    // resourceVersion "0" (what devplug sends): the current objects as ADDED, then every change.
+    // Without a resourceVersion, or "0": the current objects as ADDED, then every change. From
+    // a resourceVersion N: every change after N (replayed from the watch cache), then the live
+    // ones; `410 Gone` when N is older than the cache keeps.
     let (initial, rx) = {
         let mut st = s.lock().unwrap();
         st.log.push(format!("WATCH resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
-        let initial: Vec<(String, Value)> =
-            st.slices.values().filter(|v| matches(v, &sel)).map(|v| ("ADDED".to_owned(), v.clone())).collect();
+        let from = q.get("resourceVersion").filter(|v| v.as_str() != "0");
+        let initial: Vec<(String, Value)> = match from.map(|v| v.parse::<u64>()) {
+            None => st.slices.values().filter(|v| matches(v, &sel)).map(|v| ("ADDED".to_owned(), v.clone())).collect(),
+            Some(Ok(n)) if n >= st.forgotten => st
+                .history
+                .iter()
+                .filter(|(rv, _, v)| *rv > n && matches(v, &sel))
+                .map(|(_, k, v)| (k.clone(), v.clone()))
+                .collect(),
+            Some(Ok(n)) => {
+                let gone = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+                                   "message": format!("too old resource version: {n} ({})", st.forgotten + 1) });
+                vec![("ERROR".to_owned(), gone)]
+            }
+            Some(Err(_)) => {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid resourceVersion".into(), vec![])
+                    .into_response();
+            }
+        };
         (initial, st.events.as_ref().expect("events").subscribe())
     };
     let line = |(kind, object): (String, Value)| {

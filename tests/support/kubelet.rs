@@ -390,12 +390,14 @@ async fn plugin_watcher(dir: PathBuf, shared: Arc<Shared>, stop: CancellationTok
     use notify::Watcher;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut w = match notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
-        // fsnotify (kubelet's) reports a file moved into the directory as a create; notify
-        // reports it as a rename.
+        // fsnotify (kubelet's) reports a file moved into the directory once, as a create;
+        // notify reports it as a rename `To` (and again as `Both` with the old name: not a
+        // second event for kubelet).
+        use notify::event::{ModifyKind, RenameMode};
         if let Ok(e) = e
             && matches!(
                 e.kind,
-                notify::EventKind::Create(_) | notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
+                notify::EventKind::Create(_) | notify::EventKind::Modify(ModifyKind::Name(RenameMode::To))
             )
         {
             for p in e.paths {

@@ -12,6 +12,13 @@
 //! by field comparison never finds them equal and every sync would write again (and wake its own
 //! watch, and write again). Each slice carries the SHA-256 of the spec devplug built
 //! ([`SPEC_HASH`]); equal hashes, names and one generation mean nothing to write.
+//!
+//! What the server holds is known from a watch, as upstream's `resourceslice` controller knows
+//! it from an informer: one LIST when the watch starts (and again only when the server says the
+//! watch's resource version is too old), then the watch's events keep a [`PoolView`]. A sync
+//! compares against that view, so a resync or a device change costs no request unless something
+//! must be written, and devplug's own writes (whose echoes come back as watch events) wake
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,6 +60,70 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
     kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("API client: {e}"))
 }
 
+/// The pool as the server holds it, kept by [`PoolWriter::watch`].
+#[derive(Default)]
+pub struct PoolView(std::sync::Mutex<ViewState>);
+
+#[derive(Default)]
+struct ViewState {
+    slices: BTreeMap<String, ResourceSlice>,
+    /// Filled by a LIST and kept by the watch since: the view can be trusted.
+    synced: bool,
+    /// Resource versions devplug's own writes returned: their watch events are echoes.
+    ours: std::collections::HashSet<String>,
+}
+
+impl PoolView {
+    fn state(&self) -> std::sync::MutexGuard<'_, ViewState> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The pool, if the view is in step with the server.
+    fn snapshot(&self) -> Option<BTreeMap<String, ResourceSlice>> {
+        let st = self.state();
+        st.synced.then(|| st.slices.clone())
+    }
+
+    /// What a LIST returned: the whole pool.
+    fn reset(&self, items: Vec<ResourceSlice>) {
+        let mut st = self.state();
+        st.slices = items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
+        st.ours.clear();
+        st.synced = true;
+    }
+
+    /// Not to be trusted until the next LIST (a write found it stale).
+    fn invalidate(&self) {
+        self.state().synced = false;
+    }
+
+    /// A slice devplug wrote, as the server answered.
+    fn wrote(&self, slice: ResourceSlice) {
+        let mut st = self.state();
+        if let Some(rv) = slice.metadata.resource_version.clone() {
+            st.ours.insert(rv);
+        }
+        if let Some(name) = slice.metadata.name.clone() {
+            st.slices.insert(name, slice);
+        }
+    }
+
+    fn deleted(&self, name: &str) {
+        self.state().slices.remove(name);
+    }
+
+    /// A watch event's slice, added or modified; whether it is someone else's change (not the
+    /// echo of devplug's own write).
+    fn seen(&self, slice: ResourceSlice) -> bool {
+        let mut st = self.state();
+        let echo = slice.metadata.resource_version.as_ref().is_some_and(|rv| st.ours.remove(rv));
+        if let Some(name) = slice.metadata.name.clone() {
+            st.slices.insert(name, slice);
+        }
+        !echo
+    }
+}
+
 /// One driver's pool on one node, as the API server holds it.
 pub struct PoolWriter {
     slices: Api<ResourceSlice>,
@@ -62,6 +133,8 @@ pub struct PoolWriter {
     owner: Option<OwnerReference>,
     /// The generation last written (the next write uses a higher one).
     generation: i64,
+    /// The server's pool as the watch keeps it.
+    view: std::sync::Arc<PoolView>,
 }
 
 /// What a pool write did.
@@ -88,6 +161,7 @@ impl PoolWriter {
             driver: driver.to_owned(),
             owner: None,
             generation: 0,
+            view: Default::default(),
         }
     }
 
@@ -109,7 +183,11 @@ impl PoolWriter {
         &mut self,
         build: impl Fn(i64) -> Result<Vec<Value>, E>,
     ) -> anyhow::Result<Written> {
-        let current = self.current().await?;
+        // The watch's view when it is in step; a LIST only before the watch has one.
+        let current = match self.view.snapshot() {
+            Some(view) => view,
+            None => self.current().await?,
+        };
         let wanted = typed(build(0).map_err(|e| anyhow::anyhow!("{e}"))?)?;
         if same_pool(&current, &wanted) {
             let generation = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
@@ -131,17 +209,20 @@ impl PoolWriter {
             match current.get(name) {
                 Some(old) => {
                     slice.metadata.resource_version = old.metadata.resource_version.clone();
-                    self.slices
-                        .replace(name, &PostParams::default(), &slice)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("replacing ResourceSlice {name}: {e}"))?;
+                    let stored = self.slices.replace(name, &PostParams::default(), &slice).await.map_err(|e| {
+                        // A conflict: the view was behind the server; the next sync LISTs.
+                        self.view.invalidate();
+                        anyhow::anyhow!("replacing ResourceSlice {name}: {e}")
+                    })?;
+                    self.view.wrote(stored);
                     out.replaced += 1;
                 }
                 None => {
-                    self.slices
-                        .create(&PostParams::default(), &slice)
-                        .await
-                        .map_err(|e| anyhow::anyhow!("creating ResourceSlice {name}: {e}"))?;
+                    let stored = self.slices.create(&PostParams::default(), &slice).await.map_err(|e| {
+                        self.view.invalidate();
+                        anyhow::anyhow!("creating ResourceSlice {name}: {e}")
+                    })?;
+                    self.view.wrote(stored);
                     out.created += 1;
                 }
             }
@@ -156,16 +237,24 @@ impl PoolWriter {
 
     async fn delete(&self, name: &str) -> anyhow::Result<()> {
         match self.slices.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Ok(_) => {
+                self.view.deleted(name);
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                self.view.deleted(name);
+                Ok(())
+            }
             Err(e) => Err(anyhow::anyhow!("deleting ResourceSlice {name}: {e}")),
         }
     }
 
-    /// Wake `wake` whenever the server's copy of this pool changes (a slice deleted or modified:
-    /// kubelet deletes a node's slices when it starts, possibly after devplug registered again),
-    /// so the pool is put back at once instead of at the next resync. The watch is opened again
-    /// whenever it ends (servers close watches after a few minutes), backing off on errors.
+    /// Keep this pool's [`PoolView`] by a watch, and wake `wake` whenever the server's copy
+    /// changes by someone else's hand (a slice deleted or modified: kubelet deletes a node's
+    /// slices when it starts, possibly after devplug registered again), so the pool is put back
+    /// at once instead of at the next resync. One LIST starts the view; the watch then resumes
+    /// from the last resource version it saw (servers close watches every few minutes), and
+    /// LISTs again only when the server says that version is gone (`410`). Errors back off.
     pub fn watch(
         &self,
         wake: std::sync::Arc<tokio::sync::Notify>,
@@ -174,26 +263,58 @@ impl PoolWriter {
         use futures::StreamExt;
         use kube::api::{WatchEvent, WatchParams};
         let api = self.slices.clone();
+        let list = self.selector();
+        // Bookmarks are on by default: the version to resume from stays fresh on a quiet pool.
         let params = WatchParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.node, self.driver));
-        let driver = self.driver.clone();
+        let (driver, view) = (self.driver.clone(), self.view.clone());
         tokio::spawn(async move {
             const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
             const LONG_WATCH: std::time::Duration = std::time::Duration::from_secs(10);
             let mut backoff = FIRST;
+            let mut version: Option<String> = None;
             loop {
-                let watch = async {
-                    let events = api.watch(&params, "0").await.map_err(|e| e.to_string())?;
+                let round = async {
+                    let from = match &version {
+                        Some(v) => v.clone(),
+                        None => {
+                            let items = api.list(&list).await.map_err(|e| format!("listing: {e}"))?;
+                            let v = items.metadata.resource_version.clone().unwrap_or_default();
+                            view.reset(items.items);
+                            // The pool may differ from what devplug wants (it may be gone).
+                            wake.notify_one();
+                            version = Some(v.clone());
+                            v
+                        }
+                    };
+                    let events = api.watch(&params, &from).await.map_err(|e| e.to_string())?;
                     let mut events = std::pin::pin!(events);
                     while let Some(ev) = events.next().await {
                         match ev.map_err(|e| e.to_string())? {
-                            WatchEvent::Deleted(_) | WatchEvent::Modified(_) => wake.notify_one(),
-                            // The server ended the watch with a Status (`410 Gone`, throttling,
-                            // an error of its own): watch again, but after the backoff, so a
-                            // server that ends every watch at once is not asked again at once.
+                            WatchEvent::Added(s) | WatchEvent::Modified(s) => {
+                                version = s.metadata.resource_version.clone().or(version.take());
+                                if view.seen(s) {
+                                    wake.notify_one();
+                                }
+                            }
+                            WatchEvent::Deleted(s) => {
+                                version = s.metadata.resource_version.clone().or(version.take());
+                                if let Some(name) = &s.metadata.name {
+                                    view.deleted(name);
+                                }
+                                wake.notify_one();
+                            }
+                            WatchEvent::Bookmark(b) => version = Some(b.metadata.resource_version),
+                            // `410 Gone`: the version is too old to resume from; LIST again.
+                            WatchEvent::Error(e) if e.code == 410 => {
+                                version = None;
+                                return Err(format!("the server ended the watch: {} ({})", e.message, e.code));
+                            }
+                            // Throttling, an error of the server's own: watch again, but after
+                            // the backoff, so a server that ends every watch at once is not
+                            // asked again at once.
                             WatchEvent::Error(e) => {
                                 return Err(format!("the server ended the watch: {} ({})", e.message, e.code));
                             }
-                            WatchEvent::Added(_) | WatchEvent::Bookmark(_) => {}
                         }
                     }
                     Ok::<(), String>(())
@@ -201,7 +322,7 @@ impl PoolWriter {
                 let began = tokio::time::Instant::now();
                 let ended = tokio::select! {
                     _ = stop.cancelled() => return,
-                    r = watch => r,
+                    r = round => r,
                 };
                 // A watch the server closed cleanly after a while (they do, every few minutes)
                 // is opened again at once; one that failed, or ended at once, after the backoff.
