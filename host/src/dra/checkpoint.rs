@@ -59,8 +59,8 @@ const FORMAT: u32 = 1;
 pub const FILE: &str = "dra-claims.json";
 /// The journal of changes since the snapshot.
 pub const JOURNAL: &str = "dra-claims.journal";
-/// The journal is folded into the snapshot once it holds more records than this, or four times
-/// the claims prepared, whichever is more.
+/// The journal is folded into the snapshot (at a removal) once it holds more records than this,
+/// or four times the claims prepared, whichever is more.
 const COMPACT_AT: usize = 256;
 
 /// One change, as the journal records it.
@@ -197,6 +197,9 @@ impl Checkpoint {
 
     /// On disk first, then in memory: a change that could not be recorded is not made.
     fn record(&self, changes: Vec<Change>) -> std::io::Result<()> {
+        // Folding happens on the way out (a removal), never in a prepare: a prepare's cost is
+        // its one flush.
+        let removal = changes.iter().any(|c| matches!(c, Change::Remove { .. }));
         self.journal.append(&changes)?;
         let claims = {
             let mut saved = self.saved.locked();
@@ -205,7 +208,8 @@ impl Checkpoint {
             }
             saved.claims.len()
         };
-        if self.journal.lines() > COMPACT_AT.max(4 * claims)
+        if removal
+            && self.journal.lines() > COMPACT_AT.max(4 * claims)
             && let Err(e) = self.compact()
         {
             // The journal still holds everything; the next change tries again.
