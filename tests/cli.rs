@@ -272,6 +272,7 @@ fn try_serves_a_local_kubelet_and_allocates_on_command() {
     std::fs::copy(&wasm, bdir.path().join("chaos.wasm")).unwrap();
     std::fs::copy(&manifest, bdir.path().join("chaos.toml")).unwrap();
     let mut child = std::process::Command::new(support::binary::BIN)
+        // `--backends`, the spelling before 0.3 (`--backends-dir` now), still works.
         .args(["try", "--no-embedded", "--backends", bdir.path().to_str().unwrap(), "--default-grant", "requested"])
         .args(["--sysfs-root", m.sys().to_str().unwrap(), "--dev-root", m.dev().to_str().unwrap(), "--dev-fixtures"])
         .env("RUST_LOG", "warn")

@@ -330,6 +330,26 @@ async fn signatures_and_auth_are_enforced_and_a_restart_without_the_registry_ser
     let with_ops = signed(&key);
     push(&reg, &stable, &version(work.path(), 1, "ok"), &refs(&with_ops));
 
+    // A key `push` cannot sign with is refused before anything is published: no tag appears.
+    let v9 = version(work.path(), 9, "ok");
+    let (bad_key, unsigned) = (work.path().join("not-a-key.pem"), reg.reference("chaos", "unsigned"));
+    std::fs::write(&bad_key, "-----BEGIN PUBLIC KEY-----\nMFkw\n-----END PUBLIC KEY-----\n").unwrap();
+    let bad = [
+        "push",
+        unsigned.as_str(),
+        v9.to_str().unwrap(),
+        "--plain-http",
+        reg.addr.as_str(),
+        "--auth-file",
+        auth_s.as_str(),
+        "--sign-key",
+        bad_key.to_str().unwrap(),
+    ];
+    let (ok, _, err) = devplug(&bad);
+    assert!(!ok && err.contains("not an unencrypted PKCS#8"), "{err}");
+    let (found, _, err) = devplug(&["pull", &unsigned, "--plain-http", &reg.addr, "--auth-file", &auth_s]);
+    assert!(!found && err.contains("404"), "the refused push published nothing: {err}");
+
     // Without credentials the registry says no, and the error says so.
     let (ok, _, err) = devplug(&["pull", &stable, "--plain-http", &reg.addr]);
     assert!(!ok && err.contains("authorized"), "{err}");

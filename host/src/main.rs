@@ -13,6 +13,11 @@ fn main() -> std::process::ExitCode {
     devplug::daemon::tune_allocator();
     let cli = Cli::parse();
     observe::init_logging(cli.log_format);
+    if std::env::args().any(|a| a == "--backends" || a.starts_with("--backends=")) {
+        tracing::warn!(
+            "--backends is spelled --backends-dir since devplug 0.3 (as the config's backends_dir); the old spelling still works"
+        );
+    }
     if !matches!(cli.command, Command::Run(_) | Command::Try(_)) {
         // A one-shot command whose reader went away (`devplug discover | head`) ends quietly,
         // as Unix tools do, instead of panicking in `println!`. The daemon, and `try` which runs

@@ -121,7 +121,7 @@ pub fn run_args(
 ) -> Vec<String> {
     let mut args = machine_run_args(kubelet_dir, machine.root(), &machine.root().join("cdi"));
     let backends = backends.display().to_string();
-    args.extend(["--no-embedded", "--backends", &backends, "--default-grant", "requested"].map(str::to_owned));
+    args.extend(["--no-embedded", "--backends-dir", &backends, "--default-grant", "requested"].map(str::to_owned));
     args
 }
 

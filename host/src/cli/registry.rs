@@ -39,15 +39,17 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
         tracing::warn!("{warning}");
         warning
     });
+    // A key that cannot sign is refused before anything is published: a tag must never appear
+    // unsigned because the key turned out wrong afterwards.
+    let key = args.sign_key.as_deref().map(signature::load_private_key).transpose()?;
     let fetcher = settings.fetcher()?;
     let digest = artifact::push(&client, &fetcher, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
     if let Some(w) = mismatch {
         out["warning"] = serde_json::json!(w);
     }
-    if let Some(key) = &args.sign_key {
-        let key = signature::load_private_key(key)?;
-        let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
+    if let Some(key) = &key {
+        let sig = signature::sign(&client, &auth, &r, &digest, key).await?;
         out["signature"] = serde_json::json!(sig.whole());
     }
     Ok(out)
