@@ -265,64 +265,19 @@ fn every_documented_command_line_parses() {
 /// backend and the host decided, an unknown ID is refused with kubelet's error, `quit` ends it.
 #[test]
 fn try_serves_a_local_kubelet_and_allocates_on_command() {
-    use std::io::{BufRead, BufReader, Write};
     let m = Machine::generic_box();
-    let (wasm, manifest) = chaos_paths();
-    let bdir = tempfile::tempdir().unwrap();
-    std::fs::copy(&wasm, bdir.path().join("chaos.wasm")).unwrap();
-    std::fs::copy(&manifest, bdir.path().join("chaos.toml")).unwrap();
-    let mut child = std::process::Command::new(support::binary::BIN)
-        // `--backends`, the spelling before 0.3 (`--backends-dir` now), still works.
-        .args(["try", "--no-embedded", "--backends", bdir.path().to_str().unwrap(), "--default-grant", "requested"])
-        .args(["--sysfs-root", m.sys().to_str().unwrap(), "--dev-root", m.dev().to_str().unwrap(), "--dev-fixtures"])
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = Vec::new();
-    let mut wait_for = |what: &str| -> Vec<String> {
-        loop {
-            let line = rx
-                .recv_timeout(std::time::Duration::from_secs(30))
-                .unwrap_or_else(|_| panic!("no {what:?} in the output:\n{}", seen.join("\n")));
-            seen.push(line.clone());
-            if line.contains(what) {
-                return seen.clone();
-            }
-        }
-    };
-    wait_for("registered test.devplug.io/widget (preferred allocation: yes, pre-start: yes)");
-    wait_for("test.devplug.io/widget: 4 devices, 4 healthy: widget-0 widget-1 widget-2 widget-3");
-    let mut stdin = child.stdin.take().unwrap();
-    writeln!(stdin, "allocate test.devplug.io/widget 1").unwrap();
-    let lines = wait_for("\"resource\": \"test.devplug.io/widget\"");
-    let printed = lines.join("\n");
+    // `--backends`, the spelling before 0.3 (`--backends-dir` now), still works.
+    let (_dir, mut t) = support::binary::try_chaos(&m, "--backends", &[]);
+    t.wait_for("registered test.devplug.io/widget (preferred allocation: yes, pre-start: yes)");
+    t.wait_for("test.devplug.io/widget: 4 devices, 4 healthy: widget-0 widget-1 widget-2 widget-3");
+    t.send("allocate test.devplug.io/widget 1");
+    let printed = t.wait_for("\"resource\": \"test.devplug.io/widget\"").join("\n");
     assert!(printed.contains("\"CHAOS_IDS\": \"widget-"), "{printed}");
     assert!(printed.contains("\"container_path\": \"/dev/null\""), "{printed}");
-    writeln!(stdin, "allocate test.devplug.io/widget nosuch").unwrap();
-    let lines = wait_for("allocate failed");
+    t.send("allocate test.devplug.io/widget nosuch");
+    let lines = t.wait_for("allocate failed");
     assert!(lines.last().unwrap().contains("unknown device IDs: nosuch"), "{lines:?}");
-    writeln!(stdin, "quit").unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(std::time::Instant::now() < deadline, "devplug try did not end after quit");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    assert!(status.success(), "{status:?}");
+    t.quit();
 }
 
 /// `devplug config --defaults` prints the config reference, and docs/config.md is that same

@@ -139,6 +139,7 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
             pool_name: "node-a".into(),
             device_name: "gpu-0".into(),
             cdi_device_ids: vec![format!("devplug.io/gpu={}", claim.name)],
+            share_id: None,
         }])
     }
 
@@ -388,26 +389,57 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
 
     n.dra.wait_plugin(DRIVER, T).await;
     assert_eq!(n.dra.plugin(DRIVER).unwrap().version, "v1.DRAPlugin", "kubelet 1.34+ picks v1");
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    // `count = 2` shares of one node: through DRA one device two claims may hold at once.
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
     let slices = n.api.slices(NODE, Some(DRIVER));
     let slice = slices.values().next().unwrap();
     assert_eq!(slice["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-a", "owned by the Node");
     assert_eq!(slice["metadata"]["labels"]["app.kubernetes.io/managed-by"], "devplug");
     let devices = n.api.devices(NODE, DRIVER);
-    assert!(devices.contains_key("null-1"), "{devices:?}");
-    assert_eq!(devices["null-1"]["attributes"]["resource"]["string"], n.resource.as_str());
+    let null = &devices["null"];
+    assert_eq!(null["attributes"]["resource"]["string"], n.resource.as_str());
+    assert_eq!(null["allowMultipleAllocations"], true, "{null}");
+    assert_eq!(null["capacity"]["shares"]["value"], "2", "{null}");
+    assert_eq!(null["capacity"]["shares"]["requestPolicy"]["default"], "1", "{null}");
     assert!(n.kubelet.plugin(&n.resource).await.is_none(), "never served through the Device Plugin API as well");
 
-    n.api.allocate_claim("ml", "train", "uid-train", &[("dev", DRIVER, NODE, "null-1")]);
+    // Two claims share the device, each with the share ID the scheduler gave it.
+    const SHARE_A: &str = "4b9f2c1e-3a77-4d0e-9a3b-0c1d2e3f4a5b";
+    const SHARE_B: &str = "9e8d7c6b-5a49-4382-a1b0-f9e8d7c6b5a4";
+    n.api.allocate_shared_claim("ml", "train", "uid-train", &[("dev", DRIVER, NODE, "null", SHARE_A)]);
+    n.api.allocate_shared_claim("ml", "infer", "uid-infer", &[("dev", DRIVER, NODE, "null", SHARE_B)]);
     n.api.allocate_claim("ml", "ghost", "uid-ghost", &[("dev", DRIVER, NODE, "null-9")]);
-    let claims = [("ml", "uid-train", "train"), ("ml", "uid-ghost", "ghost")];
+    let claims = [("ml", "uid-train", "train"), ("ml", "uid-ghost", "ghost"), ("ml", "uid-infer", "infer")];
     let first = n.dra.prepare(DRIVER, &claims).await.unwrap();
     let train = &first["uid-train"];
     assert!(train.error.is_empty(), "{train:?}");
     let ids = train.devices[0].3.clone();
-    assert_eq!(ids, ["devplug.io/claim=uid-train-null-1"]);
-    assert_eq!((train.devices[0].1.as_str(), train.devices[0].2.as_str()), (NODE, "null-1"));
+    assert_eq!(ids, [format!("devplug.io/claim=uid-train-null-{SHARE_A}")], "a CDI device per share");
+    assert_eq!((train.devices[0].1.as_str(), train.devices[0].2.as_str()), (NODE, "null"));
+    assert_eq!(train.shares, [SHARE_A], "kubelet matches the answer to the allocation by its share ID");
+    let infer = &first["uid-infer"];
+    assert!(infer.error.is_empty(), "{infer:?}");
+    assert_eq!(infer.shares, [SHARE_B]);
+    assert_eq!(infer.devices[0].3, [format!("devplug.io/claim=uid-infer-null-{SHARE_B}")]);
     assert!(first["uid-ghost"].error.contains("null-9"), "{:?}", first["uid-ghost"]);
+    // KEP-4817: each prepared claim's device reported Ready in its status (server-side apply,
+    // which the stand-in takes only as the real server does), with its share.
+    for (claim, share) in [("train", SHARE_A), ("infer", SHARE_B)] {
+        until("the claim's device status", || !n.api.claim_status_devices("ml", claim).is_empty()).await;
+        let status = n.api.claim_status_devices("ml", claim);
+        assert_eq!(status.len(), 1, "{status:?}");
+        let d = &status[0];
+        assert_eq!(
+            (d["driver"].as_str(), d["pool"].as_str(), d["device"].as_str()),
+            (Some(DRIVER), Some(NODE), Some("null"))
+        );
+        assert_eq!(d["shareID"], share);
+        assert_eq!(
+            (d["conditions"][0]["type"].as_str(), d["conditions"][0]["status"].as_str()),
+            (Some("Ready"), Some("True"))
+        );
+    }
+    assert!(n.api.claim_status_devices("ml", "ghost").is_empty(), "a failed claim is not reported Ready");
     let claim_spec = system_cdi.dir().join("devplug-claim-uid-train.json");
     assert!(claim_spec.exists());
 
@@ -423,7 +455,7 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     let writes =
         n.api.log().iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).count();
     daemon.stop().await.unwrap();
-    assert_eq!(n.api.devices(NODE, DRIVER).len(), 2, "a stopping devplug leaves its pool in place");
+    assert_eq!(n.api.devices(NODE, DRIVER).len(), 1, "a stopping devplug leaves its pool in place");
     assert!(claim_spec.exists(), "a prepared claim's spec outlives devplug");
     let registered = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
     let lists = || n.api.log().iter().filter(|l| l.starts_with("LIST")).count();
@@ -445,7 +477,7 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     let before = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
     n.kubelet.restart().await;
     until("a new registration", || n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst) > before).await;
-    until("the pool after a kubelet restart", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the pool after a kubelet restart", || n.api.devices(NODE, DRIVER).len() == 1).await;
 
     let un = n.dra.unprepare(DRIVER, &claims[..1]).await.unwrap();
     assert_eq!(un["uid-train"], "");
@@ -465,6 +497,8 @@ struct BinaryNode {
     kubelet: support::kubelet::Kubelet,
     dra: std::sync::Arc<support::kubelet_dra::DraKubelet>,
     d: support::binary::Devplug,
+    /// What `d` was started with (to start it again).
+    args: Vec<String>,
 }
 
 async fn binary_node(
@@ -509,7 +543,91 @@ async fn binary_node(
         s(&root.path().join("plugins")),
     ]);
     let d = Devplug::spawn(&args);
-    BinaryNode { root, api, kubelet, dra, d }
+    BinaryNode { root, api, kubelet, dra, d, args }
+}
+
+/// Crash safety of prepare through the real binary (issue 35): devplug is killed with SIGKILL
+/// while prepares are in flight, at a different point each round (after 0, 1, 2, … answers
+/// came back). After each kill, every claim kubelet was told is prepared is in the checkpoint,
+/// and no claim CDI spec exists without its checkpoint entry; the restarted devplug answers
+/// each recorded claim as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_devplug_loses_no_prepared_claim_and_leaves_no_spec_without_its_record() {
+    let m = support::fixtures::Machine::generic_box();
+    let config = "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n";
+    let chaos = [("chaos", "devices=4".to_owned())];
+    let BinaryNode { api, dra, mut d, kubelet: _kubelet, root, args } = binary_node(&m, &chaos, |r| r, config).await;
+    let driver = "chaos.devplug.io";
+    let checkpoint_dir = root.path().join("plugins").join(driver);
+    let cdi = m.root().join("cdi");
+    const PER_ROUND: usize = 6;
+    let mut acknowledged: Vec<(String, support::kubelet_dra::Prepared)> = Vec::new();
+    for round in 0..5usize {
+        dra.wait_plugin(driver, T).await;
+        until("the pool", || api.devices(NODE, driver).len() == 4).await;
+        let claims: Vec<(String, String)> =
+            (0..PER_ROUND).map(|i| (format!("uid-r{round}-{i}"), format!("c-r{round}-{i}"))).collect();
+        for (i, (uid, name)) in claims.iter().enumerate() {
+            api.allocate_claim("ml", name, uid, &[("dev", driver, NODE, &format!("widget-{}", i % 4))]);
+        }
+        // One call per claim, all in flight at once; kill after `round` answers came back.
+        let mut calls = futures::stream::FuturesUnordered::new();
+        for (uid, name) in &claims {
+            let (dra, uid, name) = (dra.clone(), uid.clone(), name.clone());
+            calls.push(async move {
+                let r = dra.prepare(driver, &[("ml", uid.as_str(), name.as_str())]).await;
+                (uid, r)
+            });
+        }
+        use futures::StreamExt;
+        let mut answered = 0;
+        while answered < round {
+            let Some((uid, r)) = calls.next().await else { break };
+            if let Ok(mut a) = r
+                && let Some(p) = a.remove(&uid)
+                && p.error.is_empty()
+            {
+                acknowledged.push((uid, p));
+            }
+            answered += 1;
+        }
+        d.kill().unwrap();
+        // Answers that made it out before the process died count as told to kubelet too.
+        while let Some((uid, r)) = calls.next().await {
+            if let Ok(mut a) = r
+                && let Some(p) = a.remove(&uid)
+                && p.error.is_empty()
+            {
+                acknowledged.push((uid, p));
+            }
+        }
+        let record = devplug::dra::checkpoint::Checkpoint::open(&checkpoint_dir).unwrap();
+        for (uid, _) in &acknowledged {
+            assert!(record.get(uid).is_some(), "round {round}: claim {uid} was answered prepared but is not recorded");
+        }
+        for f in std::fs::read_dir(&cdi).unwrap().flatten() {
+            let f = f.file_name().to_string_lossy().into_owned();
+            if let Some(uid) = f.strip_prefix("devplug-claim-").and_then(|u| u.strip_suffix(".json")) {
+                assert!(record.get(uid).is_some(), "round {round}: spec {f} without its checkpoint entry");
+            }
+        }
+        drop(record);
+        let registered = dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
+        d = support::binary::Devplug::spawn(&args);
+        until("the restarted devplug's registration", || {
+            dra.registrations.load(std::sync::atomic::Ordering::SeqCst) > registered
+        })
+        .await;
+    }
+    assert!(!acknowledged.is_empty(), "some prepares were answered before a kill");
+    // The restarted devplug answers every acknowledged claim as it did.
+    dra.wait_plugin(driver, T).await;
+    for (uid, before) in &acknowledged {
+        let name = uid.replacen("uid-", "c-", 1);
+        let again = dra.prepare(driver, &[("ml", uid.as_str(), name.as_str())]).await.unwrap();
+        assert_eq!(&again[uid], before, "{uid}");
+    }
+    d.terminate(T).unwrap();
 }
 
 /// The sandbox's rules hold for what a backend says through DRA, through the real binary: a
@@ -527,7 +645,7 @@ async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
         ("loud", format!("resource=test.devplug.io/loud note={}", "x".repeat(80))),
     ];
     let config = "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n[resources.\"test.devplug.io/loud\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
-    let BinaryNode { api, dra, d, kubelet, root: _root } = binary_node(&m, &chaos_configs, |r| r, config).await;
+    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos_configs, |r| r, config).await;
 
     let chaos = "chaos.devplug.io";
     dra.wait_plugin(chaos, T).await;
@@ -683,6 +801,162 @@ fn one_shot_commands_honour_the_configs_roots_and_switches() {
     assert!(widget.is_none_or(|w| w["devices"].as_array().unwrap().is_empty()), "{v}");
 }
 
+/// `devplug dra slices` (issues 34 and 35): what a node would publish, printed from a fixture
+/// without a cluster. On the DGX A100 (three GPUs in MIG mode) every slice passes the recorded
+/// server's schema and rules; each GPU in MIG mode is there whole beside its instances, all on
+/// its counter set, which the whole GPU takes entirely; time-sliced GPUs are one shared device
+/// each. `discover` (the Device Plugin view) never lists a GPU in MIG mode whole.
+#[test]
+fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
+    let root = tempfile::tempdir().unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let m = root.path().join("dgx-a100-mig");
+    support::hardware::build("dgx-a100-mig", &m);
+    let cfg = root.path().join("devplug.toml");
+    let gpu = "vendors = [\"nvidia\"]\n[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\nall = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+    let write = |gpu: &str| {
+        let off =
+            "[backends.generic]\nenabled = false\n[backends.nic]\nenabled = false\n[backends.fpga]\nenabled = false\n";
+        std::fs::write(&cfg, format!("{off}[backends.gpu]\nconfig = {gpu:?}\n")).unwrap();
+    };
+    write(gpu);
+    let cfg_s = cfg.to_str().unwrap();
+    let out =
+        support::binary::on_machine(&["dra", "slices"], &m, &cache, &["--config", cfg_s, "--node-name", "node-a"]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let items = list["items"].as_array().unwrap();
+    let classes: Vec<&str> =
+        items.iter().filter(|i| i["kind"] == "DeviceClass").map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    assert!(
+        classes.contains(&"gpu.nvidia.com.devplug.io") && classes.contains(&"mig-1g.10gb.nvidia.com.devplug.io"),
+        "{classes:?}"
+    );
+    let slices: Vec<&serde_json::Value> = items.iter().filter(|i| i["kind"] == "ResourceSlice").collect();
+    // The recorded server's schema, and its rules (`slice_rules`, checked against every
+    // recorded verdict by `slice_validation_agrees_with_the_recorded_api_server_on_every_case`).
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(corpus().with_file_name("resource.k8s.io-v1.openapi.json")).unwrap(),
+    )
+    .unwrap();
+    let schema = serde_json::json!({
+        "$ref": "#/components/schemas/io.k8s.api.resource.v1.ResourceSlice",
+        "components": plain_schema(&doc["components"]),
+    });
+    let v = jsonschema::validator_for(&schema).unwrap();
+    for slice in &slices {
+        let problems: Vec<String> = v.iter_errors(slice).map(|e| format!("{e} at {}", e.instance_path())).collect();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert!(devplug::dra::slice_rules::problems(slice).is_empty(), "{slice}");
+        assert_eq!(slice["spec"]["nodeName"], "node-a");
+    }
+    let devices: Vec<&serde_json::Value> =
+        slices.iter().flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten()).collect();
+    let sets: Vec<&serde_json::Value> =
+        slices.iter().flat_map(|s| s["spec"]["sharedCounters"].as_array().into_iter().flatten()).collect();
+    assert_eq!(devices.len(), 21, "8 GPUs whole (3 of them in MIG mode) and 13 instances");
+    assert_eq!(sets.len(), 3);
+    let take = |d: &serde_json::Value, set: &str, c: &str| -> u64 {
+        d["consumesCounters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|u| u["counterSet"] == set)
+            .map(|u| u["counters"][c]["value"].as_str().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    for set in &sets {
+        let name = set["name"].as_str().unwrap();
+        let has = |c: &str| set["counters"][c]["value"].as_str().unwrap().parse::<u64>().unwrap();
+        let (whole, parts): (Vec<&&serde_json::Value>, Vec<&&serde_json::Value>) = devices
+            .iter()
+            .filter(|d| take(d, name, "compute") > 0)
+            .partition(|d| d["attributes"]["mig_mode"]["bool"] == true);
+        assert_eq!(whole.len(), 1, "{name}: one whole GPU");
+        for c in ["compute", "memory"] {
+            let parts_take: u64 = parts.iter().map(|d| take(d, name, c)).sum();
+            assert!(parts_take <= has(c), "{name}: its free instances exceed nothing ({c})");
+            assert_eq!(take(whole[0], name, c), has(c), "{name}: the whole GPU takes all its {c}");
+            // Whole GPU and any instance together exceed the set: the scheduler picks one.
+            assert!(parts.iter().all(|p| take(whole[0], name, c) + take(p, name, c) > has(c)));
+        }
+    }
+    // The Device Plugin view of the same machine: no GPU in MIG mode whole.
+    let out = support::binary::on_machine(&["discover"], &m, &cache, &["--config", cfg_s, "--format", "json"]);
+    let d: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let gpus = d["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
+    assert_eq!(gpus["devices"].as_array().unwrap().len(), 5, "{gpus}");
+
+    // Time-slicing: each GPU one device for 4 claims at a time, not 4 devices.
+    write("vendors = [\"nvidia\"]\n[sharing]\nreplicas = 4\n");
+    let out =
+        support::binary::on_machine(&["dra", "slices"], &m, &cache, &["--config", cfg_s, "--node-name", "node-a"]);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let devices: Vec<&serde_json::Value> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .collect();
+    assert_eq!(devices.len(), 8, "one device per GPU");
+    for d in &devices {
+        assert_eq!(d["allowMultipleAllocations"], true, "{d}");
+        assert_eq!(d["capacity"]["shares"]["value"], "4", "{d}");
+        assert_eq!(d["capacity"]["shares"]["requestPolicy"]["validRange"]["max"], "4", "{d}");
+        assert!(d["attributes"]["replica_of"].is_null(), "{d}");
+    }
+
+    // A resource no backend serves is an error naming what is served.
+    let (code, _, err) = support::binary::run(&[
+        "dra",
+        "slices",
+        "--config",
+        cfg_s,
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--node-name",
+        "node-a",
+        "--sysfs-root",
+        m.join("sys").to_str().unwrap(),
+        "--dev-root",
+        m.join("dev").to_str().unwrap(),
+        "--proc-root",
+        m.join("proc").to_str().unwrap(),
+        "--dev-fixtures",
+        "--resource",
+        "acme.com/nothing",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("acme.com/nothing") && err.contains("nvidia.com/gpu"), "{err}");
+}
+
+/// `devplug try --dra RESOURCE` (issue 34): a vendor runs a claim through prepare without a
+/// cluster. The local API server gets the backend's slices, `claim DRIVER DEVICE` allocates it
+/// as the scheduler would and prepares it through kubelet's DRA call, printing the CDI devices
+/// and the claim's spec; `unprepare` removes the spec.
+#[test]
+fn try_with_dra_prepares_a_claim_and_prints_its_cdi_spec() {
+    let m = support::fixtures::Machine::generic_box();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let extra = ["--cache-dir", cache.to_str().unwrap(), "--dra", "test.devplug.io/widget"];
+    let (_dir, mut t) = support::binary::try_chaos(&m, "--backends-dir", &extra);
+    t.wait_for("DRA driver chaos.devplug.io: 4 devices published: widget-0 widget-1 widget-2 widget-3");
+    t.send("claim chaos.devplug.io widget-1");
+    let lines = t.wait_for("CDI spec ");
+    let printed = lines.join("\n");
+    assert!(printed.contains("prepared claim-1"), "{printed}");
+    assert!(printed.contains("req-0 widget-1: CDI devplug.io/claim="), "{printed}");
+    let spec_path = lines.last().unwrap().trim_start_matches("CDI spec ").trim_end_matches(':').to_owned();
+    let spec = std::fs::read_to_string(&spec_path).unwrap();
+    assert!(spec.contains("/dev/null") && spec.contains("devplug.io/claim"), "{spec}");
+    t.send("claim chaos.devplug.io nosuch");
+    let lines = t.wait_for("claim failed");
+    assert!(lines.last().unwrap().contains("no device nosuch"), "{lines:?}");
+    t.send("unprepare claim-1");
+    t.wait_for("unprepared claim-1");
+    assert!(!std::path::Path::new(&spec_path).exists(), "unprepare removes the claim's spec");
+    t.quit();
+}
+
 /// The recorded OpenAPI document is the server's Go structs serialised (`SchemaProps`,
 /// `ArbitraryKeys`, `SwaggerSchemaProps` around each schema): unwrap it into plain JSON Schema,
 /// with unknown fields refused as the server's strict field validation does.
@@ -741,11 +1015,16 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
     let driver = "gpu.devplug.io";
     n.dra.wait_plugin(driver, T).await;
-    // Five whole GPUs, and the 4 + 2 + 7 MIG instances of the three in MIG mode, in one pool.
-    until("the GPU pool", || n.api.devices(NODE, driver).len() == 18).await;
+    // Five whole GPUs, the three in MIG mode whole too (issue 35: for DRA only), and the
+    // 4 + 2 + 7 MIG instances of those three, in one pool.
+    until("the GPU pool", || n.api.devices(NODE, driver).len() == 21).await;
     let devices = n.api.devices(NODE, driver);
     let whole = devices.values().filter(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu").count();
-    assert_eq!(whole, 5, "{devices:?}");
+    assert_eq!(whole, 8, "{devices:?}");
+    let mig_mode: Vec<(&String, &serde_json::Value)> =
+        devices.iter().filter(|(_, d)| d["attributes"]["mig_mode"]["bool"] == true).collect();
+    assert_eq!(mig_mode.len(), 3, "{devices:?}");
+    assert!(devices.values().all(|d| d["attributes"]["dra_only"].is_null()), "the host's marker is not published");
     // The backend's own description (WIT 0.3.0): typed minors, and each MIG instance drawing
     // its profile's slices from its GPU's counter set, which the fixture's geometry fills
     // exactly (GPU 0: 3g.40gb + 2g.20gb + 2 × 1g.10gb = 7 compute, 8 memory slices).
@@ -756,18 +1035,24 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     assert_eq!(sets.len(), 3, "one counter set per GPU in MIG mode: {sets:?}");
     for set in &sets {
         let name = set["name"].as_str().unwrap();
-        let used = |counter: &str| -> u64 {
+        // What the instances (`whole` = false) or the whole GPU (true) draw from the set.
+        let used = |whole: bool, counter: &str| -> u64 {
             devices
                 .values()
+                .filter(|d| (d["attributes"]["mig_mode"]["bool"] == true) == whole)
                 .flat_map(|d| d["consumesCounters"].as_array().cloned().unwrap_or_default())
                 .filter(|c| c["counterSet"] == name)
                 .map(|c| c["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap())
                 .sum()
         };
         let has = |counter: &str| set["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap();
-        assert!(used("compute") <= has("compute") && used("memory") <= has("memory"), "{name} overdrawn");
+        // All free: the instances exceed nothing. The whole GPU takes all of it, so the
+        // scheduler refuses it while any instance is held, and any instance while it is.
+        assert!(used(false, "compute") <= has("compute") && used(false, "memory") <= has("memory"), "{name} overdrawn");
+        assert!(used(false, "compute") > 0, "{name}: its instances draw on it");
+        assert_eq!((used(true, "compute"), used(true, "memory")), (has("compute"), has("memory")), "{name}");
         if name == "gpu-0-slices" {
-            assert_eq!((used("compute"), used("memory")), (7, 8), "GPU 0's geometry fills it");
+            assert_eq!((used(false, "compute"), used(false, "memory")), (7, 8), "GPU 0's geometry fills it");
         }
     }
     // The GPU on bus 0x4e (the fourth, minor 3) is whole; its PCI address became a label.
@@ -792,6 +1077,14 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     assert!(stdout.contains("/dev/nvidiactl character special file c3:ff"), "{}", text(&out));
     let out = tokio::task::block_in_place(|| podman.run(&ids, "test ! -e /dev/nvidia2"));
     assert!(out.status.success(), "another GPU leaked into the container:\n{}", text(&out));
+
+    // A claim the scheduler gave a GPU in MIG mode whole fails clearly: its instances exist.
+    let (mig_name, _) = mig_mode.iter().find(|(_, d)| d.to_string().contains("0000:07:00.0")).unwrap();
+    n.api.allocate_claim("ml", "whole", "uid-whole", &[("gpu", driver, NODE, mig_name)]);
+    let answer = n.dra.prepare(driver, &[("ml", "uid-whole", "whole")]).await.unwrap();
+    let e = &answer["uid-whole"].error;
+    assert!(e.contains("0000:07:00.0 is in MIG mode with 4 compute instance(s)"), "{e}");
+    assert!(!system_cdi.dir().join("devplug-claim-uid-whole.json").exists(), "no spec for a refused claim");
     daemon.stop().await.unwrap();
 }
 
@@ -837,7 +1130,7 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
     let registrations = n.kubelet.registrations();
     n.cfg.resources.get_mut(&n.resource).unwrap().api = devplug::config::Api::Dra;
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
     n.dra.wait_plugin(DRIVER, T).await;
     assert_eq!(n.kubelet.registrations(), registrations, "not registered with the device manager again");
     let dp_sockets: Vec<_> = std::fs::read_dir(n.cfg.plugins_registry_dir.as_ref().unwrap())
@@ -857,7 +1150,12 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("character special file 1:3"), "{}", text(&out));
 
     // New pods get it through DRA.
-    n.api.allocate_claim("ml", "new", "uid-new", &[("dev", DRIVER, NODE, "null-1")]);
+    n.api.allocate_shared_claim(
+        "ml",
+        "new",
+        "uid-new",
+        &[("dev", DRIVER, NODE, "null", "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0")],
+    );
     let answer = n.dra.prepare(DRIVER, &[("ml", "uid-new", "new")]).await.unwrap();
     assert!(answer["uid-new"].error.is_empty(), "{:?}", answer["uid-new"]);
     let out = tokio::task::block_in_place(|| {
@@ -931,7 +1229,7 @@ async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
         r.replace("env = [\"CHAOS_*\"]", "env = [\"*\"]")
     };
     let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
-    let BinaryNode { api, dra, d, kubelet, root: _root } = binary_node(&m, &chaos_configs, any_env, config).await;
+    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos_configs, any_env, config).await;
     let plugin = kubelet.wait_plugin("test.devplug.io/widget", T).await.unwrap();
     let driver = "claimed.devplug.io";
     dra.wait_plugin(driver, T).await;
@@ -1078,7 +1376,7 @@ async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
     let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
     n.cfg.dra.resync = std::time::Duration::from_secs(3600);
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
     until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
     for _ in 0..3 {
         // The pool may be back before this thread looks again (that is the point): count the
@@ -1086,7 +1384,7 @@ async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
         let posts = || n.api.log().iter().filter(|l| l.starts_with("POST")).count();
         let before = posts();
         assert!(n.api.wipe(NODE) > 0, "the wipe deleted the pool");
-        until("the pool back after a wipe", || posts() > before && n.api.devices(NODE, DRIVER).len() == 2).await;
+        until("the pool back after a wipe", || posts() > before && n.api.devices(NODE, DRIVER).len() == 1).await;
     }
     daemon.stop().await.unwrap();
 }
@@ -1101,7 +1399,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
     let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
     n.cfg.dra.resync = std::time::Duration::from_millis(100);
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
     until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
     let lists = || n.api.log().iter().filter(|l| l.starts_with("LIST resourceslices")).count();
     let listed = lists();
@@ -1116,7 +1414,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
     let posts = || n.api.log().iter().filter(|l| l.starts_with("POST")).count();
     let before = posts();
     assert!(n.api.wipe(NODE) > 0);
-    until("the pool back", || posts() > before && n.api.devices(NODE, DRIVER).len() == 2).await;
+    until("the pool back", || posts() > before && n.api.devices(NODE, DRIVER).len() == 1).await;
     assert_eq!(lists(), listed, "the view came from the watch, not a LIST");
     daemon.stop().await.unwrap();
 }
@@ -1225,6 +1523,7 @@ async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
                 pool_name: NODE.into(),
                 device_name: "gpu-0".into(),
                 cdi_device_ids: vec![format!("devplug.io/claim={}-gpu-0", claim.uid)],
+                share_id: None,
             }])
         }
         fn intact(&self, claim: &ClaimRef) -> bool {

@@ -212,7 +212,11 @@ fn sigterm_during_a_sleeping_init_exits_promptly() {
 #[test]
 fn host_calls_built_to_break_the_host_are_errors() {
     let (code, v, err) = discover(&machine(), "mode=glob-bomb");
-    assert_eq!(code, 0, "{err}");
+    // Refused (listed with "no grant allows it", and discover exits non-zero), never an error.
+    assert_eq!(code, 1, "{err}");
+    assert!(v["errors"].as_array().unwrap().is_empty(), "{err}");
+    let refused = v["refused"].as_array().unwrap();
+    assert!(refused.iter().any(|r| r["grant"].as_str().unwrap().starts_with("no grant allows it")), "{refused:?}");
     let bomb = &v["resources"][0]["devices"][0]["attributes"];
     for i in 0..4 {
         let got = bomb[format!("attempt:glob-{i}")].as_str().unwrap_or("missing");
@@ -227,7 +231,8 @@ fn floods_are_clipped_and_rate_limited() {
     let m = machine();
     // 40 distinct refused 1 MiB paths: each refused, none logged whole, few logged at all.
     let (code, v, err) = discover(&m, "mode=path-flood");
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 1, "refusals fail discover: {err}");
+    assert!(v["errors"].as_array().unwrap().is_empty(), "{err}");
     assert_eq!(v["resources"][0]["devices"][0]["attributes"]["refused"], "40");
     assert!(err.len() < 256 << 10, "{} bytes of log for a path flood", err.len());
     assert!(err.lines().all(|l| l.len() < 4096), "a log line carries a whole path");

@@ -558,6 +558,95 @@ async fn preferred_allocations_on_the_dgx_stay_within_one_numa_node_when_they_ca
     daemon.stop().await.unwrap();
 }
 
+/// `nvidia.com/gpu` as `discover` finds it on `m` with config `grant` (which must refuse nothing).
+fn nvidia_gpus_granted(m: &Path, grant: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("devplug.toml");
+    std::fs::write(&file, grant).unwrap();
+    let out = on_machine(&["discover"], m, &cache_dir(), &["--format", "json", "--config", file.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").cloned().unwrap_or_default()
+}
+
+/// Issue 34: a listing entry the grant hides is a refusal like a refused read (it is why a
+/// device goes missing): `discover` names it with the grant that allows it, shows it in its
+/// output and exits non-zero; a running devplug logs it once and counts it in `/status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_entry_the_grant_hides_shows_in_log_status_and_exit_code() {
+    let m = fixture("dgx-h100");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("devplug.toml");
+    // The GPU manifest's requests, but only functions on buses 0x1?: the DGX's first GPU.
+    std::fs::write(
+        &cfg,
+        "[backends.gpu.grant]\n\
+         sysfs = [\"bus/pci/devices\", \"bus/pci/devices/0000:1*\", \"bus/pci/devices/0000:1*/**\", \"devices/pci*/**\"]\n\
+         dev = [\"nvidia*\"]\nprocfs = [\"driver/nvidia/gpus/*/information\"]\n\
+         [backends.generic]\nenabled = false\n[backends.nic]\nenabled = false\n[backends.fpga]\nenabled = false\n",
+    )
+    .unwrap();
+    let (cfg_s, cache) = (cfg.display().to_string(), cache_dir().display().to_string());
+    let (code, out, err) =
+        support::binary::run_on_machine(&["discover"], &m, &cache_dir(), &["--config", &cfg_s, "--format", "json"]);
+    assert_ne!(code, 0, "a refusal fails discover: {err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let hidden = "bus/pci/devices/0000:2a:00.0";
+    let refused = v["refused"].as_array().unwrap();
+    let entry = refused.iter().find(|r| r["path"] == hidden).unwrap_or_else(|| panic!("{hidden} not in {refused:?}"));
+    assert_eq!(entry["backend"], "gpu");
+    assert_eq!(
+        entry["grant"].as_str().unwrap(),
+        "[backends.gpu.grant] sysfs = [\"bus/pci/devices/*\"] (or in its manifest's [requests])"
+    );
+    assert!(err.contains(&format!("backend gpu was refused sysfs.list-dir {hidden}")), "{err}");
+    let gpus = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
+    assert_eq!(gpus["devices"].as_array().unwrap().len(), 1, "the grant hides seven of the eight");
+
+    // A running devplug: logged once, counted in /status.
+    let kdir = dir.path().join("kubelet");
+    std::fs::create_dir_all(&kdir).unwrap();
+    let mut args = support::binary::embedded_run_args(&kdir, &m);
+    args.extend(["--config".into(), cfg_s.clone(), "--cache-dir".into(), cache.clone()]);
+    let mut d = support::binary::Devplug::spawn(&args);
+    d.wait_log("serving /healthz, /readyz, /metrics and /status", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    d.wait_log(hidden, T).unwrap();
+    d.wait_log("backends loaded", T).unwrap();
+    let (code, body) = devplug::cli::http_get(&addr, "/status").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let gpu = status["backends"].as_array().unwrap().iter().find(|b| b["name"] == "gpu").unwrap();
+    assert!(gpu["stats"]["denied"].as_u64().unwrap() >= 7, "{gpu}");
+    assert!(gpu["denied"].as_array().unwrap().iter().any(|x| x["path"] == hidden), "{gpu}");
+    assert_eq!(d.log().matches(&format!("path={hidden} ")).count(), 1, "logged once, however often it polls");
+    assert!(d.terminate(T).unwrap().success());
+}
+
+/// Issue 34: requests learned on a machine whose GPUs sit on root ports are written for any
+/// depth of bridges (`devices/pci*/**`, never a fixed `devices/*/*/*`), so they serve the DGX,
+/// whose GPUs sit behind PCIe switches: the same devices, attributes and edits as with
+/// everything granted. They also carry the nodes discover hands out and the manifest's uevents.
+#[test]
+fn requests_learned_without_switches_serve_a_machine_with_them() {
+    let root = tempfile::tempdir().unwrap();
+    let flat = root.path().join("flat");
+    support::hardware::build_flat_h100(&flat);
+    let learned = on_machine(&["discover", "--learn-requests", "gpu"], &flat, &cache_dir(), &[]);
+    assert!(learned.contains("\"devices/pci*/**"), "{learned}");
+    assert!(!learned.contains("\"devices/*/*"), "no pattern fixed to this machine's depth: {learned}");
+    assert!(learned.contains("\"nvidia[0-9]*\""), "the nodes discover hands out: {learned}");
+    assert!(learned.contains("uevents = [") && learned.contains("\"pci\""), "the manifest's uevents: {learned}");
+    let m = fixture("dgx-h100");
+    let gpus = |grant: &str| nvidia_gpus_granted(&m, grant);
+    let full = gpus("");
+    assert_eq!(full["devices"].as_array().unwrap().len(), 8, "{full}");
+    assert!(full.to_string().contains("pcie-switch"), "the DGX's GPUs are behind switches: {full}");
+    let with_learned = gpus(&learned.replace("[requests]", "[backends.gpu.grant]"));
+    assert_eq!(with_learned, full, "requests learned on the flat machine see less on the DGX");
+}
+
 /// `devplug discover --learn-requests` (issue 28): the requests it learns for the gpu backend
 /// on the DGX H100 are enough — granted exactly those, the backend discovers the same devices,
 /// attributes and nodes as with its full manifest — and needed: granted nothing, it finds none.
@@ -567,19 +656,25 @@ fn learned_requests_are_enough_and_needed() {
     let learned = on_machine(&["discover", "--learn-requests", "gpu"], &m, &cache_dir(), &[]);
     assert!(learned.contains("\"bus/pci/devices/*/vendor\","), "{learned}");
     assert!(learned.contains("\"driver/nvidia/gpus/*/information\","), "{learned}");
-    let gpus = |grant: &str| -> serde_json::Value {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("devplug.toml");
-        std::fs::write(&file, grant).unwrap();
-        let out =
-            on_machine(&["discover"], &m, &cache_dir(), &["--format", "json", "--config", file.to_str().unwrap()]);
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").cloned().unwrap_or_default()
-    };
+    let gpus = |grant: &str| nvidia_gpus_granted(&m, grant);
     let full = gpus("");
     assert_eq!(full["devices"].as_array().unwrap().len(), 8, "{full}");
     let with_learned = gpus(&learned.replace("[requests]", "[backends.gpu.grant]"));
     assert_eq!(with_learned, full, "the learned requests change what the backend sees");
-    let none = gpus("[backends.gpu.grant]\n");
+    // Without them it finds nothing, and says what it was refused (issue 34: exit non-zero).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("devplug.toml");
+    std::fs::write(&file, "[backends.gpu.grant]\n").unwrap();
+    let (code, out, _) = support::binary::run_on_machine(
+        &["discover"],
+        &m,
+        &cache_dir(),
+        &["--config", file.to_str().unwrap(), "--format", "json"],
+    );
+    assert_ne!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let none =
+        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").cloned().unwrap_or_default();
     assert!(none["devices"].as_array().is_none_or(|d| d.is_empty()), "without them it finds nothing: {none}");
+    assert!(v["refused"].as_array().unwrap().iter().any(|r| r["path"] == "bus/pci/devices"), "{v}");
 }

@@ -135,6 +135,43 @@ fn project_cmd(dir: &Path, line: &str) {
     );
 }
 
+/// The text of the first fenced block of `lang` in `text`.
+fn fenced<'a>(text: &'a str, lang: &str) -> &'a str {
+    let start = text.find(&format!("```{lang}\n")).unwrap_or_else(|| panic!("no ```{lang} block")) + lang.len() + 4;
+    &text[start..start + text[start..].find("```").unwrap()]
+}
+
+/// Issue 34: the vendor guide's "Ship it" commands as written (the registry's address and the
+/// project's name substituted): the key pair its openssl lines make is one `push --sign-key`
+/// takes, the signed push pulls back verified, and its node config (image, grant, public key)
+/// lets a `devplug new` project be pulled, verified and discovered on its fixture with nothing
+/// refused. A guide that drifts from the code fails here.
+fn the_guides_ship_commands_work(project: &Path) {
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-backend.md")).unwrap();
+    let section = &guide[guide.find("## 5. Ship it").expect("the guide's section 5")..];
+    let registry = support::registry::Registry::start(false);
+    let ours = |t: &str| t.replace("127.0.0.1:5000", &registry.addr).replace("mydev", "demo");
+    let commands: Vec<&str> =
+        fenced(section, "sh").lines().filter(|l| l.starts_with("openssl ") || l.starts_with("devplug ")).collect();
+    assert_eq!(commands.len(), 4, "key, public key, push, pull: {commands:?}");
+    for line in commands {
+        project_cmd(project, &ours(line));
+    }
+    let node = ours(fenced(section, "toml"));
+    std::fs::write(project.join("node.toml"), node).unwrap();
+    project_cmd(
+        project,
+        "devplug discover --config node.toml --no-embedded --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev \
+         --dev-fixtures --format json > shipped.json",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(project.join("shipped.json")).unwrap()).unwrap();
+    assert_eq!(v["refused"].as_array().map(Vec::len), Some(0), "the guide's grant is enough: {v}");
+    let demo = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "example.com/demo").unwrap();
+    let ids: Vec<&str> = demo["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["demo0", "demo1"], "{v}");
+}
+
 /// The documented path from a built project to kubelet, as a vendor ships it: `devplug pack`
 /// the component with the project's `devplug.toml`, check the image with skopeo, unpack its
 /// layer into a directory (what an image volume shows) and serve that with `devplug run`
@@ -225,6 +262,9 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
             project_cmd(&dir, step);
         }
         ship_and_serve(&dir, &dir.join(wasm), lang);
+        if lang == "rust" {
+            the_guides_ship_commands_work(&dir);
+        }
     }
     let found: serde_json::Value =
         serde_json::from_slice(&std::fs::read(tmp.path().join("rust/found.json")).unwrap()).unwrap();

@@ -156,7 +156,10 @@ fn a_looping_backend_is_stopped_at_its_deadline_and_the_next_call_works() {
 #[test]
 fn a_memory_hog_hits_the_cap_and_a_trap_is_contained() {
     let m = Machine::generic_box();
-    let rt = runtime();
+    // Growing to the cap touches 64 MiB: on a loaded machine that can take longer than the
+    // suite's 100 ms call deadline, and the deadline is not what this test is about.
+    let rt =
+        Runtime::new(RuntimeConfig { call_deadline: Duration::from_secs(10), ..RuntimeConfig::default() }).unwrap();
     let inst = load(&rt, &m, "devices=2").unwrap();
     assert_eq!(inst.allocate("r", &["hog-0".into()]).unwrap_err(), CallError::MemoryCap(64 << 20));
     assert!(inst.allocate("r", &["widget-0".into()]).is_ok(), "fresh instance after the cap");

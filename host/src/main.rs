@@ -59,6 +59,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         Command::Discover(args) => discover(args).await,
         Command::Cdi(CdiCommand::Generate(args)) => cdi_generate(args).await,
         Command::Dra(DraCommand::Deviceclasses(args)) => print_json(&cli::device_classes(args).await?),
+        Command::Dra(DraCommand::Slices(args)) => print_json(&cli::dra_slices(args).await?),
         Command::Dra(DraCommand::Release(args)) => {
             let marker = devplug::dra::claims::request_release(&args.dra_plugins_dir.join(&args.driver), &args.uid)?;
             println!(
@@ -104,10 +105,25 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     for e in &errors {
         observe::say(tracing::Level::ERROR, e);
     }
+    // A refused access is why a device goes missing or Unhealthy: said with its grant, and a
+    // failure, so a vendor's CI sees it.
+    let refused = v["refused"].as_array().cloned().unwrap_or_default();
+    for r in &refused {
+        let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+        observe::say(
+            tracing::Level::WARN,
+            &format!("backend {} was refused {} {}: to allow it, {}", s("backend"), s("call"), s("path"), s("grant")),
+        );
+    }
     anyhow::ensure!(
         errors.is_empty(),
         "{} backend error(s): a backend failed to load, to discover, or was refused",
         errors.len()
+    );
+    anyhow::ensure!(
+        refused.is_empty(),
+        "{} access(es) of the machine refused (above, each with the grant that allows it): grant them, or fix the backend's paths",
+        refused.len()
     );
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! A kube-apiserver stand-in for what devplug's DRA side uses: Node GET, ResourceSlice list
 //! (field selectors `spec.nodeName`, `spec.driver`), create, replace, delete and delete
-//! collection, ResourceClaim GET. It enforces what the real server enforces on these paths:
+//! collection, ResourceClaim GET and its `status.devices` by server-side apply. It enforces what the real server enforces on these paths:
 //! a bearer token, the ResourceSlice validation of kube-apiserver 1.36 (decode errors are 400,
 //! invalid objects 422 with the causes' field paths; agreement with the recorded server is
 //! tested case by case in `tests/dra.rs`), `AlreadyExists` on a second create, optimistic
@@ -30,6 +30,8 @@ pub struct Store {
     pub nodes: BTreeMap<String, Value>,
     pub slices: BTreeMap<String, Value>,
     pub claims: BTreeMap<(String, String), Value>,
+    /// Which field manager applied which `status.devices` entries of each claim.
+    status_owners: BTreeMap<(String, String), BTreeMap<String, Vec<Value>>>,
     version: u64,
     /// Every request: "METHOD path".
     pub log: Vec<String>,
@@ -406,7 +408,193 @@ async fn get_claim(State(s): State<Shared>, h: HeaderMap, UrlPath((ns, name)): U
     }
 }
 
+/// A claim's `status.devices` by server-side apply, as kube-apiserver takes it: only an apply
+/// patch (`application/apply-patch+yaml`, else 415), only with a `fieldManager` (else 400),
+/// every entry an allocated device of the claim, at most 8 conditions each with the fields
+/// `metav1.Condition` requires, `data` at most 10 KiB, `networkData` within its limits (else 422
+/// naming the field); another manager's entry is taken over only with `force=true` (else 409).
+/// The list is a map keyed by (driver, pool, device, shareID): an apply replaces the entries its
+/// manager applied before.
+async fn apply_claim_status(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    UrlPath((ns, name)): UrlPath<(String, String)>,
+    Query(q): Query<BTreeMap<String, String>>,
+    body: axum::body::Bytes,
+) -> Reply {
+    authorized(&h)?;
+    let kind = h.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    if kind.split(';').next().map(str::trim) != Some("application/apply-patch+yaml") {
+        return Err(status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml (got {kind:?})"
+            ),
+            vec![],
+        ));
+    }
+    let Some(manager) = q.get("fieldManager").filter(|m| !m.is_empty()).cloned() else {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "fieldManager is required for apply requests".into(),
+            vec![],
+        ));
+    };
+    let force = q.get("force").is_some_and(|f| f == "true");
+    let patch: Value = serde_json::from_slice(&body)
+        .map_err(|e| status(StatusCode::BAD_REQUEST, "BadRequest", format!("error decoding patch: {e}"), vec![]))?;
+    let invalid = |field: String, message: String| {
+        status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!("ResourceClaim.resource.k8s.io {name:?} is invalid: {field}: {message}"),
+            vec![json!({ "field": field, "message": message })],
+        )
+    };
+    if patch["apiVersion"] != "resource.k8s.io/v1"
+        || patch["kind"] != "ResourceClaim"
+        || patch["metadata"]["name"] != name.as_str()
+    {
+        return Err(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the apply patch names another object".into(),
+            vec![],
+        ));
+    }
+    let mut st = s.lock().unwrap();
+    st.log.push(format!("APPLY resourceclaim/status {ns}/{name}"));
+    let key = (ns.clone(), name.clone());
+    let Some(claim) = st.claims.get(&key).cloned() else {
+        return Err(status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("resourceclaims.resource.k8s.io {name:?} not found"),
+            vec![],
+        ));
+    };
+    let allocated: Vec<Value> = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| json!([r["driver"], r["pool"], r["device"], r["shareID"]]))
+        .collect();
+    let applied: Vec<Value> = patch["status"]["devices"].as_array().cloned().unwrap_or_default();
+    let mut keys = Vec::new();
+    for (i, d) in applied.iter().enumerate() {
+        let at = format!("status.devices[{i}]");
+        for f in ["driver", "pool", "device"] {
+            if d[f].as_str().is_none_or(str::is_empty) {
+                return Err(invalid(format!("{at}.{f}"), "Required value".into()));
+            }
+        }
+        let k = json!([d["driver"], d["pool"], d["device"], d["shareID"]]);
+        if !allocated.contains(&k) {
+            return Err(invalid(at, format!("Invalid value: {k}: must be an allocated device in the claim")));
+        }
+        if keys.contains(&k) {
+            return Err(invalid(at, format!("Duplicate value: {k}")));
+        }
+        keys.push(k);
+        let conditions = d["conditions"].as_array().cloned().unwrap_or_default();
+        if conditions.len() > 8 {
+            return Err(invalid(
+                format!("{at}.conditions"),
+                format!("Too many: {}: must have at most 8 items", conditions.len()),
+            ));
+        }
+        for (j, c) in conditions.iter().enumerate() {
+            let cat = format!("{at}.conditions[{j}]");
+            if c["type"].as_str().is_none_or(str::is_empty) {
+                return Err(invalid(format!("{cat}.type"), "Required value".into()));
+            }
+            if !matches!(c["status"].as_str(), Some("True" | "False" | "Unknown")) {
+                return Err(invalid(format!("{cat}.status"), format!("Unsupported value: {}", c["status"])));
+            }
+            let reason_ok = c["reason"].as_str().is_some_and(|r| {
+                !r.is_empty()
+                    && r.len() <= 1024
+                    && r.starts_with(|ch: char| ch.is_ascii_alphabetic())
+                    && r.chars().all(|ch| ch.is_ascii_alphanumeric() || "_,:".contains(ch))
+                    && !r.ends_with([',', ':'])
+            });
+            if !reason_ok {
+                return Err(invalid(format!("{cat}.reason"), format!("Invalid value: {}", c["reason"])));
+            }
+            if c["lastTransitionTime"].as_str().is_none_or(|t| humantime::parse_rfc3339(t).is_err()) {
+                return Err(invalid(format!("{cat}.lastTransitionTime"), "Required value: must be set".into()));
+            }
+            if c["message"].as_str().is_some_and(|m| m.len() > 32768) {
+                return Err(invalid(format!("{cat}.message"), "Too long: may not be more than 32768 bytes".into()));
+            }
+        }
+        if d["data"].to_string().len() > 10 * 1024 && !d["data"].is_null() {
+            return Err(invalid(format!("{at}.data"), "Too long: must have at most 10240 bytes".into()));
+        }
+        let net = &d["networkData"];
+        if net["interfaceName"].as_str().is_some_and(|n| n.len() > 256) {
+            return Err(invalid(
+                format!("{at}.networkData.interfaceName"),
+                "Too long: may not be more than 256 bytes".into(),
+            ));
+        }
+        if net["hardwareAddress"].as_str().is_some_and(|n| n.len() > 128) {
+            return Err(invalid(
+                format!("{at}.networkData.hardwareAddress"),
+                "Too long: may not be more than 128 bytes".into(),
+            ));
+        }
+    }
+    // Ownership: another manager's entry is taken over only by force.
+    let owners = st.status_owners.entry(key.clone()).or_default();
+    if !force
+        && let Some((other, _)) = owners.iter().find(|(m, ks)| **m != manager && ks.iter().any(|k| keys.contains(k)))
+    {
+        return Err(status(
+            StatusCode::CONFLICT,
+            "Conflict",
+            format!("Apply failed with 1 conflict: conflict with {other:?}: .status.devices"),
+            vec![],
+        ));
+    }
+    let before: Vec<Value> = owners.get(&manager).cloned().unwrap_or_default();
+    for ks in owners.values_mut() {
+        ks.retain(|k| !keys.contains(k));
+    }
+    owners.insert(manager, keys.clone());
+    let still_owned: Vec<Value> = owners.values().flatten().cloned().collect();
+    let rv = st.next_version();
+    let claim = st.claims.get_mut(&key).expect("looked up above");
+    let entry_key = |d: &Value| json!([d["driver"], d["pool"], d["device"], d["shareID"]]);
+    let mut devices: Vec<Value> = claim["status"]["devices"].as_array().cloned().unwrap_or_default();
+    // Drop what this manager applied before and no longer applies (unless someone else owns it).
+    devices.retain(|d| {
+        let k = entry_key(d);
+        let dropped = before.contains(&k) && !still_owned.contains(&k);
+        !keys.contains(&k) && !dropped
+    });
+    devices.extend(applied);
+    if devices.is_empty() {
+        claim["status"].as_object_mut().map(|o| o.remove("devices"));
+    } else {
+        claim["status"]["devices"] = json!(devices);
+    }
+    claim["metadata"]["resourceVersion"] = json!(rv);
+    Ok((StatusCode::OK, Json(claim.clone())))
+}
+
 impl ApiServer {
+    /// The `status.devices` of claim `namespace/name`, as stored.
+    pub fn claim_status_devices(&self, namespace: &str, name: &str) -> Vec<Value> {
+        let st = self.store.lock().unwrap();
+        st.claims
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .and_then(|c| c["status"]["devices"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
     /// Serve on a free localhost port, with these Nodes (each gets a UID).
     pub async fn start(nodes: &[&str]) -> ApiServer {
         let store: Shared = Arc::default();
@@ -423,6 +611,10 @@ impl ApiServer {
             .route(slices, get(list_or_watch).post(create_slice).delete(delete_slices))
             .route(&format!("{slices}/{{name}}"), get(get_slice).put(replace_slice).delete(delete_slice))
             .route("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", get(get_claim))
+            .route(
+                "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status",
+                axum::routing::patch(apply_claim_status),
+            )
             .with_state(store.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the API stand-in");
         let addr = listener.local_addr().expect("local addr");
@@ -486,6 +678,28 @@ impl ApiServer {
     /// Store a claim allocated `devices` (request, driver, pool, device) — the scheduler's work.
     pub fn allocate_claim(&self, namespace: &str, name: &str, uid: &str, devices: &[(&str, &str, &str, &str)]) {
         self.allocate_claim_with_config(namespace, name, uid, devices, &[]);
+    }
+
+    /// [`allocate_claim`](Self::allocate_claim) of shares of devices several claims may hold
+    /// (`allowMultipleAllocations`): each result carries the `shareID` the scheduler gives it
+    /// (a UUID) and the share it consumed (`consumedCapacity`).
+    pub fn allocate_shared_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        devices: &[(&str, &str, &str, &str, &str)],
+    ) {
+        let plain: Vec<(&str, &str, &str, &str)> = devices.iter().map(|(r, d, p, n, _)| (*r, *d, *p, *n)).collect();
+        self.allocate_claim(namespace, name, uid, &plain);
+        let mut store = self.store.lock().unwrap();
+        let claim = store.claims.get_mut(&(namespace.to_owned(), name.to_owned())).expect("just stored");
+        for (result, (.., share)) in
+            claim["status"]["allocation"]["devices"]["results"].as_array_mut().unwrap().iter_mut().zip(devices)
+        {
+            result["shareID"] = json!(share);
+            result["consumedCapacity"] = json!({ "shares": "1" });
+        }
     }
 
     /// [`allocate_claim`](Self::allocate_claim) with opaque configuration: (driver, parameters).

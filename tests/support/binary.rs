@@ -161,6 +161,18 @@ fn machine_run_args(kubelet_dir: &std::path::Path, machine: &std::path::Path, cd
 /// `devplug <command> --sysfs-root M/sys --dev-root M/dev --proc-root M/proc --cache-dir CACHE <extra>` on a machine
 /// tree `m`, which must succeed; returns stdout.
 pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path, extra: &[&str]) -> String {
+    let (code, out, err) = run_on_machine(command, m, cache, extra);
+    assert_eq!(code, 0, "devplug {}: {err}", command.join(" "));
+    out
+}
+
+/// [`on_machine`] whatever the exit code: (exit code, stdout, stderr).
+pub fn run_on_machine(
+    command: &[&str],
+    m: &std::path::Path,
+    cache: &std::path::Path,
+    extra: &[&str],
+) -> (i32, String, String) {
     let s = |p: std::path::PathBuf| p.display().to_string();
     let mut args: Vec<String> = command.iter().map(|a| (*a).to_owned()).collect();
     args.extend([
@@ -175,9 +187,34 @@ pub fn on_machine(command: &[&str], m: &std::path::Path, cache: &std::path::Path
     args.extend(["--cache-dir".into(), s(cache.to_owned())]);
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, out, err) = run(&refs);
-    assert_eq!(code, 0, "devplug {}: {err}", args.join(" "));
-    out
+    run(&refs)
+}
+
+/// `devplug try` serving a copy of the chaos backend on machine `m`, its backends directory
+/// given with `flag` (`--backends-dir`, or the old `--backends`), plus `extra` arguments.
+pub fn try_chaos(m: &super::fixtures::Machine, flag: &str, extra: &[&str]) -> (tempfile::TempDir, Interactive) {
+    let (wasm, manifest) = super::daemon::chaos_paths();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::copy(&wasm, dir.path().join("chaos.wasm")).expect("copy chaos.wasm");
+    std::fs::copy(&manifest, dir.path().join("chaos.toml")).expect("copy chaos.toml");
+    let (sys, dev) = (m.sys().display().to_string(), m.dev().display().to_string());
+    let bdir = dir.path().display().to_string();
+    let mut args = vec![
+        "try",
+        "--no-embedded",
+        flag,
+        &bdir,
+        "--default-grant",
+        "requested",
+        "--sysfs-root",
+        &sys,
+        "--dev-root",
+        &dev,
+    ];
+    args.push("--dev-fixtures");
+    args.extend(extra);
+    let t = Interactive::spawn(&args);
+    (dir, t)
 }
 
 /// Run `devplug ARGS` to completion; (exit code, stdout, stderr).
@@ -214,4 +251,79 @@ pub fn discover_backend(
         "--format",
         "json",
     ])
+}
+
+/// `devplug ARGS` driven on stdin as a person drives `devplug try`: lines are sent, stdout is
+/// read line by line until an expected line comes (bounded).
+pub struct Interactive {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Interactive {
+    pub fn spawn(args: &[&str]) -> Interactive {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn devplug");
+        let (tx, lines) = std::sync::mpsc::channel::<String>();
+        let out = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take().expect("stdin");
+        Interactive { child, stdin, lines, seen: Vec::new() }
+    }
+
+    /// Send one line.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{line}").expect("write to devplug's stdin");
+    }
+
+    /// The lines printed from now until one containing `what` (that one included).
+    pub fn wait_for(&mut self, what: &str) -> Vec<String> {
+        let from = self.seen.len();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("no {what:?} in the output:\n{}", self.seen.join("\n")));
+            self.seen.push(line.clone());
+            if line.contains(what) {
+                return self.seen[from..].to_vec();
+            }
+        }
+    }
+
+    /// Send `quit` and wait (bounded) for a successful exit.
+    pub fn quit(mut self) {
+        self.send("quit");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "devplug did not end after quit");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(status.success(), "{status:?}");
+    }
+}
+
+impl Drop for Interactive {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -130,20 +130,23 @@ impl Tree {
         dir
     }
 
-    /// A netdev with the attributes the NIC backend reads.
-    pub fn netdev(&self, dev_dir: &str, name: &str, mac: &str, link_type: u32, up: bool) {
-        self.class_dev(
-            dev_dir,
-            "net",
-            name,
-            &[
-                ("address", mac),
-                ("type", &link_type.to_string()),
-                ("operstate", if up { "up" } else { "down" }),
-                ("carrier", if up { "1" } else { "0" }),
-                ("mtu", "1500"),
-            ],
-        );
+    /// A netdev with the attributes the NIC backend reads. `speed` is what the driver reports
+    /// in Mb/s (-1 when it cannot tell, as virtio_net without VIRTIO_NET_F_SPEED_DUPLEX); the
+    /// kernel's `speed_show` (net/core/net-sysfs.c) answers only while the link is up, so a
+    /// down link has no readable `speed` here.
+    pub fn netdev(&self, dev_dir: &str, name: &str, mac: &str, link_type: u32, up: bool, speed: i32) {
+        let (link_type, speed) = (link_type.to_string(), speed.to_string());
+        let mut attrs = vec![
+            ("address", mac),
+            ("type", link_type.as_str()),
+            ("operstate", if up { "up" } else { "down" }),
+            ("carrier", if up { "1" } else { "0" }),
+            ("mtu", "1500"),
+        ];
+        if up {
+            attrs.push(("speed", speed.as_str()));
+        }
+        self.class_dev(dev_dir, "net", name, &attrs);
     }
 }
 
@@ -266,6 +269,37 @@ fn dgx_h100(t: &mut Tree) {
     t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Feb 20 02:03:29 UTC 2025\nGCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n");
     t.node("nvidiactl", 195, 255);
     t.node("nvidia-modeset", 195, 254);
+    t.node("nvidia-uvm", 510, 0);
+    t.node("nvidia-uvm-tools", 510, 1);
+}
+
+/// A PCIe server without switches (not in [`MACHINES`]; the learned-requests test's "other
+/// topology"): 2× H100 PCIe (10de:2331), each in the slot of a root port of its own root
+/// complex, `pci0000:BB/0000:BB:01.0/0000:CC:00.0` — the devices of a bridge's secondary bus
+/// are its children (`drivers/pci/probe.c`, `pci_scan_bridge_extend` → `pci_add_new_bus` with
+/// the bridge as the new bus's parent device), so a GPU here is two levels shallower than on
+/// the DGX, whose GPUs sit below a switch's upstream and downstream ports.
+pub fn build_flat_h100(root: &Path) {
+    let mut t = Tree::new(root);
+    base(&mut t);
+    for (i, (rc, bus)) in [(0x16u32, 0x17u32), (0x96, 0x97)].into_iter().enumerate() {
+        let addr = format!("0000:{bus:02x}:00.0");
+        t.pci(Func {
+            parents: chain(&format!("pci0000:{rc:02x}"), &[&format!("0000:{rc:02x}:01.0")]),
+            addr: &addr,
+            vendor: 0x10de,
+            device: 0x2331,
+            class: 0x030200,
+            numa: i as i32,
+            driver: Some("nvidia"),
+        });
+        t.node(&format!("nvidia{i}"), 195, i as u32);
+        t.file(&format!("proc/driver/nvidia/gpus/{addr}/information"), &nvidia_information(&addr, i as u32, 0));
+        nvidia_gpu_caps(&t, i as u32);
+    }
+    nvidia_caps(&t);
+    t.file("proc/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Feb 20 02:03:29 UTC 2025\n");
+    t.node("nvidiactl", 195, 255);
     t.node("nvidia-uvm", 510, 0);
     t.node("nvidia-uvm-tools", 510, 1);
 }
@@ -487,7 +521,7 @@ fn cx6dx(t: &mut Tree, cards: u32, vfs: u32) {
                 driver: Some("mlx5_core"),
             });
             let ifname = format!("ens{}f{port}np{port}", card + 1);
-            t.netdev(&dir, &ifname, &format!("b8:ce:f6:{card:02x}:00:{port:02x}"), 1, true);
+            t.netdev(&dir, &ifname, &format!("b8:ce:f6:{card:02x}:00:{port:02x}"), 1, true, 100_000);
             t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
             t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{verbs}"), &[("ibdev", &format!("mlx5_{ibdev}"))]);
             t.node(&format!("infiniband/uverbs{verbs}"), 231, 192 + verbs);
@@ -519,7 +553,7 @@ fn cx6dx(t: &mut Tree, cards: u32, vfs: u32) {
                 let group = group.file_name().expect("group name").to_string_lossy().into_owned();
                 t.node(&format!("vfio/{group}"), 244, group.parse().unwrap_or(0));
             } else {
-                t.netdev(&dir, &format!("{pf_if}v{v}"), &format!("02:00:{card:02x}:00:{v:02x}:01"), 1, true);
+                t.netdev(&dir, &format!("{pf_if}v{v}"), &format!("02:00:{card:02x}:00:{v:02x}:01"), 1, true, 100_000);
                 t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
                 t.class_dev(
                     &dir,
@@ -548,7 +582,7 @@ fn e810(t: &mut Tree) {
         numa: 1,
         driver: Some("ice"),
     });
-    t.netdev(&pf_dir, "ens2f0", "40:a6:b7:21:00:00", 1, true);
+    t.netdev(&pf_dir, "ens2f0", "40:a6:b7:21:00:00", 1, true, 100_000);
     t.file(&format!("{pf_dir}/sriov_totalvfs"), "128\n");
     t.file(&format!("{pf_dir}/sriov_numvfs"), "4\n");
     for v in 0..4u32 {
@@ -564,7 +598,7 @@ fn e810(t: &mut Tree) {
         });
         t.link(&format!("{dir}/physfn"), &pf_dir);
         t.link(&format!("{pf_dir}/virtfn{v}"), &dir);
-        t.netdev(&dir, &format!("ens2f0v{v}"), &format!("02:00:00:00:00:{v:02x}"), 1, true);
+        t.netdev(&dir, &format!("ens2f0v{v}"), &format!("02:00:00:00:00:{v:02x}"), 1, true, 100_000);
     }
 }
 
@@ -647,7 +681,7 @@ fn plain(t: &mut Tree) {
         numa: -1,
         driver: Some("virtio-pci"),
     });
-    t.netdev(&format!("{dir}/virtio0"), "eth0", "52:54:00:12:34:56", 1, true);
+    t.netdev(&format!("{dir}/virtio0"), "eth0", "52:54:00:12:34:56", 1, true, -1);
 }
 
 /// Every file and link under `root`, as (relative path → content or `-> target`), for comparing

@@ -37,6 +37,25 @@ pub struct Prepared {
     pub error: String,
     /// (requests, pool, device, CDI IDs)
     pub devices: Vec<(Vec<String>, String, String, Vec<String>)>,
+    /// Each device's share ID ("" when none; v1beta1 has none).
+    pub shares: Vec<String>,
+}
+
+/// A prepared device's share ID, in whichever version it came.
+trait ShareId {
+    fn share(&self) -> String;
+}
+
+impl ShareId for v1::Device {
+    fn share(&self) -> String {
+        self.share_id.clone()
+    }
+}
+
+impl ShareId for v1beta1::Device {
+    fn share(&self) -> String {
+        String::new()
+    }
 }
 
 pub struct DraKubelet {
@@ -185,8 +204,9 @@ macro_rules! in_version {
             .claims
             .into_iter()
             .map(|(uid, c)| {
+                let shares = c.devices.iter().map(ShareId::share).collect();
                 let devices = c.devices.into_iter().map(|d| (d.request_names, d.pool_name, d.device_name, d.cdi_device_ids)).collect();
-                (uid, Prepared { error: c.error, devices })
+                (uid, Prepared { error: c.error, devices, shares })
             })
             .collect())
     }};

@@ -225,6 +225,31 @@ impl Backend for Fpga {
         }
         Ok(out)
     }
+
+    /// Typed facts for DRA: a DFL port's number and whether an AFU is loaded; the card's
+    /// serial number and a Xilinx shell as text (discover's names, as C identifiers).
+    fn describe(&self, sys: &dyn Sys) -> Result<devplug_sdk::dra::PoolDescription, BackendError> {
+        use devplug_sdk::dra::{self, AttributeValue};
+        let mut devices = Vec::new();
+        for r in self.discover(sys)? {
+            for d in &r.devices {
+                let attr = |k: &str| d.attributes.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_str());
+                let mut attributes = Vec::new();
+                if let Some(n) = d.id.rsplit_once("-port").and_then(|(_, n)| n.parse::<i64>().ok()) {
+                    attributes.push(("port".into(), AttributeValue::Integer(n)));
+                }
+                if let Some(afu) = attr("afu-id") {
+                    attributes
+                        .push(("afu_loaded".into(), AttributeValue::Flag(!afu.chars().all(|c| c == 'f' || c == 'F'))));
+                }
+                if let Some(shell) = attr("shell") {
+                    attributes.push(("shell".into(), AttributeValue::Text(shell.chars().take(64).collect())));
+                }
+                devices.push(dra::DeviceDescription { attributes, ..dra::describe(&r.name, &d.id) });
+            }
+        }
+        Ok(dra::PoolDescription { counter_sets: Vec::new(), devices })
+    }
 }
 
 devplug_sdk::backend!(Fpga);
@@ -260,6 +285,13 @@ mod tests {
         let res = b.discover(&sys).unwrap();
         assert_eq!(res[0].devices[0].id, "0000:3b:00.0-port0");
         assert_eq!(res[0].devices[0].edits.device_nodes[0].container_path, "/dev/dfl-port.0");
+        let pool = b.describe(&sys).unwrap();
+        use devplug_sdk::dra::AttributeValue::{Flag, Integer};
+        let port = &pool.devices[0].attributes;
+        assert!(
+            port.contains(&("port".into(), Integer(0))) && port.contains(&("afu_loaded".into(), Flag(true))),
+            "{port:?}"
+        );
     }
 
     #[test]

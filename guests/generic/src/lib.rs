@@ -7,6 +7,7 @@
 //! name = "devplug.io/serial"
 //! paths = ["ttyUSB*", "ttyACM*"]  # globs relative to /dev; each matching node is one device
 //! count = 1                        # >1: every node is shared by this many schedulable devices
+//!                                  # (through DRA: one device, `count` claims at a time)
 //! together = false                 # true: all matching nodes form a single device
 //! container_path = "/dev/my-null"  # expose the node elsewhere (only with one literal path)
 //! env = { MY_DEVICE = "1" }        # set in every container that gets one of these devices
@@ -132,6 +133,30 @@ impl Backend for Generic {
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
         Ok(self.resources.iter().map(|r| discover_one(sys, r)).collect())
     }
+
+    /// Typed facts for DRA: a single-node device's `major` and `minor` numbers (what a cgroup
+    /// device rule names), from the host's stat of the node.
+    fn describe(&self, sys: &dyn Sys) -> Result<devplug_sdk::dra::PoolDescription, BackendError> {
+        use devplug_sdk::dra::{self, AttributeValue};
+        let mut devices = Vec::new();
+        // Shares of one node stat it once.
+        let mut stats: std::collections::BTreeMap<String, Option<Node>> = Default::default();
+        for r in self.discover(sys)? {
+            for d in &r.devices {
+                let [node] = d.edits.device_nodes.as_slice() else { continue };
+                let host = if node.host_path.is_empty() { &node.container_path } else { &node.host_path };
+                let Some(path) = host.strip_prefix("/dev/") else { continue };
+                let stat = stats.entry(path.to_owned()).or_insert_with(|| sys.dev_stat(path).ok());
+                let Some(n) = stat else { continue };
+                let attributes = vec![
+                    ("major".into(), AttributeValue::Integer(i64::from(n.major))),
+                    ("minor".into(), AttributeValue::Integer(i64::from(n.minor))),
+                ];
+                devices.push(dra::DeviceDescription { attributes, ..dra::describe(&r.name, &d.id) });
+            }
+        }
+        Ok(dra::PoolDescription { counter_sets: Vec::new(), devices })
+    }
 }
 
 fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
@@ -164,14 +189,18 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
                 let path = group.iter().map(|n| n.path.as_str()).collect::<Vec<_>>().join(",");
                 id = with_hash(&id, &format!("{path}#{i}"));
             }
+            let mut attributes =
+                vec![("paths".into(), group.iter().map(|n| format!("/dev/{}", n.path)).collect::<Vec<_>>().join(","))];
+            // Shares of one node are replicas of one device: DRA publishes that device once,
+            // for as many claims at a time as there are shares.
+            if r.count > 1 {
+                attributes.push(("replica-of".into(), device_id(&base)));
+            }
             devices.push(Device {
                 id,
                 health: Health::Healthy,
                 numa_nodes: Vec::new(),
-                attributes: vec![(
-                    "paths".into(),
-                    group.iter().map(|n| format!("/dev/{}", n.path)).collect::<Vec<_>>().join(","),
-                )],
+                attributes,
                 edits: node_edits.clone(),
             });
         }
@@ -254,6 +283,12 @@ mod tests {
         assert!(fuse.devices.is_empty(), "no /dev/fuse in the fixture");
         let tun = res.iter().find(|r| r.name == "devplug.io/tun").unwrap();
         assert_eq!(tun.devices[0].id, "net_tun-0");
+        assert!(kvm.devices.iter().all(|d| d.attributes.contains(&("replica-of".into(), "kvm".into()))));
+        // DRA: the node's numbers, typed, on every share.
+        let pool = b.describe(&sys).unwrap();
+        let kvm0 = pool.devices.iter().find(|d| d.id == "kvm-0").unwrap();
+        use devplug_sdk::dra::AttributeValue::Integer;
+        assert_eq!(kvm0.attributes, [("major".into(), Integer(10)), ("minor".into(), Integer(232))]);
     }
 
     #[test]

@@ -48,10 +48,19 @@ pub fn describe(resources: &[Resource]) -> PoolDescription {
                     desc.attributes.push((to.into(), AttributeValue::Integer(i)));
                 }
             }
-            let slices = attr("mig-profile").and_then(profile).zip(attr("model").and_then(memory_gb));
-            if let (Some(((compute, gb), total)), Some(minor)) = (slices, attr("minor")) {
+            if attr("mig-mode") == Some("true") {
+                desc.attributes.push(("mig_mode".into(), AttributeValue::Flag(true)));
+            }
+            let total = attr("model").and_then(memory_gb);
+            // (compute, memory) slices this device takes: an instance its profile's, the whole
+            // GPU in MIG mode all of them.
+            let takes = match attr("mig-profile").and_then(profile) {
+                Some((compute, gb)) => total.map(|t| (compute, gb.div_ceil(t / MEMORY_SLICES))),
+                None if attr("mig-mode") == Some("true") => total.map(|_| (COMPUTE_SLICES, MEMORY_SLICES)),
+                None => None,
+            };
+            if let (Some((compute, memory)), Some(minor)) = (takes, attr("minor")) {
                 let set = format!("gpu-{minor}-slices");
-                let memory = gb.div_ceil(total / MEMORY_SLICES);
                 desc.consumes_counters.push(CounterUse {
                     counter_set: set.clone(),
                     counters: vec![counter("compute", compute), counter("memory", memory)],

@@ -171,6 +171,7 @@ impl Backend for Gpu {
         // The NVIDIA container toolkit reads this; with the nodes handed over directly it only
         // narrows what the toolkit would add. Two replicas of one GPU name it once.
         let physical = Sharing::physical_set(ids);
+        self.nvidia.refuse_mig_mode(&physical)?;
         Ok(match self.nvidia.visible_devices(&physical)? {
             Some(v) => edits::env("NVIDIA_VISIBLE_DEVICES", &v),
             None => edits::empty(),
@@ -238,6 +239,7 @@ devplug_sdk::backend!(Gpu);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devplug_sdk::dra::AttributeValue;
     use devplug_sdk::{FixtureSys, Health};
 
     fn fixture(name: &str) -> FixtureSys {
@@ -399,7 +401,17 @@ mod tests {
         );
         let res = b.discover(&sys).unwrap();
         let count: Vec<usize> = res.iter().map(|r| r.devices.len()).collect();
-        assert_eq!(count, [5, 9, 1, 3]);
+        // nvidia.com/gpu: the 5 GPUs not in MIG mode, and the 3 in MIG mode for DRA only.
+        assert_eq!(count, [8, 9, 1, 3]);
+        let whole_for_dra: Vec<&str> =
+            res[0].devices.iter().filter(|d| attr(d, "dra-only") == Some("true")).map(|d| d.id.as_str()).collect();
+        assert_eq!(whole_for_dra, ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0"]);
+        let e = b.allocate(&sys, "nvidia.com/gpu", &s(&["0000:0f:00.0"])).unwrap_err().to_string();
+        assert!(e.contains("MIG mode with 2 compute instance(s)") && e.contains("-mig 0"), "{e}");
+        assert!(
+            b.allocate(&sys, "nvidia.com/gpu", &s(&["0000:4e:00.0"])).is_ok(),
+            "a GPU not in MIG mode is handed out"
+        );
         let two = &res[2].devices[0];
         assert_eq!(two.id, "0000:07:00.0-gi5-ci0");
         let nodes: Vec<&str> = two.edits.device_nodes.iter().map(|n| n.container_path.as_str()).collect();
@@ -416,6 +428,40 @@ mod tests {
         let ids: Vec<String> = res[1].devices.iter().map(|d| d.id.clone()).collect();
         let got = b.preferred_allocation(&sys, "nvidia.com/mig-1g.10gb", &ids, &[], 2).unwrap();
         assert!(got.iter().all(|id| mig::parent(id) == mig::parent(&got[0])), "{got:?}");
+    }
+
+    /// Issue 35: a GPU in MIG mode is described whole beside its instances, all on one counter
+    /// set: free, the instances exceed nothing; the whole GPU takes all of it.
+    #[test]
+    fn mig_whole_and_instances_draw_on_one_counter_set() {
+        let sys = fixture("dgx-a100-mig");
+        let (b, _) = Gpu::init(&format!("vendors = [\"nvidia\"]\n{MIXED}"), &sys).unwrap();
+        let pool = dra::describe(&b.discover(&sys).unwrap());
+        assert_eq!(pool.counter_sets.len(), 3, "one set per GPU in MIG mode");
+        for set in &pool.counter_sets {
+            let cap = |n: &str| -> u32 { set.counters.iter().find(|c| c.name == n).unwrap().value.parse().unwrap() };
+            assert_eq!((cap("compute"), cap("memory")), (7, 8));
+            let mut whole = Vec::new();
+            let mut used = (0u32, 0u32);
+            for d in &pool.devices {
+                for u in d.consumes_counters.iter().filter(|u| u.counter_set == set.name) {
+                    let take =
+                        |n: &str| -> u32 { u.counters.iter().find(|c| c.name == n).unwrap().value.parse().unwrap() };
+                    if d.id.contains("-gi") {
+                        used = (used.0 + take("compute"), used.1 + take("memory"));
+                    } else {
+                        whole.push((d.id.clone(), take("compute"), take("memory")));
+                    }
+                }
+            }
+            assert!(used.0 <= 7 && used.1 <= 8, "{}: instances take {used:?}", set.name);
+            assert!(used.0 > 0, "{}: its instances draw on it", set.name);
+            assert_eq!(whole.len(), 1, "{}: {whole:?}", set.name);
+            assert_eq!((whole[0].1, whole[0].2), (7, 8), "the whole GPU takes all of {}", set.name);
+        }
+        let flagged =
+            pool.devices.iter().filter(|d| d.attributes.contains(&("mig_mode".into(), AttributeValue::Flag(true))));
+        assert_eq!(flagged.count(), 3);
     }
 
     #[test]
@@ -436,7 +482,7 @@ mod tests {
         let (b, info) = Gpu::init(&format!("vendors = [\"nvidia\"]\n{single}"), &sys).unwrap();
         assert_eq!(info.resources.len(), 1);
         let res = b.discover(&sys).unwrap();
-        assert_eq!(res[0].devices.len(), 18);
+        assert_eq!(res[0].devices.len(), 21, "13 instances, 5 whole GPUs, 3 GPUs in MIG mode for DRA");
         assert!(res[0].devices.iter().all(|d| d.health == Health::Unhealthy));
         assert!(attr(&res[0].devices[0], "unhealthy").unwrap().contains("not in MIG mode"));
         let (b, _) = Gpu::init("vendors = [\"nvidia\"]", &sys).unwrap();

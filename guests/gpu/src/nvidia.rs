@@ -67,6 +67,9 @@ pub struct Nvidia {
     /// Every device ID (whole GPU or MIG instance) the last discover listed → its
     /// `NVIDIA_VISIBLE_DEVICES` token (none for a MIG instance whose GPU's UUID is unknown).
     visible: RefCell<BTreeMap<String, Option<String>>>,
+    /// GPUs in MIG mode (PCI address → their compute instances) as the last discover saw them:
+    /// listed whole for DRA only, never handed out whole.
+    mig_mode: RefCell<BTreeMap<String, usize>>,
 }
 
 impl Nvidia {
@@ -121,7 +124,24 @@ impl Nvidia {
             }
         }
         *self.visible.borrow_mut() = std::mem::take(&mut found.visible);
+        *self.mig_mode.borrow_mut() = std::mem::take(&mut found.mig_mode);
         found.into_resources(sys, cfg)
+    }
+
+    /// Refuse a GPU in MIG mode asked for whole: its compute is in its instances. (DRA lists it
+    /// so the scheduler can weigh a whole GPU against its instances on one counter set; a claim
+    /// it was allocated to lands here when the GPU has instances.)
+    pub fn refuse_mig_mode(&self, ids: &[String]) -> Result<(), BackendError> {
+        let mig = self.mig_mode.borrow();
+        match ids.iter().find_map(|id| mig.get(id).map(|n| (id, n))) {
+            None => Ok(()),
+            Some((id, n)) => Err(BackendError::Other(format!(
+                "GPU {id} is in MIG mode with {n} compute instance(s), so it cannot be used whole: \
+                 request a MIG instance (a device with mig_profile), or destroy its instances and \
+                 disable MIG mode (nvidia-smi mig -dci; nvidia-smi mig -dgi; nvidia-smi -i {id} -mig 0) \
+                 so devplug lists it whole"
+            ))),
+        }
     }
 
     /// `NVIDIA_VISIBLE_DEVICES` for physical device IDs, or the first ID this backend never
@@ -148,7 +168,10 @@ struct Found {
     by_profile: BTreeMap<String, Vec<Device>>,
     /// MIG instances the config gives no profile.
     unprofiled: Vec<Device>,
+    /// GPUs in MIG mode, whole, for DRA only (see [`Found::mig`]).
+    parents: Vec<Device>,
     visible: BTreeMap<String, Option<String>>,
+    mig_mode: BTreeMap<String, usize>,
 }
 
 impl Found {
@@ -191,6 +214,21 @@ impl Found {
         problem: Option<String>,
         instances: Vec<mig::Instance>,
     ) {
+        // The GPU itself, listed for DRA only: there it stands for the whole GPU and draws on
+        // all of the counter set its instances draw from, so the scheduler never hands out the
+        // whole GPU and an instance of it at once (NVIDIA's DRA driver publishes it the same
+        // way). Kubelet's Device Plugin API never sees it (it would count the GPU twice).
+        let node = format!("nvidia{minor}");
+        let mut attrs = attributes(sys, d);
+        attrs.push(("minor".into(), minor.to_string()));
+        attrs.push(("mig-mode".into(), "true".into()));
+        if let Some(u) = uuid {
+            attrs.push(("uuid".into(), u.to_owned()));
+        }
+        let whole_problem = problem.clone().or_else(|| missing(sys, std::slice::from_ref(&node)));
+        self.parents
+            .push(device(&d.address, d, whole_problem.as_deref(), attrs, edits::nodes([node.as_str()])).dra_only());
+        self.mig_mode.insert(d.address.clone(), instances.len());
         for inst in instances {
             let id = inst.id(&d.address);
             let nodes = inst.nodes(minor);
@@ -232,6 +270,7 @@ impl Found {
                 // reason, so the operator sees them rather than a silent gap.
                 let mut gpu = self.whole;
                 gpu.extend(self.unprofiled);
+                gpu.extend(self.parents);
                 let mut out = vec![resource(cfg.names.nvidia.clone(), gpu)];
                 for p in cfg.mig.all_profiles() {
                     out.push(resource(cfg.names.mig(p), self.by_profile.remove(p).unwrap_or_default()));
@@ -240,7 +279,9 @@ impl Found {
             }
             MigStrategy::Single => {
                 if self.by_profile.is_empty() && self.unprofiled.is_empty() {
-                    return vec![resource(cfg.names.nvidia.clone(), self.whole)];
+                    let mut gpu = self.whole;
+                    gpu.extend(self.parents);
+                    return vec![resource(cfg.names.nvidia.clone(), gpu)];
                 }
                 let profiles: Vec<&str> = self.by_profile.keys().map(String::as_str).collect();
                 let why = if !self.whole.is_empty() {
@@ -258,6 +299,7 @@ impl Found {
                 };
                 let mut devices: Vec<Device> = self.by_profile.into_values().flatten().collect();
                 devices.extend(self.unprofiled);
+                devices.extend(self.parents);
                 if let Some(why) = why {
                     devices.extend(self.whole);
                     for d in &mut devices {

@@ -408,16 +408,41 @@ impl Backend for NicBackend {
     fn describe(&self, sys: &dyn Sys) -> Result<devplug_sdk::dra::PoolDescription, BackendError> {
         use devplug_sdk::dra::{self, AttributeValue};
         let mut devices = Vec::new();
-        for r in self.discover(sys)? {
+        let found = self.discover(sys)?;
+        // The link's speed (Mb/s) and MTU of each function with a netdev, in one host call:
+        // the kernel's `speed` (net/core/net-sysfs.c, `speed_show`) reads only while the link
+        // is running and says -1 when it cannot tell, so only a positive speed is published.
+        // The interface directories discover just found (virtio's is a level down).
+        let known: BTreeMap<String, String> = self
+            .known
+            .borrow()
+            .netdevs
+            .iter()
+            .filter_map(|((addr, _), found)| found.as_ref().map(|(_, dir)| (addr.clone(), dir.clone())))
+            .collect();
+        let netdev = |d: &devplug_sdk::Device| known.get(&d.id).cloned();
+        let dirs: Vec<String> = found.iter().flat_map(|r| r.devices.iter().filter_map(netdev)).collect();
+        let paths: Vec<String> = dirs.iter().flat_map(|d| [format!("{d}/speed"), format!("{d}/mtu")]).collect();
+        let read: BTreeMap<&String, Option<i64>> = paths
+            .iter()
+            .zip(sys.read_many(&paths))
+            .map(|(p, v)| (p, v.ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|n| *n > 0)))
+            .collect();
+        for r in &found {
             for d in &r.devices {
                 let has = |k: &str| d.attributes.iter().any(|(key, _)| key == k);
-                devices.push(dra::DeviceDescription {
-                    attributes: vec![
-                        ("sriov_vf".into(), AttributeValue::Flag(has("pf"))),
-                        ("rdma_capable".into(), AttributeValue::Flag(has("rdma"))),
-                    ],
-                    ..dra::describe(&r.name, &d.id)
-                });
+                let mut attributes = vec![
+                    ("sriov_vf".into(), AttributeValue::Flag(has("pf"))),
+                    ("rdma_capable".into(), AttributeValue::Flag(has("rdma"))),
+                ];
+                if let Some(dir) = netdev(d) {
+                    for (file, name) in [("speed", "link_speed_mbps"), ("mtu", "mtu")] {
+                        if let Some(Some(n)) = read.get(&format!("{dir}/{file}")) {
+                            attributes.push((name.into(), AttributeValue::Integer(*n)));
+                        }
+                    }
+                }
+                devices.push(dra::DeviceDescription { attributes, ..dra::describe(&r.name, &d.id) });
             }
         }
         Ok(dra::PoolDescription { counter_sets: Vec::new(), devices })
@@ -437,6 +462,38 @@ mod tests {
 
     fn pool<'a>(res: &'a [Resource], name: &str) -> &'a Resource {
         res.iter().find(|r| r.name == name).unwrap()
+    }
+
+    /// DRA: link speed and MTU typed, from the netdev the kernel lists under each function;
+    /// virtio_net's `-1` (it cannot tell) is left out rather than published.
+    #[test]
+    fn links_are_described_with_their_speed_where_the_driver_knows_it() {
+        use devplug_sdk::dra::AttributeValue::{Flag, Integer};
+        let sys = fixture("cx6dx-sriov");
+        let (b, _) = NicBackend::init("", &sys).unwrap();
+        let with_netdev: Vec<String> = b
+            .discover(&sys)
+            .unwrap()
+            .iter()
+            .flat_map(|r| r.devices.iter())
+            .filter(|d| d.attributes.iter().any(|(k, _)| k == "netdev"))
+            .map(|d| d.id.clone())
+            .collect();
+        let pool = b.describe(&sys).unwrap();
+        let vfs = pool.devices.iter().filter(|d| with_netdev.contains(&d.id));
+        let vf = vfs.into_iter().find(|d| d.attributes.contains(&("sriov_vf".into(), Flag(true)))).unwrap();
+        assert!(vf.attributes.contains(&("link_speed_mbps".into(), Integer(100_000))), "{:?}", vf.attributes);
+        assert!(vf.attributes.contains(&("mtu".into(), Integer(1500))), "{:?}", vf.attributes);
+        let vfio = pool.devices.iter().filter(|d| !with_netdev.contains(&d.id));
+        assert!(vfio.into_iter().all(|d| !d.attributes.iter().any(|(k, _)| k == "mtu")), "no netdev, no link facts");
+        let sys = fixture("plain");
+        let cfg = "[[pool]]\nname = \"x.io/virtio\"\ndrivers = [\"virtio-pci\"]\nfunctions = \"any\"\n";
+        let (b, _) = NicBackend::init(cfg, &sys).unwrap();
+        let pool = b.describe(&sys).unwrap();
+        assert!(!pool.devices.is_empty());
+        let eth0 = &pool.devices[0].attributes;
+        assert!(eth0.contains(&("mtu".into(), Integer(1500))), "its netdev was read: {eth0:?}");
+        assert!(!eth0.iter().any(|(k, _)| k == "link_speed_mbps"), "{eth0:?}");
     }
 
     #[test]

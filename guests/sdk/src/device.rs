@@ -4,6 +4,9 @@
 
 use crate::{ContainerEdits, Device, Health, edits};
 
+/// The attribute that keeps a device out of the Device Plugin API ([`Device::dra_only`]).
+pub const DRA_ONLY: &str = "dra-only";
+
 impl Device {
     /// A Healthy device with no NUMA node, attributes or edits yet.
     pub fn new(id: impl Into<String>) -> Device {
@@ -38,6 +41,17 @@ impl Device {
     pub fn problem(mut self, problem: Option<&str>) -> Device {
         if let Some(why) = problem {
             self.fail(why);
+        }
+        self
+    }
+
+    /// Publish the device only through DRA: the host leaves it out of what kubelet's Device
+    /// Plugin API sees (and of that resource's CDI spec). For a device that exists only as what
+    /// DRA's scheduler arbitrates, such as a GPU in MIG mode beside its instances, all drawing
+    /// on one counter set: through the Device Plugin API it would be counted twice.
+    pub fn dra_only(mut self) -> Device {
+        if !self.attributes.iter().any(|(k, _)| k == DRA_ONLY) {
+            self.attributes.push((DRA_ONLY.to_owned(), "true".to_owned()));
         }
         self
     }

@@ -69,6 +69,37 @@ pub struct BackendSummary {
     pub stats: StatsSnapshot,
     /// The last discover error, if discover is failing now.
     pub last_error: Option<String>,
+    /// The first distinct accesses it was refused, each with the grant that would allow it.
+    pub denied: Vec<Denied>,
+}
+
+/// Refused accesses a summary names (the count is in [`StatsSnapshot::denied`]).
+pub const MAX_DENIED_SHOWN: usize = 32;
+
+/// One refused access and the grant line that would allow it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Denied {
+    /// The capability call (`sysfs.read`, `sysfs.list-dir`, `devfs.stat`).
+    pub call: String,
+    pub path: String,
+    /// `[backends.NAME.grant] sysfs = ["…"]` (and the same under `[requests]` for its manifest).
+    pub grant: String,
+}
+
+impl Denied {
+    fn new(backend: &str, call: &str, path: &str, grantable: bool) -> Denied {
+        let kind = match call.split('.').next().unwrap_or("") {
+            "devfs" => "dev",
+            other => other,
+        };
+        let grant = if grantable {
+            let pattern = crate::runtime::learn::general(path);
+            format!("[backends.{backend}.grant] {kind} = [{pattern:?}] (or in its manifest's [requests])")
+        } else {
+            "no grant allows it: the path or pattern is malformed; fix the backend".to_owned()
+        };
+        Denied { call: call.to_owned(), path: path.to_owned(), grant }
+    }
 }
 
 /// A copy of a backend instance's counters.
@@ -80,6 +111,8 @@ pub struct StatsSnapshot {
     pub timeouts: u64,
     pub memory_cap_hits: u64,
     pub refused: u64,
+    /// Distinct accesses of the machine refused (reads, listings' hidden entries, nodes).
+    pub denied: u64,
 }
 
 pub struct Loaded {
@@ -97,6 +130,8 @@ pub struct Loaded {
     /// Resources this node serves through DRA: a backend that may serve one is asked to
     /// `describe` its devices.
     dra_resources: Vec<String>,
+    /// Every resource counts as served through DRA (`devplug dra slices` previews them all).
+    all_dra: bool,
 }
 
 impl Loaded {
@@ -116,6 +151,7 @@ impl Loaded {
             resources: Mutex::new(BTreeMap::new()),
             metrics: Arc::new(NoMetrics),
             dra_resources: Vec::new(),
+            all_dra: false,
         }
     }
 
@@ -124,6 +160,17 @@ impl Loaded {
     pub fn with_dra_resources(mut self, names: Vec<String>) -> Self {
         self.dra_resources = names;
         self
+    }
+
+    /// Treat every resource as served through DRA (a preview of what this node would publish).
+    pub fn with_all_dra(mut self) -> Self {
+        self.all_dra = true;
+        self
+    }
+
+    /// Whether `resource` is served through DRA here.
+    pub fn serves_dra(&self, resource: &str) -> bool {
+        self.all_dra || self.dra_resources.iter().any(|r| r == resource)
     }
 
     pub fn with_metrics(mut self, metrics: Arc<dyn BackendMetrics>) -> Self {
@@ -192,7 +239,7 @@ impl Loaded {
     /// manifest's default). Blocking.
     fn instantiate(&self, src: &BackendSource) -> Result<BackendInstance, LoadError> {
         let caps = self.capabilities(src)?;
-        let describe = self.dra_resources.iter().any(|r| caps.resources.allows(r));
+        let describe = self.all_dra || self.dra_resources.iter().any(|r| caps.resources.allows(r));
         let sandbox = Sandbox::new(&src.name, &caps, &self.roots, self.runtime.config.memory_cap).describing(describe);
         let config = self
             .settings
@@ -356,8 +403,16 @@ impl Loaded {
                             timeouts: l(&inst.stats.timeouts),
                             memory_cap_hits: l(&inst.stats.memory_cap_hits),
                             refused: l(&inst.stats.refused),
+                            denied: inst.refusals().count(),
                         }
                     },
+                    denied: inst
+                        .refusals()
+                        .paths()
+                        .into_iter()
+                        .take(MAX_DENIED_SHOWN)
+                        .map(|(call, path, grantable)| Denied::new(name, &call, &path, grantable))
+                        .collect(),
                     last_error: slot.last_error.locked().clone(),
                 }
             })
@@ -425,7 +480,11 @@ mod tests {
         assert_eq!(resources_of(&l, "second"), ["test.io/fuse"], "the name first claimed is not handed over");
         poll(&l);
         let kvm = l.snapshot().into_iter().find(|r| r.name == "test.io/kvm").unwrap();
-        let paths: Vec<&str> = kvm.devices.iter().flat_map(|d| d.attributes.iter().map(|(_, v)| v.as_str())).collect();
+        let paths: Vec<&str> = kvm
+            .devices
+            .iter()
+            .flat_map(|d| d.attributes.iter().filter(|(k, _)| k == "paths").map(|(_, v)| v.as_str()))
+            .collect();
         assert_eq!(paths, ["/dev/kvm", "/dev/kvm"], "the list is the first backend's, never the second's");
         // Once the owner is gone, the name is free for the next backend that declares it.
         drop(l.unload("first"));

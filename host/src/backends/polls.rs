@@ -12,7 +12,7 @@ const MAX_FLIPS_NAMED: usize = 16;
 use super::loaded::{Loaded, MAX_LOGGED};
 use super::routing::{ReadyResource, ResourceCalls};
 use super::slot::Slot;
-use crate::model::{Health, Resource};
+use crate::model::{Device, Health, Resource};
 use crate::runtime::{BackendInstance, CallError};
 use crate::sync::Locked;
 
@@ -142,6 +142,13 @@ impl Loaded {
             };
             if breaker {
                 next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
+            }
+            // A device its backend lists for DRA only (a GPU in MIG mode beside its instances)
+            // never reaches kubelet's Device Plugin API, nor that resource's CDI spec.
+            if !self.serves_dra(rname) && next.devices.iter().any(Device::dra_only) {
+                next.devices.retain(|d| !d.dra_only());
+                let ids: Vec<&str> = next.devices.iter().map(|d| d.id.as_str()).collect();
+                next.described.retain(|id, _| ids.contains(&id.as_str()));
             }
             let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
             if kubelet_changed {

@@ -1,14 +1,25 @@
 //! The one-shot commands that load backends on a machine (or a fixture tree) without serving
-//! kubelet: `discover`, `allocate`, `cdi generate`. Backends come from the binary, `--backend`
+//! kubelet: `discover`, `allocate`, `cdi generate`, `dra deviceclasses`, `dra slices`. Backends come from the binary, `--backend`
 //! files, and the registry references of `--config` (`[backends.NAME] image`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SourceArgs};
+use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SlicesArgs, SourceArgs};
 use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
 use crate::runtime::Runtime;
+
+/// Which resources a one-shot command treats as served through DRA (their backends are asked
+/// to `describe`, and devices listed for DRA only are kept).
+enum DraView {
+    /// As `run` would with the config (`api = "dra"`).
+    Configured,
+    /// These resources.
+    Only(Vec<String>),
+    /// Every resource.
+    All,
+}
 
 /// Load the chosen backends and run one discover. Load errors are returned, not raised: one
 /// broken backend does not hide what the others see.
@@ -21,6 +32,14 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<String>
 async fn load_and_poll(
     args: SourceArgs,
 ) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
+    load_and_poll_as(args, DraView::Configured).await
+}
+
+/// [`load_and_poll`] with the DRA resources chosen by `dra`.
+async fn load_and_poll_as(
+    args: SourceArgs,
+    dra: DraView,
+) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
     let cfg = args.load_config()?;
     let mut rc = cfg.runtime_config();
     if args.cache_dir.is_some() {
@@ -28,7 +47,12 @@ async fn load_and_poll(
     }
     let runtime = Runtime::new(rc)?;
     let roots = args.roots(&cfg);
-    let loaded = Arc::new(Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant));
+    let loaded = Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant);
+    let loaded = Arc::new(match dra {
+        DraView::Configured => loaded.with_dra_resources(dra_resources(&cfg)),
+        DraView::Only(names) => loaded.with_dra_resources(names),
+        DraView::All => loaded.with_all_dra(),
+    });
     let mut errors = Vec::new();
     // Backends the config takes from a registry: pulled and verified as `run` would (or taken
     // from its cache), so an operator sees what they would serve on this node.
@@ -150,20 +174,111 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         .snapshot()
         .iter()
         .map(|r| {
-            serde_json::json!({
+            let mut out = serde_json::json!({
                 "name": r.name,
-                "devices": r.devices.iter().map(|d| serde_json::json!({
-                    "id": d.id,
-                    "health": d.health.as_str(),
-                    "numa_nodes": d.numa_nodes,
-                    "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-                    "edits": d.edits,
-                })).collect::<Vec<_>>(),
+                "devices": r.devices.iter().map(|d| {
+                    let mut v = serde_json::json!({
+                        "id": d.id,
+                        "health": d.health.as_str(),
+                        "numa_nodes": d.numa_nodes,
+                        "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                        "edits": d.edits,
+                    });
+                    // What a WIT 0.3.0 backend describes for DRA (resources the config serves
+                    // through it; `devplug dra slices` shows the slices themselves).
+                    if let Some(x) = r.described.get(&d.id) {
+                        v["dra"] = serde_json::json!(x);
+                    }
+                    v
+                }).collect::<Vec<_>>(),
                 "common_edits": r.common_edits,
-            })
+            });
+            if !r.counter_sets.is_empty() {
+                out["counter_sets"] = serde_json::json!(r.counter_sets);
+            }
+            out
         })
         .collect();
-    Ok(serde_json::json!({ "backends": loaded.summaries(), "resources": resources, "errors": errors }))
+    // Every access a backend was refused, with the grant that would allow it: a refused read or
+    // a listing's hidden entry is why a device goes missing or Unhealthy.
+    let refused: Vec<serde_json::Value> = loaded
+        .summaries()
+        .iter()
+        .flat_map(|b| {
+            b.denied
+                .iter()
+                .map(|d| serde_json::json!({ "backend": b.name, "call": d.call, "path": d.path, "grant": d.grant }))
+        })
+        .collect();
+    Ok(
+        serde_json::json!({ "backends": loaded.summaries(), "resources": resources, "errors": errors, "refused": refused }),
+    )
+}
+
+/// The resources `cfg` serves through DRA.
+fn dra_resources(cfg: &Config) -> Vec<String> {
+    cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect()
+}
+
+/// `devplug dra slices`: the DeviceClasses and ResourceSlices this node would publish, one
+/// List, built by the code `run` publishes with (one pool per driver, named after the node)
+/// and checked with the API server's rules. Load errors and a pool that breaks a rule fail the
+/// command, naming backend, device and field.
+pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
+    let cfg = args.source.load_config()?;
+    let configured = dra_resources(&cfg);
+    let view = if !args.resources.is_empty() {
+        DraView::Only(args.resources.clone())
+    } else if !configured.is_empty() {
+        DraView::Only(configured)
+    } else {
+        crate::observe::say(
+            tracing::Level::INFO,
+            "the config serves no resource through DRA (api = \"dra\"): showing every resource as DRA would publish it",
+        );
+        DraView::All
+    };
+    let wanted = match &view {
+        DraView::Only(names) => Some(names.clone()),
+        _ => None,
+    };
+    let node = match args.node_name.clone() {
+        Some(n) => n,
+        None => nix::unistd::gethostname()?
+            .into_string()
+            .map_err(|_| anyhow::anyhow!("the host name is not UTF-8: give --node-name"))?,
+    };
+    if let Some(why) = crate::dra::slice_rules::subdomain_problem(&node) {
+        anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give --node-name");
+    }
+    let sysfs = args.source.roots(&cfg).sys;
+    let (loaded, errors, ready) = load_and_poll_as(args.source, view).await?;
+    anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
+    let mut by_driver: std::collections::BTreeMap<String, (String, Vec<crate::model::Resource>)> = Default::default();
+    let mut classes = Vec::new();
+    for r in ready.iter().filter(|r| wanted.as_ref().is_none_or(|w| w.contains(&r.name))) {
+        let driver = cfg.dra_driver(&r.backend);
+        classes.push(crate::dra::classes::device_class(&r.name, &driver));
+        let resource = r.devices.borrow().as_ref().clone();
+        by_driver.entry(driver).or_insert_with(|| (r.backend.clone(), Vec::new())).1.push(resource);
+    }
+    if let Some(w) = &wanted {
+        let missing: Vec<&String> = w.iter().filter(|n| !ready.iter().any(|r| &r.name == *n)).collect();
+        anyhow::ensure!(
+            missing.is_empty(),
+            "no backend serves {} with devices on this machine (serving: {})",
+            missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            ready.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut items = classes;
+    for (driver, (backend, resources)) in by_driver {
+        let pool = crate::dra::slices::pool_on(Some(&sysfs), &backend, &driver, &node, &node, 1, &resources)
+            .map_err(|e| anyhow::anyhow!("driver {driver}: nothing of its pool would be published: {e}"))?;
+        items.extend(pool.slices);
+    }
+    drop(loaded);
+    Ok(crate::dra::classes::list(items))
 }
 
 /// `devplug dra deviceclasses`: the backends are loaded (as `discover` does) to learn which one
@@ -174,8 +289,7 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
     };
-    let wanted: Vec<String> =
-        cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect();
+    let wanted = dra_resources(&cfg);
     anyhow::ensure!(
         !wanted.is_empty(),
         "the config serves no resource through DRA: add api = \"dra\" to a [resources.\"NAME\"] table"

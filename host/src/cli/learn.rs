@@ -2,7 +2,9 @@
 //! of everything on this machine (or a fixture tree), record every path it read, listed, resolved,
 //! stat'ed or globbed, and print the narrowest `[requests]` that allows exactly that: each path
 //! as asked and as it resolves (sysfs is full of links), PCI addresses and instance numbers
-//! turned into wildcards so the manifest fits other machines too, one comment per line.
+//! turned into wildcards so the manifest fits other machines too (a PCI device at any depth of
+//! bridges and switches: `devices/pci*/**`), plus the nodes discover hands out and the
+//! manifest's uevent subscriptions, one comment per line.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use crate::backends::{BackendSource, manifest_for};
 use crate::model::Resource;
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::jail::Jail;
-use crate::runtime::learn::Learned;
+use crate::runtime::learn::{Learned, general};
 use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
@@ -102,6 +104,10 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
         }
     }
     out.outputs(inst.info().resources.iter().map(|(n, _)| n.clone()), &found);
+    // Uevent subscriptions are the manifest's word: a run does not show which it needs.
+    for u in &src.manifest.requests.uevents {
+        out.uevents.add(u, "the manifest's (a run cannot show them)", u, false);
+    }
     Ok(out.render(name, &roots.sys.display().to_string()))
 }
 
@@ -131,6 +137,7 @@ struct Requests {
     mount_targets: Patterns,
     writable_mounts: Patterns,
     annotations: Patterns,
+    uevents: Patterns,
 }
 
 impl Requests {
@@ -142,6 +149,12 @@ impl Requests {
         for r in found {
             let edits = std::iter::once(&r.common_edits).chain(r.devices.iter().map(|d| &d.edits));
             for e in edits {
+                // Nodes handed out (`accel_controlD0`) need `dev` even when never stat'ed.
+                for n in &e.device_nodes {
+                    if let Some(rel) = n.host_path().strip_prefix("/dev/") {
+                        self.dev.add(rel, "handed out", &r.name, true);
+                    }
+                }
                 for (k, _) in &e.env {
                     self.env.add(k, "set", &r.name, false);
                 }
@@ -175,6 +188,7 @@ impl Requests {
             ("mount_targets", &self.mount_targets),
             ("writable_mounts", &self.writable_mounts),
             ("annotations", &self.annotations),
+            ("uevents", &self.uevents),
         ] {
             if p.0.is_empty() {
                 out.push_str(&format!("{key} = []\n"));
@@ -222,36 +236,6 @@ fn toml_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("{s:?}"))
 }
 
-/// `path` with the parts that differ between machines as wildcards: PCI addresses and root
-/// complexes (`0000:3b:00.0`, `pci0000:3a`) become `*`, numbered instances (`card1`, `mlx5_0`,
-/// `virtfn3`, `gpu0`) `NAME[0-9]*`.
-fn general(path: &str) -> String {
-    path.split('/')
-        .map(|c| {
-            let pci = |s: &str| {
-                let b = s.as_bytes();
-                b.len() == 12
-                    && b[4] == b':'
-                    && b[7] == b':'
-                    && b[10] == b'.'
-                    && s.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
-            };
-            if pci(c)
-                || (c.starts_with("pci") && c.len() == 10 && c[3..].chars().all(|x| x.is_ascii_hexdigit() || x == ':'))
-            {
-                return "*".to_owned();
-            }
-            let digits = c.len() - c.trim_end_matches(|x: char| x.is_ascii_digit()).len();
-            let stem = &c[..c.len() - digits];
-            if digits > 0 && stem.chars().any(|x| x.is_ascii_alphabetic()) {
-                return format!("{stem}[0-9]*");
-            }
-            c.to_owned()
-        })
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
 #[cfg(test)]
 mod tests {
     use super::{Requests, general, learnable_procfs};
@@ -292,7 +276,13 @@ mod tests {
     #[test]
     fn machine_specific_parts_become_wildcards() {
         assert_eq!(general("bus/pci/devices/0000:3b:00.0/vendor"), "bus/pci/devices/*/vendor");
-        assert_eq!(general("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/net"), "devices/*/*/*/net");
+        // Any depth of bridges: the same pattern with or without a switch in between.
+        assert_eq!(general("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/net"), "devices/pci*/**/net");
+        assert_eq!(
+            general("devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0/net"),
+            "devices/pci*/**/net"
+        );
+        assert_eq!(general("devices/pci0000:15"), "devices/pci*");
         assert_eq!(general("class/drm/card1"), "class/drm/card[0-9]*");
         assert_eq!(general("driver/nvidia/capabilities/gpu0/mig"), "driver/nvidia/capabilities/gpu[0-9]*/mig");
         assert_eq!(general("bus/pci/devices"), "bus/pci/devices");

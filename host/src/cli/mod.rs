@@ -250,6 +250,10 @@ pub struct RunArgs {
     /// The API server for resources served through DRA, outside a cluster (default: in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    /// Serve RESOURCE through DRA (as `[resources."RESOURCE"] api = "dra"`); repeat for more.
+    /// `try` then brings a local API server and kubelet DRA side of its own.
+    #[arg(long = "dra", value_name = "RESOURCE")]
+    pub dra: Vec<String>,
     /// This node's name, for DRA (default: $NODE_NAME, else the host name).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
@@ -296,6 +300,19 @@ impl RunArgs {
         }
         if self.dra_plugins_dir.is_some() {
             c.dra.plugins_dir = self.dra_plugins_dir.clone();
+        }
+        for r in &self.dra {
+            match c.resources.get_mut(r) {
+                Some(settings) => settings.api = crate::config::Api::Dra,
+                None => {
+                    let settings = crate::config::ResourceSettings {
+                        allocate: None,
+                        write_cdi: None,
+                        api: crate::config::Api::Dra,
+                    };
+                    c.resources.insert(r.clone(), settings);
+                }
+            }
         }
         Ok(c)
     }
@@ -405,6 +422,11 @@ pub enum DraCommand {
     /// List for `kubectl apply -f -`: it selects the resource's devices and names the resource as
     /// its extendedResourceName, so pods asking for it by name keep working.
     Deviceclasses(DeviceClassesArgs),
+    /// Print the DeviceClasses and ResourceSlices this node would publish, built as `run` builds
+    /// them and checked with the API server's rules, without a cluster: from the machine or a
+    /// fixture tree (`--sysfs-root`, `--dev-root`, `--proc-root`, `--dev-fixtures`). A pool that
+    /// breaks a rule is an error naming backend, device and field.
+    Slices(SlicesArgs),
     /// Release a claim whose backend could not unprepare it (`devplug status` lists it as
     /// stuck): at kubelet's next unprepare of it, devplug drops its CDI spec and record without
     /// asking the backend again. Run on the node, as the user devplug runs as.
@@ -421,6 +443,19 @@ pub struct ReleaseArgs {
     pub dra_plugins_dir: PathBuf,
     /// The claim's UID.
     pub uid: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SlicesArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The node the slices are for (default: $NODE_NAME, else this machine's host name).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Preview these resources (default: the config's `api = "dra"` resources, else every
+    /// resource the backends serve).
+    #[arg(long = "resource", value_name = "NAME")]
+    pub resources: Vec<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -475,7 +510,7 @@ mod registry;
 pub mod scaffold;
 mod tables;
 
-pub use commands::{allocate, cdi_generate, device_classes, discover};
+pub use commands::{allocate, cdi_generate, device_classes, discover, dra_slices};
 pub use http::{all_devices, http_get, http_json};
 pub use inspect::inspect;
 pub use learn::learn_requests;

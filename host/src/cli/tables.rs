@@ -209,6 +209,15 @@ pub fn discover_table(v: &serde_json::Value) -> String {
     for e in v["errors"].as_array().into_iter().flatten() {
         out.push_str(&format!("error: {}\n", cell(e)));
     }
+    for r in v["refused"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "refused: {} {} {} — to allow it: {}\n",
+            cell(&r["backend"]),
+            cell(&r["call"]),
+            cell(&r["path"]),
+            cell(&r["grant"])
+        ));
+    }
     out
 }
 

@@ -71,6 +71,10 @@ struct ViewState {
     synced: bool,
     /// Resource versions devplug's own writes returned: their watch events are echoes.
     ours: std::collections::HashSet<String>,
+    /// devplug's writes so far, and by slice name the last one (the slice as written, or `None`
+    /// for a delete): a LIST asked before a write may answer after it, and must not undo it.
+    writes: u64,
+    recent: BTreeMap<String, (u64, Option<ResourceSlice>)>,
 }
 
 impl PoolView {
@@ -84,11 +88,29 @@ impl PoolView {
         st.synced.then(|| st.slices.clone())
     }
 
-    /// What a LIST returned: the whole pool.
-    fn reset(&self, items: Vec<ResourceSlice>) {
+    /// Where devplug's writes stand before a LIST is asked (see [`PoolView::reset`]).
+    fn mark(&self) -> u64 {
+        self.state().writes
+    }
+
+    /// What a LIST asked at `mark` returned: the whole pool, except that devplug's own writes
+    /// made after `mark` stand (the LIST may not have seen them; their echoes come later).
+    fn reset(&self, items: Vec<ResourceSlice>, mark: u64) {
         let mut st = self.state();
         st.slices = items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
-        st.ours.clear();
+        let later: Vec<(String, Option<ResourceSlice>)> =
+            st.recent.iter().filter(|(_, (at, _))| *at > mark).map(|(n, (_, s))| (n.clone(), s.clone())).collect();
+        // Echoes still to come are of those later writes only.
+        let pending: std::collections::HashSet<String> =
+            later.iter().filter_map(|(_, s)| s.as_ref()?.metadata.resource_version.clone()).collect();
+        for (name, slice) in later {
+            match slice {
+                Some(s) => st.slices.insert(name, s),
+                None => st.slices.remove(&name),
+            };
+        }
+        st.recent.clear();
+        st.ours = pending;
         st.synced = true;
     }
 
@@ -104,10 +126,23 @@ impl PoolView {
             st.ours.insert(rv);
         }
         if let Some(name) = slice.metadata.name.clone() {
+            st.writes += 1;
+            let at = st.writes;
+            st.recent.insert(name.clone(), (at, Some(slice.clone())));
             st.slices.insert(name, slice);
         }
     }
 
+    /// A slice devplug deleted.
+    fn removed(&self, name: &str) {
+        let mut st = self.state();
+        st.writes += 1;
+        let at = st.writes;
+        st.recent.insert(name.to_owned(), (at, None));
+        st.slices.remove(name);
+    }
+
+    /// A slice the watch saw deleted.
     fn deleted(&self, name: &str) {
         self.state().slices.remove(name);
     }
@@ -238,11 +273,11 @@ impl PoolWriter {
     async fn delete(&self, name: &str) -> anyhow::Result<()> {
         match self.slices.delete(name, &DeleteParams::default()).await {
             Ok(_) => {
-                self.view.deleted(name);
+                self.view.removed(name);
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {
-                self.view.deleted(name);
+                self.view.removed(name);
                 Ok(())
             }
             Err(e) => Err(anyhow::anyhow!("deleting ResourceSlice {name}: {e}")),
@@ -277,9 +312,10 @@ impl PoolWriter {
                     let from = match &version {
                         Some(v) => v.clone(),
                         None => {
+                            let mark = view.mark();
                             let items = api.list(&list).await.map_err(|e| format!("listing: {e}"))?;
                             let v = items.metadata.resource_version.clone().unwrap_or_default();
-                            view.reset(items.items);
+                            view.reset(items.items, mark);
                             // The pool may differ from what devplug wants (it may be gone).
                             wake.notify_one();
                             version = Some(v.clone());
@@ -434,6 +470,29 @@ mod tests {
                 (n.clone(), s)
             })
             .collect()
+    }
+
+    /// A LIST asked before devplug's own create and answered after it must not undo it (the
+    /// next sync would create the slice again and meet `AlreadyExists`); one asked after it
+    /// stands as the server answered.
+    #[test]
+    fn a_list_older_than_devplugs_own_write_does_not_undo_it() {
+        let view = PoolView::default();
+        let mut slice = pool("1")["s-0"].clone();
+        slice.metadata.resource_version = Some("7".into());
+        let before = view.mark();
+        view.wrote(slice.clone());
+        view.reset(vec![], before);
+        assert!(view.snapshot().unwrap().contains_key("s-0"), "the create stands");
+        assert!(!view.seen(slice.clone()), "its echo is still an echo");
+        let after = view.mark();
+        view.reset(vec![], after);
+        assert!(view.snapshot().unwrap().is_empty(), "a LIST after the write is the server's word");
+        view.reset(vec![slice.clone()], view.mark());
+        let before = view.mark();
+        view.removed("s-0");
+        view.reset(vec![slice], before);
+        assert!(view.snapshot().unwrap().is_empty(), "a delete stands too");
     }
 
     #[test]

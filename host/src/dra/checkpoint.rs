@@ -36,6 +36,10 @@ pub struct PreparedDevice {
     pub pool_name: String,
     pub device_name: String,
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's share of a device several claims hold at once (`shareID`, KEP-5075):
+    /// kubelet matches the answer to the claim's allocation by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// The file's format; `version` says which, so a later format can read this one.
@@ -342,6 +346,7 @@ mod tests {
             pool_name: "node-a".into(),
             device_name: format!("gpu-{uid}"),
             cdi_device_ids: vec![format!("devplug.io/claim={uid}-gpu")],
+            share_id: None,
         };
         (c, vec![d])
     }

@@ -82,6 +82,7 @@ impl Driver {
             served: served.clone(),
             specs: setup.specs.clone(),
             pending: Default::default(),
+            status: super::status::Reporter::new(setup.client.clone(), setup.driver.clone()),
         });
         let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
         let wake = Arc::new(Notify::new());

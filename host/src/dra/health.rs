@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::served::Served;
-use super::slices::device_name;
+use super::slices::pool_device_name;
 use crate::model::Health;
 use crate::proto::dra_health::{v1, v1alpha1};
 
@@ -59,7 +59,13 @@ impl HealthService {
         let mut out = Vec::new();
         for r in self.served.resources() {
             let list = r.devices.borrow().clone();
+            let mut named = std::collections::HashSet::new();
             for d in &list.devices {
+                // A shared device's replicas are one pool device: reported once.
+                let device = pool_device_name(d);
+                if !named.insert(device.clone()) {
+                    continue;
+                }
                 let healthy = d.health == Health::Healthy;
                 let message = if healthy {
                     String::new()
@@ -69,7 +75,7 @@ impl HealthService {
                         None => format!("backend {} reports it Unhealthy (no reason given)", r.backend),
                     }
                 };
-                out.push(Report { pool: self.pool.clone(), device: device_name(&d.id), healthy, message, at: now });
+                out.push(Report { pool: self.pool.clone(), device, healthy, message, at: now });
             }
         }
         out

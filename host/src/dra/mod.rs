@@ -11,7 +11,8 @@
 //!   call); [`claims`]: where each claim stands (prepared, or
 //!   stuck and how to release it); [`registration`]: kubelet's plugin watcher finding it.
 //! - [`health`]: the devices' health streamed to kubelet (`DRAResourceHealth` v1alpha1).
-//! - [`prepare`]: what preparing a claim does (backend edits → a claim CDI spec → CDI IDs).
+//! - [`prepare`]: what preparing a claim does (backend edits → a claim CDI spec → CDI IDs);
+//!   [`status`]: the claim's `status.devices` reported Ready afterwards (KEP-4817).
 //! - [`served`], [`driver`], [`node`]: what each driver serves, the task that keeps its pool
 //!   and sockets, and this node's set of drivers.
 
@@ -30,6 +31,7 @@ pub mod served;
 pub mod slice_rules;
 pub mod slices;
 pub mod standard;
+pub mod status;
 
 pub use node::{DraNode, NodeSettings};
 pub use served::{DeviceCalls, ServedResource};

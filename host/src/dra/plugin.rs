@@ -234,6 +234,30 @@ impl DraPlugin {
 
 /// The same service in each API version kubelet may speak: the generated types of `v1` and
 /// `v1beta1` are distinct but alike, so one macro writes both.
+impl From<PreparedDevice> for v1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        v1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            share_id: d.share_id.unwrap_or_default(),
+        }
+    }
+}
+
+/// v1beta1 (kubelet 1.32–1.33) predates shared devices: no share ID to tell.
+impl From<PreparedDevice> for v1beta1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        v1beta1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+        }
+    }
+}
+
 macro_rules! version {
     ($wrapper:ident, $m:ident) => {
         /// The plugin as `$m.DRAPlugin`.
@@ -261,15 +285,7 @@ macro_rules! version {
                     .map(|(uid, r)| {
                         let entry = match r {
                             Ok(devices) => $m::NodePrepareResourceResponse {
-                                devices: devices
-                                    .into_iter()
-                                    .map(|d| $m::Device {
-                                        request_names: d.request_names,
-                                        pool_name: d.pool_name,
-                                        device_name: d.device_name,
-                                        cdi_device_ids: d.cdi_device_ids,
-                                    })
-                                    .collect(),
+                                devices: devices.into_iter().map($m::Device::from).collect(),
                                 error: String::new(),
                             },
                             Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: e },

@@ -27,6 +27,12 @@ pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(base, _)| base)
 }
 
+/// A share ID (a UUID from the scheduler) as part of a CDI device name, which takes
+/// `[A-Za-z0-9_.:-]`: anything else becomes `_`.
+fn cdi_safe(s: &str) -> String {
+    s.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "_.:-".contains(c) { c } else { '_' }).collect()
+}
+
 /// One driver's preparer.
 pub struct Preparer {
     pub driver: String,
@@ -35,12 +41,15 @@ pub struct Preparer {
     pub client: kube::Client,
     pub served: Arc<Served>,
     pub specs: Arc<SpecDir>,
-    /// Specs `prepare` decided, until `commit` writes them (after the claim is recorded).
-    pub pending: std::sync::Mutex<std::collections::HashMap<String, crate::cdi::spec::Spec>>,
+    /// Specs `prepare` decided, with the claim's device status entries, until `commit` writes
+    /// them (after the claim is recorded).
+    pub pending: std::sync::Mutex<std::collections::HashMap<String, (crate::cdi::spec::Spec, Vec<serde_json::Value>)>>,
+    /// Reports a committed claim's devices Ready in its status.
+    pub status: Arc<super::status::Reporter>,
 }
 
-/// An allocated device of this driver: (request, pool device name, device ID).
-type Picked = (String, String, String);
+/// An allocated device of this driver: (request, pool device name, device ID, share ID).
+type Picked = (String, String, String, Option<String>);
 /// The allocated devices by resource.
 type Groups = BTreeMap<String, (ServedResource, Vec<Picked>)>;
 
@@ -87,7 +96,7 @@ impl Preparer {
                 .entry(resource.name.clone())
                 .or_insert_with(|| (resource, Vec::new()))
                 .1
-                .push((r.request, r.device, id));
+                .push((r.request, r.device, id, r.share_id));
         }
         Ok((groups, config))
     }
@@ -101,12 +110,13 @@ impl ClaimPreparer for Preparer {
         let mut spec_devices = Vec::new();
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
+        let mut status = Vec::new();
         // A WIT 0.3.0 backend prepares the claim whole (one driver is one backend); otherwise,
         // or when it says `unsupported`, each resource's `allocate` gives the edits.
         let claim_devices: Vec<ClaimDevice> = groups
             .iter()
             .flat_map(|(resource, (_, picked))| {
-                picked.iter().map(|(request, _, id)| ClaimDevice {
+                picked.iter().map(|(request, _, id, _)| ClaimDevice {
                     request: request.clone(),
                     resource: resource.clone(),
                     id: id.clone(),
@@ -125,7 +135,7 @@ impl ClaimPreparer for Preparer {
             common.merge(edits);
         }
         for (resource, (served, picked)) in groups {
-            let ids: Vec<String> = picked.iter().map(|(_, _, id)| id.clone()).collect();
+            let ids: Vec<String> = picked.iter().map(|(_, _, id, _)| id.clone()).collect();
             let list = served.devices.borrow().clone();
             if whole.is_none() {
                 let extra = served
@@ -141,11 +151,16 @@ impl ClaimPreparer for Preparer {
             if let Some(why) = list.foreign_node(&ids, &common) {
                 return Err(format!("backend {}, resource {resource}: answer refused: {why}", served.backend));
             }
-            for (request, name, id) in picked {
+            for (request, name, id, share_id) in picked {
                 let Some(d) = list.device(&id) else {
                     return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
                 };
-                let cdi_name = format!("{}-{name}", claim.uid);
+                // A CDI device per share: one claim may hold two shares of a shared device.
+                let cdi_name = match &share_id {
+                    Some(share) => format!("{}-{name}-{}", claim.uid, cdi_safe(share)),
+                    None => format!("{}-{name}", claim.uid),
+                };
+                status.push(super::status::entry(&self.driver, &self.pool, &name, share_id.as_deref(), d, &self.pool));
                 spec_devices.push(Device {
                     id: cdi_name.clone(),
                     health: Health::Healthy,
@@ -158,6 +173,7 @@ impl ClaimPreparer for Preparer {
                     pool_name: self.pool.clone(),
                     device_name: name,
                     cdi_device_ids: vec![kind.qualified_name(&cdi_name)],
+                    share_id,
                 });
             }
         }
@@ -167,19 +183,20 @@ impl ClaimPreparer for Preparer {
         let claim_list =
             Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common, ..Default::default() };
         let spec = crate::cdi::spec::build(&claim_list, &kind);
-        self.pending.locked().insert(claim.uid.clone(), spec);
+        self.pending.locked().insert(claim.uid.clone(), (spec, status));
         Ok(out)
     }
 
     fn commit(&self, claim: &ClaimRef, keep: bool) -> Result<(), String> {
-        let Some(spec) = self.pending.locked().remove(&claim.uid) else { return Ok(()) };
+        let Some((spec, status)) = self.pending.locked().remove(&claim.uid) else { return Ok(()) };
         if !keep {
             return Ok(());
         }
         self.specs
             .write_claim_unflushed(&claim.uid, &spec)
-            .map(drop)
-            .map_err(|e| format!("writing the claim's CDI spec: {e}"))
+            .map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
+        self.status.report(claim.clone(), status);
+        Ok(())
     }
 
     fn intact(&self, claim: &ClaimRef) -> bool {

@@ -76,7 +76,8 @@ impl Served {
         let all = self.resources.locked();
         all.values().find_map(|r| {
             let list = r.devices.borrow();
-            let id = list.devices.iter().find(|d| super::slices::device_name(&d.id) == device_name)?.id.clone();
+            // A shared device's replicas all stand for it: the first answers for them.
+            let id = list.devices.iter().find(|d| super::slices::pool_device_name(d) == device_name)?.id.clone();
             Some((r.clone(), id))
         })
     }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::slice_rules;
 use crate::model::dra::{AttributeValue, CounterSet, attribute_name};
-use crate::model::{Health, Resource};
+use crate::model::{Device, Health, Resource};
 
 /// A counter set (or what a device draws from one) as the API writes it.
 fn counters_json(set: &CounterSet) -> Value {
@@ -84,6 +84,24 @@ pub fn device_name(id: &str) -> String {
     if keep.is_empty() { format!("d-{hash}") } else { format!("{keep}-{hash}") }
 }
 
+/// The attribute replicas of a time-sliced or shared device carry, naming that device (the
+/// SDK's `Sharing::expand`, the generic backend's `count` shares).
+pub const REPLICA_OF: &str = "replica-of";
+
+/// The capacity a shared device offers its claims: one share each unless a claim asks for more.
+pub const SHARES: &str = "shares";
+
+/// The pool device `d` is published as: its own, or for a replica the device it replicates.
+/// Replicas are the Device Plugin API's way to share a device (one ID per slot kubelet
+/// counts); DRA shares a device itself (`allowMultipleAllocations` and a `shares` capacity).
+pub fn pool_device_name(d: &Device) -> String {
+    device_name(replica_of(d).unwrap_or(&d.id))
+}
+
+fn replica_of(d: &Device) -> Option<&str> {
+    d.attributes.iter().find(|(k, _)| k == REPLICA_OF).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
+}
+
 /// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
 /// lists of the `resources` it serves through DRA, at `generation`, without PCIe roots (see
 /// [`pool_on`]).
@@ -118,13 +136,26 @@ pub fn pool_on(
     let mut devices = Vec::new();
     let mut bytes = 0usize;
     for r in resources {
+        // Replicas of one device: published once, shared (the first replica stands for it).
+        let mut replicas: BTreeMap<&str, u64> = BTreeMap::new();
         for d in &r.devices {
-            let name = device_name(&d.id);
+            if let Some(of) = replica_of(d) {
+                *replicas.entry(of).or_default() += 1;
+            }
+        }
+        let mut seen_shared: std::collections::BTreeSet<&str> = Default::default();
+        for d in &r.devices {
+            let shares = match replica_of(d) {
+                Some(of) if !seen_shared.insert(of) => continue,
+                Some(of) => replicas.get(of).copied(),
+                None => None,
+            };
+            let name = pool_device_name(d);
             if let Some((other, _)) = ids.insert(name.clone(), (d.id.clone(), r.name.clone())) {
                 return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
             }
             let mut attributes = serde_json::Map::new();
-            for (k, v) in &d.attributes {
+            for (k, v) in d.attributes.iter().filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY) {
                 attributes.insert(attribute_name(k), json!({ "string": v }));
             }
             // A WIT 0.3.0 backend's own description: typed values under its own names (a name
@@ -148,25 +179,38 @@ pub fn pool_on(
             };
             // Kubernetes' standard names, where the device has room for them (the server takes
             // 32 attributes and capacities a device).
-            let capacities = described.map_or(0, |x| x.capacity.len());
+            let capacities = described.map_or(0, |x| x.capacity.len()) + usize::from(shares.is_some());
             for (k, v) in super::standard::attributes(sysfs, &d.attributes, &d.numa_nodes) {
                 if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
                     attributes.insert(k, v);
                 }
             }
             let mut device = json!({ "name": name, "attributes": attributes });
+            let mut capacity: serde_json::Map<String, Value> = described
+                .iter()
+                .flat_map(|x| x.capacity.iter())
+                .map(|(k, q)| (k.clone(), json!({ "value": q })))
+                .collect();
             if let Some(x) = described {
-                if !x.capacity.is_empty() {
-                    let cap: serde_json::Map<String, Value> =
-                        x.capacity.iter().map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
-                    device["capacity"] = Value::Object(cap);
-                }
                 if !x.consumes.is_empty() {
                     device["consumesCounters"] = x.consumes.iter().map(counters_json).collect();
                 }
                 if x.allow_multiple_allocations {
                     device["allowMultipleAllocations"] = json!(true);
                 }
+            }
+            // A shared device: as many claims as it had replicas, one share each by default
+            // (KEP-5075 consumable capacity; the scheduler gives each allocation a share ID).
+            if let Some(n) = shares {
+                device["allowMultipleAllocations"] = json!(true);
+                capacity.insert(
+                    SHARES.into(),
+                    json!({ "value": n.to_string(), "requestPolicy": {
+                        "default": "1", "validRange": { "min": "1", "max": n.to_string() } } }),
+                );
+            }
+            if !capacity.is_empty() {
+                device["capacity"] = Value::Object(capacity);
             }
             if d.health == Health::Unhealthy {
                 let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());

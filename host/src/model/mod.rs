@@ -105,6 +105,16 @@ pub struct Device {
     pub edits: ContainerEdits,
 }
 
+/// The attribute a backend sets on a device it lists for DRA only (the SDK's `Device::dra_only`).
+pub const DRA_ONLY: &str = "dra-only";
+
+impl Device {
+    /// Whether the backend listed this device for DRA only: the Device Plugin API never sees it.
+    pub fn dra_only(&self) -> bool {
+        self.attributes.iter().any(|(k, v)| k == DRA_ONLY && v == "true")
+    }
+}
+
 /// Per-resource options announced to kubelet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ResourceOptions {

@@ -136,6 +136,11 @@ impl BackendInstance {
     }
 
     /// sha256 of the component bytes.
+    /// The accesses of the machine this instance was refused (logged once each).
+    pub fn refusals(&self) -> &super::state::RefusalLog {
+        &self.sandbox.refusals
+    }
+
     pub fn digest(&self) -> &str {
         &self.digest
     }

@@ -19,6 +19,7 @@ use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
 use super::caps::{Rule, compile_glob};
+use crate::sync::Locked;
 
 mod batch;
 mod nodes;
@@ -60,7 +61,14 @@ pub struct Jail {
     /// real nodes). Off unless the operator asks: on a real `/dev` a planted file in a
     /// world-writable directory such as `/dev/shm` would otherwise pose as any device.
     fixture_nodes: bool,
+    /// Entries listings left out because the rule does not grant them, until the host reports
+    /// them (`take_hidden`): a listing that silently misses an entry costs a vendor a debug
+    /// cycle. Bounded: past [`MAX_HIDDEN`] the rest are only counted.
+    hidden: Arc<std::sync::Mutex<(Vec<String>, usize)>>,
 }
+
+/// Hidden listing entries kept between two reports.
+const MAX_HIDDEN: usize = 64;
 
 #[derive(Debug)]
 struct Beneath {
@@ -134,7 +142,7 @@ impl Jail {
     pub fn new(root: impl Into<PathBuf>, rule: Rule) -> Self {
         let root = root.into();
         let beneath = Beneath::new(&root).map(Arc::new);
-        Jail { root, rule, beneath, fixture_nodes: false }
+        Jail { root, rule, beneath, fixture_nodes: false, hidden: Default::default() }
     }
 
     /// Let `c MAJOR:MINOR` / `b MAJOR:MINOR` files stand for device nodes (fixture trees only).
@@ -281,13 +289,23 @@ impl Jail {
 
     /// The entries of directory `rel` (really at `canonical`) the backend may see, sorted.
     fn visible(&self, rel: &str, canonical: &str, names: Vec<String>) -> Vec<String> {
-        let mut names: Vec<String> = names
-            .into_iter()
-            .filter(|name| self.rule.allows(&join(rel, name)))
-            .filter(|name| canonical == rel || self.rule.allows(&join(canonical, name)))
-            .collect();
+        let (mut names, hidden): (Vec<String>, Vec<String>) = names.into_iter().partition(|name| {
+            self.rule.allows(&join(rel, name)) && (canonical == rel || self.rule.allows(&join(canonical, name)))
+        });
+        if !hidden.is_empty() {
+            let mut h = self.hidden.locked();
+            h.1 += hidden.len();
+            let room = MAX_HIDDEN.saturating_sub(h.0.len());
+            h.0.extend(hidden.iter().take(room).map(|name| join(rel, name)));
+        }
         names.sort();
         names
+    }
+
+    /// The entries listings left out since the last call (up to [`MAX_HIDDEN`] of them), and
+    /// how many there were in all.
+    pub fn take_hidden(&self) -> (Vec<String>, usize) {
+        std::mem::take(&mut *self.hidden.locked())
     }
 
     /// A symlink's stored target.

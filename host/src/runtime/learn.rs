@@ -1,6 +1,7 @@
 //! What a backend touched, for `devplug discover --learn-requests`: every path it read, listed,
 //! resolved, stat'ed or globbed through its capability calls, as it asked for them. The command
-//! turns this into the narrowest `[requests]` that allows exactly that.
+//! turns this into the narrowest `[requests]` that allows exactly that, with [`general`] making
+//! machine-specific parts of a path wildcards (also for the grant a refusal suggests).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -27,4 +28,55 @@ impl Learned {
     pub fn seen(&self) -> BTreeMap<(String, String), u64> {
         self.0.locked().clone()
     }
+}
+
+/// A PCI address as the kernel names a function (`0000:3b:00.0`).
+fn is_pci(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && s.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+}
+
+/// A PCI root complex's directory (`pci0000:3a`).
+fn is_root_complex(s: &str) -> bool {
+    s.starts_with("pci") && s.len() == 10 && s[3..].chars().all(|x| x.is_ascii_hexdigit() || x == ':')
+}
+
+/// `path` with the parts that differ between machines as wildcards: a root complex and the
+/// chain of bridges and functions below it (`devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1`)
+/// become `pci*/**`, since a device sits below as many bridges and switch ports as the machine
+/// has (`drivers/pci/probe.c` nests each bus under its bridge); any other PCI address
+/// (`bus/pci/devices/0000:3b:00.0`) becomes `*`; numbered instances (`card1`, `mlx5_0`,
+/// `virtfn3`, `gpu0`) `NAME[0-9]*`.
+pub fn general(path: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut parts = path.split('/').peekable();
+    while let Some(c) = parts.next() {
+        if is_root_complex(c) {
+            out.push("pci*".into());
+            let mut chain = false;
+            while parts.next_if(|p| is_pci(p)).is_some() {
+                chain = true;
+            }
+            if chain {
+                out.push("**".into());
+            }
+            continue;
+        }
+        if is_pci(c) {
+            out.push("*".into());
+            continue;
+        }
+        let digits = c.len() - c.trim_end_matches(|x: char| x.is_ascii_digit()).len();
+        let stem = &c[..c.len() - digits];
+        if digits > 0 && stem.chars().any(|x| x.is_ascii_alphabetic()) {
+            out.push(format!("{stem}[0-9]*"));
+            continue;
+        }
+        out.push(c.to_owned());
+    }
+    out.join("/")
 }

@@ -22,6 +22,9 @@ use crate::sync::Locked;
 #[derive(Default)]
 pub struct RefusalLog {
     seen: Mutex<HashSet<String>>,
+    /// The distinct refused accesses (call, clipped path, whether a grant would allow it: a
+    /// malformed path is refused whatever is granted), as `devplug discover` lists them.
+    refused: Mutex<Vec<(String, String, bool)>>,
 }
 
 /// Distinct refusals remembered per backend; past this, refusals are counted but not logged.
@@ -35,7 +38,12 @@ impl RefusalLog {
             return;
         }
         let path = crate::untrusted::clip(path);
-        if seen.insert(format!("{call} {path}")) && sandbox.log.admit(backend) {
+        let new = seen.insert(format!("{call} {path}"));
+        if new {
+            let grantable = matches!(err, FsError::Denied(_));
+            self.refused.locked().push((call.to_owned(), path.to_string(), grantable));
+        }
+        if new && sandbox.log.admit(backend) {
             if seen.len() == MAX_REMEMBERED {
                 tracing::warn!(backend, "further refused paths of this backend are not logged");
             }
@@ -46,6 +54,17 @@ impl RefusalLog {
 }
 
 impl RefusalLog {
+    /// The distinct accesses refused so far (call, path, whether a grant would allow it), at
+    /// most [`MAX_REMEMBERED`].
+    pub fn paths(&self) -> Vec<(String, String, bool)> {
+        self.refused.locked().clone()
+    }
+
+    /// How many distinct accesses were refused (what `devplug status` counts).
+    pub fn count(&self) -> u64 {
+        self.refused.locked().len() as u64
+    }
+
     /// Whether `what` (already clipped) is new for this backend: a refused answer repeated on
     /// every poll is logged once.
     pub fn first_time(&self, what: &str) -> bool {

@@ -77,7 +77,9 @@ impl HostState {
     }
 
     pub fn list_dir(&mut self, view: View, call: &str, path: &str) -> Answer<Vec<String>> {
-        self.checked(call, path, |s| s.jail(view).list(path))
+        let r = self.checked(call, path, |s| s.jail(view).list(path));
+        self.report_hidden(view, call);
+        r
     }
 
     pub fn read_link(&mut self, path: &str) -> Answer<String> {
@@ -104,7 +106,19 @@ impl HostState {
         self.meter.charge(paths.iter().map(String::cost).sum());
         let (jail, dirs, meter) = (&self.sandbox.sysfs, &mut self.open_dirs, &mut self.meter);
         let answers = host_call(&self.sandbox, call, || f(jail, paths, dirs, meter))?;
-        Ok(answers.into_iter().zip(paths).map(|(r, p)| self.answer(call, p, r)).collect())
+        let out = answers.into_iter().zip(paths).map(|(r, p)| self.answer(call, p, r)).collect();
+        self.report_hidden(View::Sysfs, call);
+        Ok(out)
+    }
+
+    /// Entries a listing left out because they are not granted are refusals too: each is
+    /// logged once, like a refused read, and counted.
+    fn report_hidden(&self, view: View, call: &str) {
+        let (hidden, _) = self.jail(view).take_hidden();
+        for path in hidden {
+            let e = jail::FsError::Denied(format!("{path}: not granted (left out of the listing)"));
+            self.sandbox.refusals.refused(&self.sandbox, call, &path, &e);
+        }
     }
 
     pub fn dev_stat(&mut self, path: &str) -> Answer<NodeStat> {

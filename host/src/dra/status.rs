@@ -1,0 +1,129 @@
+//! Claim device status (KEP-4817, `status.devices` of a `resource.k8s.io/v1` ResourceClaim):
+//! once a claim is prepared, each of its devices from this driver is reported `Ready`, with the
+//! network data a NIC backend knows (its `netdev` attribute is the interface name). Written by
+//! server-side apply under the driver's own field manager, so another driver's entries and the
+//! scheduler's fields are never touched. Best effort: a cluster without the feature
+//! (`DRAResourceClaimDeviceStatus`, beta and on since 1.33) or without the RBAC
+//! (`resourceclaims/status` patch) costs one WARN per driver; prepare goes on either way.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use super::checkpoint::ClaimRef;
+use crate::model::Device;
+
+/// The longest interface name the API server takes in `networkData.interfaceName`.
+const MAX_INTERFACE_NAME: usize = 256;
+
+/// One device's entry in `status.devices`: `Ready`, prepared on `node`.
+pub fn entry(driver: &str, pool: &str, name: &str, share_id: Option<&str>, device: &Device, node: &str) -> Value {
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut v = json!({
+        "driver": driver,
+        "pool": pool,
+        "device": name,
+        "conditions": [{
+            "type": "Ready",
+            "status": "True",
+            "reason": "Prepared",
+            "message": format!("prepared by devplug on node {node}"),
+            "lastTransitionTime": now,
+        }],
+    });
+    if let Some(share) = share_id {
+        v["shareID"] = json!(share);
+    }
+    let interface = device.attributes.iter().find(|(k, _)| k == "netdev").map(|(_, v)| v.as_str());
+    if let Some(name) = interface.filter(|n| !n.is_empty() && n.len() <= MAX_INTERFACE_NAME) {
+        v["networkData"] = json!({ "interfaceName": name });
+    }
+    v
+}
+
+/// The field manager a driver applies claim status as.
+fn field_manager(driver: &str) -> String {
+    let mut m = format!("devplug-{driver}");
+    m.truncate(128);
+    m
+}
+
+/// Apply `devices` as this driver's part of the claim's `status.devices`.
+pub async fn apply(client: &kube::Client, driver: &str, claim: &ClaimRef, devices: &[Value]) -> anyhow::Result<()> {
+    let patch = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": claim.name, "namespace": claim.namespace },
+        "status": { "devices": devices },
+    });
+    Api::<ResourceClaim>::namespaced(client.clone(), &claim.namespace)
+        .patch_status(&claim.name, &PatchParams::apply(&field_manager(driver)).force(), &Patch::Apply(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// Applies a prepared claim's status in the background, warning once per driver when the
+/// cluster will not take it.
+pub struct Reporter {
+    pub client: kube::Client,
+    pub driver: String,
+    warned: AtomicBool,
+}
+
+impl Reporter {
+    pub fn new(client: kube::Client, driver: String) -> std::sync::Arc<Reporter> {
+        std::sync::Arc::new(Reporter { client, driver, warned: AtomicBool::new(false) })
+    }
+
+    /// Report `devices` of `claim` Ready; never waits for the API server.
+    pub fn report(self: &std::sync::Arc<Self>, claim: ClaimRef, devices: Vec<Value>) {
+        if devices.is_empty() {
+            return;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            match apply(&me.client, &me.driver, &claim, &devices).await {
+                Ok(()) => {
+                    tracing::debug!(driver = %me.driver, claim = %format!("{}/{}", claim.namespace, claim.name), "claim device status written")
+                }
+                Err(e) if !me.warned.swap(true, Ordering::Relaxed) => tracing::warn!(
+                    driver = %me.driver,
+                    "claim device status not written ({e}); the claim is prepared all the same. \
+                     Needs Kubernetes with DRAResourceClaimDeviceStatus (on since 1.33) and RBAC to patch \
+                     resourceclaims/status (the Helm chart grants it); said once per driver"
+                ),
+                Err(e) => tracing::debug!(driver = %me.driver, "claim device status not written: {e}"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Health;
+
+    #[test]
+    fn an_entry_is_ready_and_carries_the_share_and_the_interface() {
+        let d = Device {
+            id: "0000:3b:00.2".into(),
+            health: Health::Healthy,
+            numa_nodes: vec![],
+            attributes: vec![("netdev".into(), "ens1f0np0v0".into())],
+            edits: Default::default(),
+        };
+        let e = entry("nic.devplug.io", "node-a", "vf-0", Some("s-1"), &d, "node-a");
+        assert_eq!(e["conditions"][0]["type"], "Ready");
+        assert_eq!(e["conditions"][0]["status"], "True");
+        assert!(e["conditions"][0]["lastTransitionTime"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(e["shareID"], "s-1");
+        assert_eq!(e["networkData"]["interfaceName"], "ens1f0np0v0");
+        let plain = Device { attributes: vec![], ..d };
+        let e = entry("nic.devplug.io", "node-a", "vf-0", None, &plain, "node-a");
+        assert!(e["shareID"].is_null() && e["networkData"].is_null());
+        assert_eq!(field_manager(&"d".repeat(300)).len(), 128);
+    }
+}
