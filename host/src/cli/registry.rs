@@ -42,16 +42,24 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
     // A key that cannot sign is refused before anything is published: a tag must never appear
     // unsigned because the key turned out wrong afterwards.
     let key = args.sign_key.as_deref().map(signature::load_private_key).transpose()?;
-    let fetcher = settings.fetcher()?;
-    let digest = artifact::push(&client, &fetcher, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
+    // By digest first; the signature next; the tag last: whatever fails on the way, no tag
+    // names an unsigned artifact (a node following the tag never meets one).
+    let staged = artifact::push_untagged(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
+    let digest = staged.digest.clone();
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
     if let Some(w) = mismatch {
         out["warning"] = serde_json::json!(w);
     }
     if let Some(key) = &key {
-        let sig = signature::sign(&client, &auth, &r, &digest, key).await?;
+        let sig = signature::sign(&client, &auth, &r, &digest, key)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e:#}; the artifact is stored by digest ({digest}) but no tag names it"))?;
         out["signature"] = serde_json::json!(sig.whole());
     }
+    artifact::tag(&client, &r, &staged).await?;
+    let fetcher = settings.fetcher()?;
+    let tagged = artifact::resolve(&fetcher, &auth, &r).await?;
+    anyhow::ensure!(tagged == digest, "{} resolves to {tagged}, not the {digest} just pushed", args.reference);
     Ok(out)
 }
 

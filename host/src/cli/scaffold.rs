@@ -13,7 +13,8 @@ pub enum Lang {
     Js,
 }
 
-/// The contract a Rust project builds against: the SDK's, the newest (0.3.0, with DRA).
+/// The contract every new project builds against, whatever its language: the newest (0.3.0,
+/// with DRA's `describe`, `prepare` and `unprepare`).
 const WIT: &[(&str, &str)] = &[
     ("backend.wit", include_str!("../../../wit/since_v0.3.0/backend.wit")),
     ("dra.wit", include_str!("../../../wit/since_v0.3.0/dra.wit")),
@@ -21,20 +22,9 @@ const WIT: &[(&str, &str)] = &[
     ("types.wit", include_str!("../../../wit/since_v0.3.0/types.wit")),
 ];
 
-/// The contract Python and JavaScript projects build against: 0.2.0 (frozen, loaded by every
-/// 0.x host), whose world needs no `dra` export; their templates move when they implement it.
-const WIT_0_2: &[(&str, &str)] = &[
-    ("backend.wit", include_str!("../../../wit/since_v0.2.0/backend.wit")),
-    ("host.wit", include_str!("../../../wit/since_v0.2.0/host.wit")),
-    ("types.wit", include_str!("../../../wit/since_v0.2.0/types.wit")),
-];
-
 /// The WIT version a new project of `lang` builds against.
-pub fn wit_version(lang: Lang) -> &'static str {
-    match lang {
-        Lang::Rust => "0.3.0",
-        Lang::Python | Lang::Js => "0.2.0",
-    }
+pub fn wit_version(_lang: Lang) -> &'static str {
+    "0.3.0"
 }
 
 const SDK: &[(&str, &str)] = &[
@@ -68,7 +58,7 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
     let crate_name = name.replace('-', "_");
     let fill =
         |t: &str| t.replace("{{name}}", name).replace("{{resource}}", &resource).replace("{{crate}}", &crate_name);
-    let wit = if lang == Lang::Rust { WIT } else { WIT_0_2 };
+    let wit = WIT;
     let mut files: Vec<(String, String)> = wit.iter().map(|(f, t)| (format!("wit/{f}"), (*t).to_owned())).collect();
     files.push((
         "devplug.toml".into(),

@@ -16,6 +16,6 @@ pub mod fetch;
 pub mod settings;
 pub mod signature;
 
-pub use artifact::{Pulled, pull, push};
+pub use artifact::{Pulled, Staged, pull, push_untagged, tag};
 pub use settings::RegistrySettings;
 pub use signature::SignatureState;

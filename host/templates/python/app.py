@@ -1,5 +1,6 @@
 """{{name}}: a devplug backend in Python. It serves `{{resource}}`: one device per node under
-/dev matching the globs in its config (`paths = ["..."]`, TOML).
+/dev matching the globs in its config (`paths = ["..."]`, TOML). For DRA (devplug:backend@0.3.0)
+it describes each device with typed attributes: its node's major and minor numbers.
 
 Build: componentize-py -d wit -w devplug-backend componentize app -p src -o {{name}}.wasm
 Test:  ./test.sh
@@ -8,6 +9,7 @@ import tomllib
 
 from componentize_py_types import Err
 from wit_world import exports
+from wit_world.exports import dra
 from wit_world.imports import devfs, types
 
 RESOURCE = "{{resource}}"
@@ -54,4 +56,28 @@ class Backend(exports.Backend):
         return node_edits()
 
     def pre_start(self, resource, ids):
+        return None
+
+
+class Dra(exports.Dra):
+    def describe(self):
+        # What DRA publishes beyond discover's string attributes: typed values (text, integer,
+        # flag, version), capacities, and counter sets that partitions of one device share.
+        devices = []
+        for r in Backend().discover():
+            for d in r.devices:
+                try:
+                    n = devfs.stat(d.edits.device_nodes[0].container_path.removeprefix("/dev/"))
+                except Err:
+                    continue
+                attributes = [("major", dra.AttributeValue_Integer(n.major)), ("minor", dra.AttributeValue_Integer(n.minor))]
+                devices.append(dra.DeviceDescription(resource=r.name, id=d.id, attributes=attributes, capacity=[],
+                                                     consumes_counters=[], allow_multiple_allocations=False))
+        return dra.PoolDescription(counter_sets=[], devices=devices)
+
+    def prepare(self, claim_uid, devices, config):
+        # A claim's edits come from `allocate` (and each device's own from discover).
+        raise Err(types.BackendError_Unsupported())
+
+    def unprepare(self, claim_uid):
         return None

@@ -1,12 +1,15 @@
 //! {{name}}: a devplug backend. It serves `{{resource}}`: one device per node under /dev that
-//! matches the globs in its config (`paths = ["..."]`), healthy while the node is there.
+//! matches the globs in its config (`paths = ["..."]`), healthy while the node is there; for DRA
+//! it describes each device with typed attributes (its node's major and minor numbers).
 //!
 //! Build: `cargo build --release --target wasm32-wasip2`
 //! Test:  `cargo test` (natively, against `tests/fixture/`)
 //! Try:   `devplug discover --backend target/wasm32-wasip2/release/{{crate}}.wasm --manifest devplug.toml \
 //!         --sysfs-root tests/fixture/sys --dev-root tests/fixture/dev --dev-fixtures`
 
-use devplug_sdk::{Backend, BackendError, Device, Health, Info, NodeKind, Resource, ResourceInfo, Sys, edits, invalid_config};
+use devplug_sdk::{
+    Backend, BackendError, Device, Health, Info, NodeKind, Resource, ResourceInfo, Sys, dra, edits, invalid_config,
+};
 
 const RESOURCE: &str = "{{resource}}";
 
@@ -50,6 +53,24 @@ impl Backend for Plugin {
         }
         Ok(vec![Resource { name: RESOURCE.into(), devices, common_edits: edits::empty() }])
     }
+
+    /// For DRA (WIT 0.3.0): typed facts beyond discover's strings, here each node's numbers.
+    /// Capacities and shared counter sets go here too (see the SDK's `dra` module).
+    fn describe(&self, sys: &dyn Sys) -> Result<dra::PoolDescription, BackendError> {
+        let mut devices = Vec::new();
+        for r in self.discover(sys)? {
+            for d in &r.devices {
+                let Some(node) = d.edits.device_nodes.first() else { continue };
+                let Ok(n) = sys.dev_stat(node.container_path.trim_start_matches("/dev/")) else { continue };
+                let attributes = vec![
+                    ("major".into(), dra::AttributeValue::Integer(n.major.into())),
+                    ("minor".into(), dra::AttributeValue::Integer(n.minor.into())),
+                ];
+                devices.push(dra::DeviceDescription { attributes, ..dra::describe(&r.name, &d.id) });
+            }
+        }
+        Ok(dra::PoolDescription { counter_sets: Vec::new(), devices })
+    }
 }
 
 devplug_sdk::backend!(Plugin);
@@ -68,5 +89,7 @@ mod tests {
         let ids: Vec<&str> = res[0].devices.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(ids, ["{{name}}0", "{{name}}1"]);
         assert!(matches!(Plugin::init("colour = blue", &sys), Err(BackendError::InvalidConfig(_))));
+        let pool = b.describe(&sys).unwrap();
+        assert_eq!(pool.devices[0].attributes[0], ("major".to_owned(), dra::AttributeValue::Integer(240)));
     }
 }
