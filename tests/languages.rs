@@ -141,11 +141,12 @@ fn fenced<'a>(text: &'a str, lang: &str) -> &'a str {
     &text[start..start + text[start..].find("```").unwrap()]
 }
 
-/// Issue 34: the vendor guide's "Ship it" commands as written (the registry's address and the
-/// project's name substituted): the key pair its openssl lines make is one `push --sign-key`
-/// takes, the signed push pulls back verified, and its node config (image, grant, public key)
-/// lets a `devplug new` project be pulled, verified and discovered on its fixture with nothing
-/// refused. A guide that drifts from the code fails here.
+/// Issue 34: the vendor guide's commands as written (the registry's address and the project's
+/// name substituted): its learn command prints requests that, granted, find the project's
+/// devices; the key pair its openssl lines make is one `push --sign-key` takes, the signed push
+/// pulls back verified, and its node config (image, grant, public key) lets a `devplug new`
+/// project be pulled, verified and discovered on its fixture with nothing refused. A guide that
+/// drifts from the code fails here.
 fn the_guides_ship_commands_work(project: &Path) {
     let guide =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-backend.md")).unwrap();
@@ -158,6 +159,22 @@ fn the_guides_ship_commands_work(project: &Path) {
     for line in commands {
         project_cmd(project, &ours(line));
     }
+    // The guide's learn command (section 2), on the project: what it prints, granted, is enough.
+    let learn_at = guide.find("### Learn the requests instead of guessing").expect("the guide's learn section");
+    let learn = ours(&fenced(&guide[learn_at..], "sh").replace("\\\n", " "));
+    let learn = learn.split('#').next().unwrap().trim().to_owned();
+    assert!(learn.starts_with("devplug discover --learn-requests demo"), "{learn}");
+    project_cmd(project, &format!("{learn} > learned.toml"));
+    let learned = std::fs::read_to_string(project.join("learned.toml")).unwrap();
+    assert!(learned.contains("\"demo[0-9]*\""), "the nodes it hands out: {learned}");
+    std::fs::write(project.join("learned-grant.toml"), learned.replace("[requests]", "[backends.demo.grant]")).unwrap();
+    project_cmd(
+        project,
+        "devplug discover --config learned-grant.toml --backend demo.wasm --sysfs-root tests/fixture/sys \
+         --dev-root tests/fixture/dev --dev-fixtures --format json > learned.json",
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(project.join("learned.json")).unwrap()).unwrap();
+    assert_eq!(v["resources"][0]["devices"].as_array().map(Vec::len), Some(2), "{v}");
     let node = ours(fenced(section, "toml"));
     std::fs::write(project.join("node.toml"), node).unwrap();
     project_cmd(
