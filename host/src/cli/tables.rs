@@ -37,10 +37,11 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
     }
     let mut rows = vec![
-        ["BACKEND", "VERSION", "COMPONENT SHA256", "BREAKER", "TRAPS", "TIMEOUTS", "LAST ERROR"]
+        ["BACKEND", "VERSION", "COMPONENT SHA256", "BREAKER", "TRAPS", "TIMEOUTS", "DENIED", "LAST ERROR"]
             .map(str::to_owned)
             .to_vec(),
     ];
+    let mut denied_lines = Vec::new();
     for b in v["backends"].as_array().into_iter().flatten() {
         let digest: String = str_of(&b["digest"]).chars().take(12).collect();
         let breaker = if b["breaker_open"].as_bool() == Some(true) { "OPEN" } else { "closed" };
@@ -51,11 +52,25 @@ pub fn status_table(v: &serde_json::Value) -> String {
             breaker.to_owned(),
             str_of(&b["stats"]["traps"]),
             str_of(&b["stats"]["timeouts"]),
+            str_of(&b["stats"]["denied"]),
             b["last_error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
         ]);
+        // The first refusals of each backend, with the grant that would allow them.
+        for d in b["denied"].as_array().into_iter().flatten().take(3) {
+            denied_lines.push(format!(
+                "! {} was refused {} {}: {}",
+                clip(&str_of(&b["name"])),
+                clip(&str_of(&d["call"])),
+                clip(&str_of(&d["path"])),
+                clip(&str_of(&d["grant"]))
+            ));
+        }
     }
     let _ = writeln!(out);
-    out.push_str(&table(&rows, &[false, false, false, false, true, true, false]));
+    out.push_str(&table(&rows, &[false, false, false, false, true, true, true, false]));
+    for line in denied_lines {
+        let _ = writeln!(out, "{line}");
+    }
     let sources = v["sources"].as_array().cloned().unwrap_or_default();
     if !sources.is_empty() {
         let mut rows = vec![
@@ -254,8 +269,10 @@ mod tests {
             "resources": [{ "name": "x.io/w", "healthy": 1, "unhealthy": 0, "endpoint": evil,
                 "devices": [{ "id": "d0", "health": "Healthy", "numa_nodes": [0], "nodes": [evil],
                               "attributes": { "note": evil } }] }],
-            "backends": [{ "name": "b", "version": "v".repeat(1 << 20), "digest": "", "stats": {},
-                           "last_error": evil, "wit_version": evil, "origin": evil }],
+            "backends": [{ "name": "b", "version": "v".repeat(1 << 20), "digest": "", "stats": { "denied": 1 },
+                           "last_error": evil, "wit_version": evil, "origin": evil,
+                           "denied": [{ "call": evil, "path": evil, "grant": evil }] }],
+            "refused": [{ "backend": evil, "call": evil, "path": evil, "grant": evil }],
             "allocations": [{ "resource": evil, "device": "d0", "namespace": "n", "pod": "p", "container": "c" }],
             "claims": [{ "driver": "d.io", "namespace": "n", "name": "c", "uid": "u", "state": "stuck",
                          "retries": 2, "error": evil }],
@@ -269,5 +286,7 @@ mod tests {
             assert!(text.len() < 8192, "{what}: {} bytes", text.len());
         }
         assert!(status_table(&v).contains("stuck"), "the stuck claim shows");
+        assert!(status_table(&v).contains("! b was refused"), "a refusal shows with its grant");
+        assert!(discover_table(&v).contains("refused: "), "and in discover's table");
     }
 }
