@@ -102,6 +102,74 @@ fn replica_of(d: &Device) -> Option<&str> {
     d.attributes.iter().find(|(k, _)| k == REPLICA_OF).map(|(_, v)| v.as_str()).filter(|v| !v.is_empty())
 }
 
+/// One device of resource `r` as the API writes it, named `name`: discover's attributes as
+/// strings, a WIT 0.3.0 description's typed ones, the host's own (`resource`, `numa`, the
+/// standard names where there is room), capacities, counters, sharing and its taint.
+fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str, shares: Option<u64>) -> Value {
+    let mut attributes = serde_json::Map::new();
+    for (k, v) in d.attributes.iter().filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY) {
+        attributes.insert(attribute_name(k), json!({ "string": v }));
+    }
+    // A WIT 0.3.0 backend's own description: typed values under its own names (a name
+    // the API server refuses refuses the pool, naming the device and field).
+    let described = r.described.get(&d.id);
+    for (k, v) in described.iter().flat_map(|x| x.attributes.iter()) {
+        let value = match v {
+            AttributeValue::Text(s) => json!({ "string": s }),
+            AttributeValue::Int(i) => json!({ "int": i }),
+            AttributeValue::Bool(b) => json!({ "bool": b }),
+            AttributeValue::Version(s) => json!({ "version": s }),
+        };
+        attributes.insert(k.clone(), value);
+    }
+    // The host's own attributes last, so nothing a backend says can replace them (its
+    // answers naming them are refused before they get here: `vet`).
+    attributes.insert("resource".into(), json!({ "string": r.name }));
+    match d.numa_nodes.first() {
+        Some(numa) => attributes.insert("numa".into(), json!({ "int": numa })),
+        None => attributes.remove("numa"),
+    };
+    // Kubernetes' standard names, where the device has room for them (the server takes
+    // 32 attributes and capacities a device).
+    let capacities = described.map_or(0, |x| x.capacity.len()) + usize::from(shares.is_some());
+    for (k, v) in super::standard::attributes(sysfs, &d.attributes, &d.numa_nodes) {
+        if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
+            attributes.insert(k, v);
+        }
+    }
+    let mut device = json!({ "name": name, "attributes": attributes });
+    let mut capacity: serde_json::Map<String, Value> =
+        described.iter().flat_map(|x| x.capacity.iter()).map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
+    if let Some(x) = described {
+        if !x.consumes.is_empty() {
+            device["consumesCounters"] = x.consumes.iter().map(counters_json).collect();
+        }
+        if x.allow_multiple_allocations {
+            device["allowMultipleAllocations"] = json!(true);
+        }
+    }
+    // A shared device: as many claims as it had replicas, one share each by default
+    // (KEP-5075 consumable capacity; the scheduler gives each allocation a share ID).
+    if let Some(n) = shares {
+        device["allowMultipleAllocations"] = json!(true);
+        capacity.insert(
+            SHARES.into(),
+            json!({ "value": n.to_string(), "requestPolicy": {
+                "default": "1", "validRange": { "min": "1", "max": n.to_string() } } }),
+        );
+    }
+    if !capacity.is_empty() {
+        device["capacity"] = Value::Object(capacity);
+    }
+    if d.health == Health::Unhealthy {
+        let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
+        let value: String = why.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(63).collect();
+        let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
+        device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
+    }
+    device
+}
+
 /// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
 /// lists of the `resources` it serves through DRA, at `generation`, without PCIe roots (see
 /// [`pool_on`]).
@@ -154,71 +222,7 @@ pub fn pool_on(
             if let Some((other, _)) = ids.insert(name.clone(), (d.id.clone(), r.name.clone())) {
                 return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
             }
-            let mut attributes = serde_json::Map::new();
-            for (k, v) in d.attributes.iter().filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY) {
-                attributes.insert(attribute_name(k), json!({ "string": v }));
-            }
-            // A WIT 0.3.0 backend's own description: typed values under its own names (a name
-            // the API server refuses refuses the pool, naming the device and field).
-            let described = r.described.get(&d.id);
-            for (k, v) in described.iter().flat_map(|x| x.attributes.iter()) {
-                let value = match v {
-                    AttributeValue::Text(s) => json!({ "string": s }),
-                    AttributeValue::Int(i) => json!({ "int": i }),
-                    AttributeValue::Bool(b) => json!({ "bool": b }),
-                    AttributeValue::Version(s) => json!({ "version": s }),
-                };
-                attributes.insert(k.clone(), value);
-            }
-            // The host's own attributes last, so nothing a backend says can replace them (its
-            // answers naming them are refused before they get here: `vet`).
-            attributes.insert("resource".into(), json!({ "string": r.name }));
-            match d.numa_nodes.first() {
-                Some(numa) => attributes.insert("numa".into(), json!({ "int": numa })),
-                None => attributes.remove("numa"),
-            };
-            // Kubernetes' standard names, where the device has room for them (the server takes
-            // 32 attributes and capacities a device).
-            let capacities = described.map_or(0, |x| x.capacity.len()) + usize::from(shares.is_some());
-            for (k, v) in super::standard::attributes(sysfs, &d.attributes, &d.numa_nodes) {
-                if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
-                    attributes.insert(k, v);
-                }
-            }
-            let mut device = json!({ "name": name, "attributes": attributes });
-            let mut capacity: serde_json::Map<String, Value> = described
-                .iter()
-                .flat_map(|x| x.capacity.iter())
-                .map(|(k, q)| (k.clone(), json!({ "value": q })))
-                .collect();
-            if let Some(x) = described {
-                if !x.consumes.is_empty() {
-                    device["consumesCounters"] = x.consumes.iter().map(counters_json).collect();
-                }
-                if x.allow_multiple_allocations {
-                    device["allowMultipleAllocations"] = json!(true);
-                }
-            }
-            // A shared device: as many claims as it had replicas, one share each by default
-            // (KEP-5075 consumable capacity; the scheduler gives each allocation a share ID).
-            if let Some(n) = shares {
-                device["allowMultipleAllocations"] = json!(true);
-                capacity.insert(
-                    SHARES.into(),
-                    json!({ "value": n.to_string(), "requestPolicy": {
-                        "default": "1", "validRange": { "min": "1", "max": n.to_string() } } }),
-                );
-            }
-            if !capacity.is_empty() {
-                device["capacity"] = Value::Object(capacity);
-            }
-            if d.health == Health::Unhealthy {
-                let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
-                let value: String =
-                    why.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(63).collect();
-                let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
-                device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
-            }
+            let device = device_json(sysfs, r, d, &name, shares);
             bytes += json_len(&device);
             if bytes > MAX_POOL_BYTES {
                 return Err(fail(
@@ -307,6 +311,37 @@ mod tests {
 
     fn resource(name: &str, devices: Vec<Device>) -> Resource {
         Resource { name: name.into(), devices, ..Default::default() }
+    }
+
+    /// Replicas of one device are one pool device several claims may hold (a `shares`
+    /// capacity, one each by default); the way back names the first replica; a `dra-only`
+    /// marker and `replica-of` are the host's, never published.
+    #[test]
+    fn replicas_are_one_shared_device() {
+        let replicas: Vec<Device> = (0..3)
+            .map(|i| device(&format!("kvm-{i}"), Health::Healthy, &[("replica-of", "kvm"), ("paths", "/dev/kvm")]))
+            .collect();
+        let mut lone = device("tun", Health::Healthy, &[("dra-only", "true")]);
+        lone.numa_nodes.clear();
+        let p = pool(
+            "generic",
+            "generic.devplug.io",
+            "node-a",
+            "node-a",
+            1,
+            &[resource("devplug.io/kvm", replicas), resource("devplug.io/tun", vec![lone])],
+        )
+        .unwrap();
+        let devices = p.slices[0]["spec"]["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 2, "{devices:?}");
+        let kvm = &devices[0];
+        assert_eq!(kvm["name"], "kvm");
+        assert_eq!(kvm["allowMultipleAllocations"], true);
+        assert_eq!(kvm["capacity"]["shares"]["value"], "3");
+        assert_eq!(kvm["capacity"]["shares"]["requestPolicy"]["validRange"]["max"], "3");
+        assert!(kvm["attributes"]["replica_of"].is_null() && devices[1]["attributes"]["dra_only"].is_null());
+        assert_eq!(p.ids["kvm"], ("kvm-0".to_owned(), "devplug.io/kvm".to_owned()));
+        assert!(slice_rules::problems(&p.slices[0]).is_empty());
     }
 
     /// Issue 33: what a pool publishes is bounded as a whole (8,192 devices × 32 legal
