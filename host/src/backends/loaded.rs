@@ -408,9 +408,8 @@ impl Loaded {
                     },
                     denied: inst
                         .refusals()
-                        .paths()
+                        .paths(MAX_DENIED_SHOWN)
                         .into_iter()
-                        .take(MAX_DENIED_SHOWN)
                         .map(|(call, path, grantable)| Denied::new(name, &call, &path, grantable))
                         .collect(),
                     last_error: slot.last_error.locked().clone(),

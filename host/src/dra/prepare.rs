@@ -48,8 +48,16 @@ pub struct Preparer {
     pub status: Arc<super::status::Reporter>,
 }
 
-/// An allocated device of this driver: (request, pool device name, device ID, share ID).
-type Picked = (String, String, String, Option<String>);
+/// An allocated device of this driver.
+struct Picked {
+    request: String,
+    /// Its name in the pool.
+    name: String,
+    /// The backend's device ID behind the name.
+    id: String,
+    /// The allocation's share of a device several claims may hold.
+    share_id: Option<String>,
+}
 /// The allocated devices by resource.
 type Groups = BTreeMap<String, (ServedResource, Vec<Picked>)>;
 
@@ -92,11 +100,12 @@ impl Preparer {
                     r.device, r.request, self.driver
                 ));
             };
-            groups
-                .entry(resource.name.clone())
-                .or_insert_with(|| (resource, Vec::new()))
-                .1
-                .push((r.request, r.device, id, r.share_id));
+            groups.entry(resource.name.clone()).or_insert_with(|| (resource, Vec::new())).1.push(Picked {
+                request: r.request,
+                name: r.device,
+                id,
+                share_id: r.share_id,
+            });
         }
         Ok((groups, config))
     }
@@ -116,10 +125,10 @@ impl ClaimPreparer for Preparer {
         let claim_devices: Vec<ClaimDevice> = groups
             .iter()
             .flat_map(|(resource, (_, picked))| {
-                picked.iter().map(|(request, _, id, _)| ClaimDevice {
-                    request: request.clone(),
+                picked.iter().map(|p| ClaimDevice {
+                    request: p.request.clone(),
                     resource: resource.clone(),
-                    id: id.clone(),
+                    id: p.id.clone(),
                 })
             })
             .collect();
@@ -135,7 +144,7 @@ impl ClaimPreparer for Preparer {
             common.merge(edits);
         }
         for (resource, (served, picked)) in groups {
-            let ids: Vec<String> = picked.iter().map(|(_, _, id, _)| id.clone()).collect();
+            let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
             let list = served.devices.borrow().clone();
             if whole.is_none() {
                 let extra = served
@@ -151,7 +160,7 @@ impl ClaimPreparer for Preparer {
             if let Some(why) = list.foreign_node(&ids, &common) {
                 return Err(format!("backend {}, resource {resource}: answer refused: {why}", served.backend));
             }
-            for (request, name, id, share_id) in picked {
+            for Picked { request, name, id, share_id } in picked {
                 let Some(d) = list.device(&id) else {
                     return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
                 };

@@ -54,10 +54,9 @@ impl RefusalLog {
 }
 
 impl RefusalLog {
-    /// The distinct accesses refused so far (call, path, whether a grant would allow it), at
-    /// most [`MAX_REMEMBERED`].
-    pub fn paths(&self) -> Vec<(String, String, bool)> {
-        self.refused.locked().clone()
+    /// The first `limit` distinct accesses refused (call, path, whether a grant would allow it).
+    pub fn paths(&self, limit: usize) -> Vec<(String, String, bool)> {
+        self.refused.locked().iter().take(limit).cloned().collect()
     }
 
     /// How many distinct accesses were refused (what `devplug status` counts).
