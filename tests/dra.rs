@@ -49,6 +49,18 @@ fn slice_validation_agrees_with_the_recorded_api_server_on_every_case() {
     );
 }
 
+/// A fixture's sysfs as the PCI gate asks it (what the first-party backends are granted).
+struct Fixture(PathBuf);
+
+impl devplug::gate::PciLookup for Fixture {
+    fn granted(&self, _: &str) -> bool {
+        true
+    }
+    fn present(&self, bus_id: &str) -> bool {
+        self.0.join("bus/pci/devices").join(bus_id).exists()
+    }
+}
+
 /// DRA, step 2: what the first-party backends discover on the real-hardware fixtures becomes
 /// pools of slices the recorded server's rules accept (device IDs such as PCI addresses renamed
 /// to DNS labels, attributes typed, at most 128 devices a slice).
@@ -71,6 +83,13 @@ fn first_party_devices_on_the_fixtures_make_valid_pools() {
                 .iter()
                 .map(|d| Device {
                     id: d["id"].as_str().unwrap().into(),
+                    // What `discover`'s gate made of `pci` (granted, present), taken as it said.
+                    vetted: devplug::model::Vetted {
+                        pci: d["vetted"]["pci"]
+                            .as_str()
+                            .map(|a| devplug::gate::PciAddress::new(a, &Fixture(m.join("sys"))).unwrap()),
+                        netdev: None,
+                    },
                     health: if d["health"] == "Healthy" { Health::Healthy } else { Health::Unhealthy },
                     numa_nodes: d["numa_nodes"]
                         .as_array()
@@ -1200,8 +1219,8 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     daemon.stop().await.unwrap();
 }
 
-/// One output policy for both APIs: the same hostile answers (code-loading env keys a glob
-/// grant of `env = ["*"]` would match, another device's node, host nodes, root mounts, CDI
+/// One output policy for both APIs: the same hostile answers (code-loading env keys outside the
+/// backend's granted prefix `CHAOS_*`, another device's node, host nodes, root mounts, CDI
 /// annotations) go through Allocate on one chaos backend and through DRA prepare on its twin;
 /// every one is refused on both paths with the same rule text, and no claim spec is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1223,10 +1242,10 @@ async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
                 (name, format!("resource={resource} devices={} names={ids} nodes=null,zero prepare=whole", names.len()))
             })
             .collect();
-    // A generous grant: any env key by glob. Code-loading keys must still need their exact word.
+    // The vendor-prefix grant (a bare `*` is refused at config load: `a_bare_env_glob_grant_is_refused_at_config_load`).
     let any_env = |r: String| {
         assert!(r.contains("env = [\"CHAOS_*\"]"), "{r}");
-        r.replace("env = [\"CHAOS_*\"]", "env = [\"*\"]")
+        r
     };
     let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
     let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos_configs, any_env, config).await;
@@ -1259,7 +1278,7 @@ async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
         assert!(allocate_msg.contains("refused"), "{k}: {allocate_msg}");
         assert_eq!(rule(allocate_msg), rule(&prepared.error), "{k}: Allocate and prepare disagree");
         if k.starts_with("hook-") {
-            assert!(allocate_msg.contains("grant names it exactly"), "{k}: {allocate_msg}");
+            assert!(allocate_msg.contains("env key"), "{k}: {allocate_msg}");
         }
     }
     assert!(rule(&claims.iter().find(|(k, _)| k == "steal-zero").unwrap().1).contains("widget-1's"));
@@ -1455,6 +1474,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         numa_nodes: vec![],
         attributes: vec![],
         edits: Default::default(),
+        vetted: Default::default(),
     };
     let mut sick = device("gpu-1", Health::Unhealthy);
     sick.attributes.push(("unhealthy".into(), "Xid 79: GPU has fallen off the bus".into()));
@@ -1634,6 +1654,7 @@ async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
         numa_nodes: vec![],
         attributes: vec![("unhealthy".into(), "Xid 79".into())],
         edits: Default::default(),
+        vetted: Default::default(),
     };
     let lists = [
         vec![],
@@ -1659,4 +1680,60 @@ async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
     }
     let stored = api.slices(NODE, Some("gpu.devplug.io"));
     assert!(stored.values().all(|s| s["metadata"]["annotations"]["devplug.io/spec-sha256"].is_string()));
+}
+
+/// Issue 41: a generation is written whole or not at all. The server refuses the second slice
+/// of a new generation (a quota); the slice already written is put back, so the pool stays at
+/// the previous generation, complete, as the scheduler needs it, and the error says so. Before,
+/// the pool was left with one slice at each generation while the log said "the last good pool
+/// stays".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_generation_leaves_the_previous_pool_whole() {
+    use devplug::dra::api::PoolWriter;
+    use devplug::model::{Device, Health, Resource};
+    let api = support::apiserver::ApiServer::start(&[NODE]).await;
+    let dir = tempfile::tempdir().unwrap();
+    api.write_kubeconfig(&dir.path().join("kubeconfig"));
+    let client = devplug::dra::api::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
+    // 130 devices: two slices (at most 128 a slice).
+    let devices = |model: &str| -> Vec<Device> {
+        (0..130)
+            .map(|i| Device {
+                id: format!("gpu-{i}"),
+                health: Health::Healthy,
+                numa_nodes: vec![],
+                attributes: vec![("model".into(), model.into())],
+                edits: Default::default(),
+                vetted: Default::default(),
+            })
+            .collect()
+    };
+    let mut writer = PoolWriter::new(client, NODE, "gpu.devplug.io");
+    let sync = async |writer: &mut PoolWriter, model: &str| {
+        let resources = [Resource { name: "devplug.io/gpu".into(), devices: devices(model), ..Default::default() }];
+        let build = |generation| {
+            devplug::dra::slices::pool("gpu", "gpu.devplug.io", NODE, NODE, generation, &resources).map(|p| p.slices)
+        };
+        writer.sync(build).await
+    };
+    sync(&mut writer, "a100").await.unwrap();
+    let before = api.slices(NODE, Some("gpu.devplug.io"));
+    assert_eq!(before.len(), 2);
+    api.refuse_write_after(1);
+    let e = format!("{:#}", sync(&mut writer, "h100").await.unwrap_err());
+    assert!(e.contains("exceeded quota") && e.contains("generation 1 is whole again"), "{e}");
+    let after = api.slices(NODE, Some("gpu.devplug.io"));
+    let shape = |pool: &std::collections::BTreeMap<String, serde_json::Value>| -> Vec<(String, i64, String)> {
+        pool.iter()
+            .map(|(name, s)| {
+                let model = s["spec"]["devices"][0]["attributes"]["model"]["string"].as_str().unwrap_or("").to_owned();
+                (name.clone(), s["spec"]["pool"]["generation"].as_i64().unwrap(), model)
+            })
+            .collect()
+    };
+    assert_eq!(shape(&after), shape(&before), "the previous generation, whole and unchanged");
+    // The next sync writes the new generation whole.
+    sync(&mut writer, "h100").await.unwrap();
+    let next = shape(&api.slices(NODE, Some("gpu.devplug.io")));
+    assert!(next.iter().all(|(_, g, m)| *g > 1 && m == "h100"), "{next:?}");
 }

@@ -124,7 +124,7 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
     let err = c.allocate(alloc("widget-9")).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
 
-    let text = wait_http(&addr, "/metrics", "pod attribution", |_, b| b.contains("pod=\"train-2\"")).await;
+    let text = wait_http(&addr, "/metrics", "pod attribution", |_, b| b.contains("device=\"widget-2\"}")).await;
     let m = samples(&text);
     let r = "resource=\"test.devplug.io/widget\"";
     let want: Vec<(String, f64)> = vec![
@@ -145,10 +145,13 @@ async fn metrics_tell_the_story_of_a_scripted_scenario() {
         assert_eq!(m.get(series), Some(value), "{series}\n{text}");
     }
     for i in 0..3 {
-        let series = format!(
-            "devplug_device_allocated{{container=\"main\",device=\"widget-{i}\",namespace=\"ml\",pod=\"train-{i}\",{r}}}"
-        );
+        let series = format!("devplug_device_allocated{{device=\"widget-{i}\",{r}}}");
         assert_eq!(m.get(&series), Some(&1.0), "{series}\n{text}");
+    }
+    // Issue 41: who holds a device is the operator's to see (`/status`), never a label on the
+    // port the manifests open to the network.
+    for label in ["pod=", "namespace=", "container=", "uid=", "claim="] {
+        assert!(!text.contains(label), "{label} in /metrics:\n{text}");
     }
     let info: Vec<&String> = m.keys().filter(|k| k.starts_with("devplug_backend_info{")).collect();
     assert_eq!(info.len(), 1, "{info:?}");
@@ -288,4 +291,39 @@ async fn probes_answer_while_backends_are_still_loading() {
     assert_eq!(status, 200, "{body}");
     assert!(!d.log().contains("backends loaded"), "the init was over before the probes were asked:\n{}", d.log());
     assert!(d.terminate(T).unwrap().success());
+}
+
+/// Issue 41: the port the manifests open on the host network (`0.0.0.0:9400`) served `/status`
+/// with every claim's namespace, name and UID to anyone on the network. Now it serves the probes
+/// and `/metrics` only; `/status` is on a `0600` Unix socket in devplug's `0700` state dir, which
+/// `devplug status` reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_network_port_serves_probes_and_metrics_only_and_status_stays_on_the_private_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = setup();
+    let mut args = run_args(&s.kdir, &s.backends, &s.machine);
+    let at = args.iter().position(|a| a == "127.0.0.1:0").unwrap();
+    args[at] = "0.0.0.0:0".into();
+    let d = Devplug::spawn(&args);
+    d.wait_log("serving /healthz, /readyz and /metrics", T).unwrap();
+    d.wait_log("serving /status for `devplug status`", T).unwrap();
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let port = line.split("addr=0.0.0.0:").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let addr = format!("127.0.0.1:{port}");
+    let (code, body) = get(&addr, "/status").await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains("status socket"), "{body}");
+    assert_eq!(get(&addr, "/status/devices").await.0, 404);
+    assert_eq!(get(&addr, "/metrics").await.0, 200);
+    let socket = s.kdir.parent().unwrap().join("plugins/devplug/status.sock");
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode(&socket), mode(socket.parent().unwrap())), (0o600, 0o700));
+    let shown = socket.display().to_string();
+    let out =
+        tokio::task::spawn_blocking(move || run(&["status", "--addr", &shown, "--format", "json"])).await.unwrap();
+    assert_eq!(out.0, 0, "{}", out.2);
+    let v: serde_json::Value = serde_json::from_str(&out.1).unwrap();
+    assert!(v["backends"].is_array(), "{v}");
+    drop(d);
 }

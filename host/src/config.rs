@@ -184,6 +184,9 @@ pub struct Config {
     /// The lock one devplug per node holds while it serves (see `daemon/handover.rs`); default
     /// `<plugins dir>/devplug/instance.lock`.
     pub instance_lock: Option<PathBuf>,
+    /// The Unix socket `/status` is served on for `devplug status` (`0600`, devplug's user
+    /// only); default `<plugins dir>/devplug/status.sock`.
+    pub status_socket: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -215,6 +218,7 @@ impl Default for Config {
             registry: crate::oci::RegistrySettings::default(),
             dra: DraSettings::default(),
             instance_lock: None,
+            status_socket: None,
         }
     }
 }
@@ -232,6 +236,10 @@ impl Config {
         for (name, b) in cfg.backends.iter_mut() {
             let grant = raw.get("backends").and_then(|t| t.get(name)).and_then(|t| t.get("grant"));
             b.grant_resources_unstated = grant.is_some_and(|g| g.get("resources").is_none());
+            // Env grants by allow-list: exact keys or one vendor's prefix (`crate::gate::EnvGrant`).
+            for pattern in b.grant.iter().flat_map(|g| &g.env) {
+                crate::gate::EnvGrant::new(pattern).map_err(|e| anyhow::anyhow!("backends.{name}.grant.env: {e}"))?;
+            }
         }
         anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
         anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
@@ -314,6 +322,11 @@ impl Config {
         self.dra.plugins_dir.clone().unwrap_or_else(|| {
             self.kubelet_dir.parent().map(|p| p.join("plugins")).unwrap_or_else(|| PathBuf::from("plugins"))
         })
+    }
+
+    /// The status socket's path: `status_socket`, else `devplug/status.sock` in the plugins dir.
+    pub fn status_socket(&self) -> PathBuf {
+        self.status_socket.clone().unwrap_or_else(|| self.dra_plugins_dir().join("devplug").join("status.sock"))
     }
 
     /// The instance lock's path: `instance_lock`, else `devplug/instance.lock` in the plugins dir.

@@ -41,7 +41,8 @@ fn main() -> std::process::ExitCode {
     match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            observe::say(tracing::Level::ERROR, &format!("{e:#}"));
+            let backend = e.downcast_ref::<observe::Backend>().map(|b| b.0.clone());
+            observe::say_about(tracing::Level::ERROR, backend.as_deref(), &format!("{e:#}"));
             std::process::ExitCode::FAILURE
         }
     }
@@ -63,7 +64,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         Command::Dra(DraCommand::Release(args)) => {
             let marker = devplug::dra::claims::request_release(&args.dra_plugins_dir.join(&args.driver), &args.uid)?;
             println!(
-                "release of claim {} asked ({}); devplug drops it at kubelet's next unprepare",
+                "release of claim {} asked ({}); if the claim is stuck (its backend's unprepare failed), devplug drops it at kubelet's next unprepare; a claim that is not stuck is unprepared by its backend and the request is ignored (devplug logs a WARN)",
                 args.uid,
                 marker.display()
             );
@@ -102,16 +103,17 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     // this to catch a broken backend.
     let errors: Vec<String> =
         v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(str::to_owned)).collect();
-    for e in &errors {
-        observe::say(tracing::Level::ERROR, e);
+    for f in v["failures"].as_array().into_iter().flatten() {
+        observe::say_about(tracing::Level::ERROR, f["backend"].as_str(), f["error"].as_str().unwrap_or_default());
     }
     // A refused access is why a device goes missing or Unhealthy: said with its grant, and a
     // failure, so a vendor's CI sees it.
     let refused = v["refused"].as_array().cloned().unwrap_or_default();
     for r in &refused {
         let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
-        observe::say(
+        observe::say_about(
             tracing::Level::WARN,
+            Some(&s("backend")),
             &format!("backend {} was refused {} {}: to allow it, {}", s("backend"), s("call"), s("path"), s("grant")),
         );
     }
@@ -134,7 +136,7 @@ async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<()> {
         println!("{}", f.display());
     }
     for e in &errors {
-        observe::say(tracing::Level::ERROR, e);
+        observe::say_about(tracing::Level::ERROR, e.backend.as_deref(), &e.message);
     }
     anyhow::ensure!(errors.is_empty(), "some specs were not written (see above)");
     Ok(())

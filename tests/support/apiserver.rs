@@ -43,12 +43,35 @@ pub struct Store {
     history: std::collections::VecDeque<(u64, String, Value)>,
     /// The newest version no longer in `history`.
     forgotten: u64,
+    /// Slice writes (create or replace) to let through before one is refused as a quota
+    /// admission plugin refuses it (`403 Forbidden`, "exceeded quota"); then writes pass again.
+    refuse_after: Option<usize>,
 }
 
 /// Events the stand-in's watch cache keeps.
 const HISTORY: usize = 1000;
 
 impl Store {
+    /// The refusal of a write, if this is the one [`ApiServer::refuse_write_after`] asked for.
+    fn quota(&mut self, name: &str) -> Result<(), (StatusCode, Json<Value>)> {
+        match self.refuse_after {
+            Some(0) => {
+                self.refuse_after = None;
+                Err(status(
+                    StatusCode::FORBIDDEN,
+                    "Forbidden",
+                    format!("resourceslices.resource.k8s.io {name:?} is forbidden: exceeded quota: slices"),
+                    vec![],
+                ))
+            }
+            Some(n) => {
+                self.refuse_after = Some(n - 1);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
     fn next_version(&mut self) -> String {
         self.version += 1;
         self.version.to_string()
@@ -305,6 +328,7 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
     let name = slice["metadata"]["name"].as_str().unwrap_or("").to_owned();
     let mut st = s.lock().unwrap();
     st.log.push(format!("POST resourceslice {name}"));
+    st.quota(&name)?;
     if st.slices.contains_key(&name) {
         return Err(status(
             StatusCode::CONFLICT,
@@ -341,6 +365,7 @@ async fn replace_slice(
     validate(&slice)?;
     let mut st = s.lock().unwrap();
     st.log.push(format!("PUT resourceslice {name}"));
+    st.quota(&name)?;
     let Some(old) = st.slices.get(&name) else {
         return Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![]));
     };
@@ -624,6 +649,11 @@ impl ApiServer {
             let _ = axum::serve(listener, app).with_graceful_shutdown(until.cancelled_owned()).await;
         });
         ApiServer { addr, store, stop }
+    }
+
+    /// Let `n` slice writes through, then refuse one (as a quota admission plugin would).
+    pub fn refuse_write_after(&self, n: usize) {
+        self.store.lock().unwrap().refuse_after = Some(n);
     }
 
     /// A kubeconfig for this server at `path`.

@@ -6,7 +6,8 @@
 //! discover; `tick`: every device's attribute `tick` counts discovers, nothing else changes), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
 //! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse),
-//! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`).
+//! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`), `exclusive` (its
+//! devices do not declare `shared-node`: another backend naming their nodes conflicts).
 //! For DRA (WIT 0.3.0): `describe=typed` (typed attributes, a `memory` capacity, each device
 //! drawing 16Gi from a 64Gi counter set `chaos-memory`), `describe=stranger` (describes a device
 //! discover did not list), `describe=bomb` (thirty 64-byte attributes per device); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
@@ -51,6 +52,8 @@ pub struct Chaos {
     describe: String,
     prepare: bool,
     nodes: Vec<String>,
+    /// Devices without `shared-node`: their nodes are this backend's alone.
+    exclusive: bool,
 }
 
 impl Chaos {
@@ -77,6 +80,7 @@ impl Backend for Chaos {
             describe: String::new(),
             prepare: false,
             nodes: Vec::new(),
+            exclusive: false,
         };
         for word in config.split_whitespace() {
             match word.split_once('=') {
@@ -91,6 +95,7 @@ impl Backend for Chaos {
                 Some(("describe", v)) => me.describe = v.into(),
                 Some(("prepare", v)) => me.prepare = v == "whole",
                 Some(("nodes", v)) => me.nodes = v.split(',').map(str::to_owned).collect(),
+                None if word == "exclusive" => me.exclusive = true,
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
         }
@@ -149,6 +154,7 @@ impl Backend for Chaos {
                         attributes: std::iter::once(("index".into(), i.to_string()))
                             .chain(self.note.iter().map(|n| ("note".into(), n.clone())))
                             .chain((self.mode == "tick").then(|| ("tick".into(), self.polls.get().to_string())))
+                            .chain((!self.exclusive).then(|| ("shared-node".into(), "true".into())))
                             .collect(),
                         edits: {
                             let mut e = ContainerEdits {

@@ -9,6 +9,8 @@
 //! count = 1                        # >1: every node is shared by this many schedulable devices
 //!                                  # (through DRA: one device, `count` claims at a time)
 //! together = false                 # true: all matching nodes form a single device
+//! shared = true                    # another backend may hand these nodes out too, if it says so
+//!                                  # as well (default: true when count > 1)
 //! container_path = "/dev/my-null"  # expose the node elsewhere (only with one literal path)
 //! env = { MY_DEVICE = "1" }        # set in every container that gets one of these devices
 //! mounts = [{ host_path = "/etc/thing.conf", container_path = "/etc/thing.conf", read_only = true }]
@@ -54,6 +56,9 @@ struct ResourceConfig {
     count: u32,
     #[serde(default)]
     together: bool,
+    /// Whether these nodes may also be handed out by another backend's resource that says the
+    /// same (`shared-node`); default: when `count` shares them anyway.
+    shared: Option<bool>,
     container_path: Option<String>,
     #[serde(default)]
     env: std::collections::BTreeMap<String, String>,
@@ -195,6 +200,9 @@ fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
             // for as many claims at a time as there are shares.
             if r.count > 1 {
                 attributes.push(("replica-of".into(), device_id(&base)));
+            }
+            if r.shared.unwrap_or(r.count > 1) {
+                attributes.push(("shared-node".into(), "true".into()));
             }
             devices.push(Device {
                 id,

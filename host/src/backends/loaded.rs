@@ -32,6 +32,9 @@ pub(super) struct ResSlot {
     pub(super) tx: watch::Sender<Arc<Resource>>,
     pub(super) published: bool,
     pub(super) logged: HashSet<String>,
+    /// Device nodes another backend's resource hands out that this one's devices named: those
+    /// devices are refused (`super::exclusive`).
+    pub(super) conflicts: Vec<super::exclusive::Conflict>,
 }
 
 /// A resource a backend no longer serves. Its stream already carries an empty device list;
@@ -71,6 +74,8 @@ pub struct BackendSummary {
     pub last_error: Option<String>,
     /// The first distinct accesses it was refused, each with the grant that would allow it.
     pub denied: Vec<Denied>,
+    /// Device nodes another backend already hands out, refused for this one's devices.
+    pub conflicts: Vec<String>,
 }
 
 /// Refused accesses a summary names (the count is in [`StatsSnapshot::denied`]).
@@ -219,7 +224,20 @@ impl Loaded {
             Some(g) => g,
             None if src.origin == Origin::Embedded => requested.clone(),
             None => match self.default_grant {
-                DefaultGrant::Requested => requested.clone(),
+                DefaultGrant::Requested => {
+                    // A third-party manifest's request stands in for a grant here, so it gets the
+                    // grant's gate: env globs only as vendor prefixes (embedded manifests ship in
+                    // the binary and are reviewed with it).
+                    let mut g = requested.clone();
+                    g.env.retain(|p| match crate::gate::EnvGrant::new(p) {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(backend = %src.name, "default_grant = \"requested\" does not grant env {e}; grant the keys in [backends.{}.grant]", src.name);
+                            false
+                        }
+                    });
+                    g
+                }
                 DefaultGrant::None => {
                     if requested != &Globs::default() {
                         tracing::warn!(
@@ -340,6 +358,7 @@ impl Loaded {
                             tx,
                             published: false,
                             logged: HashSet::new(),
+                            conflicts: Vec::new(),
                         },
                     );
                 }
@@ -394,6 +413,11 @@ impl Loaded {
                     origin: slot.origin.load().0.to_string(),
                     breaker_open: inst.breaker_open(),
                     resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
+                    conflicts: resources
+                        .iter()
+                        .filter(|(_, r)| &r.backend == name)
+                        .flat_map(|(n, r)| r.conflicts.iter().map(move |c| format!("{n}: {c}")))
+                        .collect(),
                     stats: {
                         let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                         StatsSnapshot {

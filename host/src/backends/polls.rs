@@ -126,6 +126,12 @@ impl Loaded {
             Err(_) => BTreeMap::new(),
         };
         let mut resources = self.resources.locked();
+        // What the other backends' resources hand out now, for the exclusivity check.
+        let others: Vec<(String, String, Arc<Resource>)> = resources
+            .iter()
+            .filter(|(_, r)| r.backend != name)
+            .map(|(n, r)| (n.clone(), r.backend.clone(), r.tx.borrow().clone()))
+            .collect();
         // Every health change of this poll, for one record (a backend flipping thousands of
         // devices writes one line per poll, inside its log budget, not one per device).
         let mut flips: Vec<String> = Vec::new();
@@ -150,6 +156,20 @@ impl Loaded {
                 let ids: Vec<&str> = next.devices.iter().map(|d| d.id.as_str()).collect();
                 next.described.retain(|id, _| ids.contains(&id.as_str()));
             }
+            // A node another backend already hands out is refused for this one's devices
+            // unless both declare sharing (`exclusive`).
+            let conflicts = super::exclusive::conflicts(
+                others.iter().map(|(n, b, r)| (n.as_str(), b.as_str(), r.as_ref())),
+                name,
+                &next,
+            );
+            if conflicts != rs.conflicts {
+                for c in conflicts.iter().filter(|c| !rs.conflicts.contains(c)) {
+                    tracing::error!(backend = %name, resource = %rname, node = %c.node, holder = %c.holder, "{c}");
+                }
+                rs.conflicts = conflicts.clone();
+            }
+            super::exclusive::refuse(&mut next, &conflicts);
             let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
             if kubelet_changed {
                 for d in &next.devices {

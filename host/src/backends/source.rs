@@ -98,7 +98,7 @@ impl BackendSource {
             anyhow::bail!(
                 "{}: its manifest says name = {:?}, but the file makes it backend {base:?}; a manifest cannot take another backend's name (and grants): rename the file or fix the name",
                 path.display(),
-                crate::untrusted::clip(claimed)
+                crate::gate::clip(claimed)
             );
         }
         Ok(BackendSource {
@@ -124,7 +124,7 @@ impl BackendSource {
         if let Some(claimed) = manifest.name.as_deref().filter(|n| *n != name) {
             anyhow::bail!(
                 "{reference}: its manifest says name = {:?}, but the config serves it as backend {name:?}; a manifest cannot take another backend's name (and grants)",
-                crate::untrusted::clip(claimed)
+                crate::gate::clip(claimed)
             );
         }
         Ok(BackendSource {

@@ -89,9 +89,9 @@ pub const CDI_NAME_ATTRIBUTE: &str = "cdi-name";
 /// `nvidia-ctk` writes it.
 pub const ALL: &str = "all";
 
-/// Whether CDI accepts `name` as a device name as it is.
+/// Whether CDI accepts `name` as a device name as it is (the CDI-name gate).
 fn is_cdi_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 255 && device_name(name) == name
+    crate::gate::CdiName::new(name).is_ok()
 }
 
 /// The CDI entries of one resource: which names its spec holds, which device's edits each
@@ -139,7 +139,16 @@ impl<'a> Naming<'a> {
                 }
             }
             if mine.is_empty() {
-                let own = device_name(&d.id);
+                // The ID's own name, unless another device with other edits took it (a forged
+                // `cdi-name` equal to this device's ID): then a name derived from the ID's hash,
+                // so no device is ever answered with another device's entry.
+                let mut own = device_name(&d.id);
+                let mut salt = 0u32;
+                while owner.get(&own).is_some_and(|o| o.edits != d.edits) {
+                    salt += 1;
+                    let hash = hex::encode(&Sha256::digest(format!("{}\0{salt}", d.id).as_bytes())[..4]);
+                    own = format!("d{hash}");
+                }
                 if !owner.contains_key(&own) {
                     owner.insert(own.clone(), d);
                     n.entries.push((own.clone(), d));
@@ -204,6 +213,50 @@ mod tests {
                 device_nodes: vec![crate::model::DeviceNode { container_path: node.into(), ..Default::default() }],
                 ..Default::default()
             },
+            vetted: Default::default(),
+        }
+    }
+
+    /// Issue 41: a device that names itself after another device's ID used to take that
+    /// device's entry, so Allocate of the other device (`cdi-cri`) handed out this one's node.
+    #[test]
+    fn a_forged_cdi_name_never_takes_another_devices_entry() {
+        let r = Resource {
+            name: "nvidia.com/gpu".into(),
+            devices: vec![dev("gpu-1", "/dev/nvidia1", Some("gpu-0")), dev("gpu-0", "/dev/nvidia0", None)],
+            ..Default::default()
+        };
+        let n = Naming::of(&r);
+        for d in &r.devices {
+            let name = n.name_of(&d.id);
+            let (_, owner) = n.entries.iter().find(|(e, _)| *e == name).unwrap();
+            assert_eq!(owner.edits, d.edits, "{} answered with {name}, another device's entry", d.id);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the devices call themselves, each is answered with an entry holding its own edits.
+        #[test]
+        fn every_device_is_answered_with_its_own_edits(
+            names in proptest::collection::vec(("[a-c]{1,2}", proptest::option::of("[a-c,]{0,5}"), 0u8..3), 1..8)
+        ) {
+            let devices: Vec<Device> = names.iter().enumerate().map(|(i, (id, cdi, node))| {
+                dev(&format!("{id}{i}"), &format!("/dev/n{node}"), cdi.as_deref())
+            }).collect();
+            let mut devices = devices;
+            // IDs may equal other devices' names: rename half of them to collide.
+            for (i, (id, _, _)) in names.iter().enumerate() {
+                if i % 2 == 0 { devices[i].id = id.clone(); }
+            }
+            let mut seen = std::collections::HashSet::new();
+            devices.retain(|d| seen.insert(d.id.clone()));
+            let r = Resource { name: "v.com/c".into(), devices, ..Default::default() };
+            let n = Naming::of(&r);
+            for d in &r.devices {
+                let name = n.name_of(&d.id);
+                let owner = n.entries.iter().find(|(e, _)| *e == name).map(|(_, o)| o);
+                proptest::prop_assert!(owner.is_some_and(|o| o.edits == d.edits), "{} -> {name}", d.id);
+            }
         }
     }
 

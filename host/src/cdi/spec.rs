@@ -170,6 +170,7 @@ mod tests {
                 .iter()
                 .map(|id| Device {
                     id: (*id).into(),
+                    vetted: Default::default(),
                     health: Health::Healthy,
                     numa_nodes: vec![],
                     attributes: vec![],

@@ -171,7 +171,8 @@ impl SpecDir {
             if !name.starts_with(OWNED_PREFIX) || !name.ends_with(".json") || keep.contains(&name) {
                 continue;
             }
-            let ours = fs::read(entry.path())
+            // Never through a link, never a FIFO or an endless file: the CDI dir is shared.
+            let ours = crate::durable::read_regular(&entry.path(), MAX_SPEC)
                 .ok()
                 .and_then(|b| serde_json::from_slice::<Spec>(&b).ok())
                 .and_then(|s| Kind::for_resource(&s.kind).ok())
@@ -184,6 +185,9 @@ impl SpecDir {
         removed
     }
 }
+
+/// Largest spec file devplug reads back (its own are far smaller).
+const MAX_SPEC: u64 = 16 << 20;
 
 /// Temp file, write, fsync, chmod 0644, rename over `file`, fsync the directory.
 fn write_atomically(dir: &Path, file: &Path, spec: &Spec) -> Result<(), CdiError> {

@@ -23,7 +23,30 @@ enum DraView {
 
 /// Load the chosen backends and run one discover. Load errors are returned, not raised: one
 /// broken backend does not hide what the others see.
-async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<String>)> {
+/// One backend's failure in a one-shot command: whose, and what (the message names it too).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Failure {
+    pub backend: Option<String>,
+    pub message: String,
+}
+
+impl Failure {
+    fn of(backend: &str, message: String) -> Failure {
+        Failure { backend: Some(backend.to_owned()), message }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+fn messages(failures: &[Failure]) -> String {
+    failures.iter().map(|f| f.message.as_str()).collect::<Vec<_>>().join("\n")
+}
+
+async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<Failure>)> {
     let (loaded, errors, _) = load_and_poll(args).await?;
     Ok((loaded, errors))
 }
@@ -31,7 +54,7 @@ async fn load_once(args: SourceArgs) -> anyhow::Result<(Arc<Loaded>, Vec<String>
 /// [`load_once`], also handing back the resources that have devices, ready to answer calls.
 async fn load_and_poll(
     args: SourceArgs,
-) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
+) -> anyhow::Result<(Arc<Loaded>, Vec<Failure>, Vec<crate::backends::ReadyResource>)> {
     load_and_poll_as(args, DraView::Configured).await
 }
 
@@ -39,7 +62,7 @@ async fn load_and_poll(
 async fn load_and_poll_as(
     args: SourceArgs,
     dra: DraView,
-) -> anyhow::Result<(Arc<Loaded>, Vec<String>, Vec<crate::backends::ReadyResource>)> {
+) -> anyhow::Result<(Arc<Loaded>, Vec<Failure>, Vec<crate::backends::ReadyResource>)> {
     let cfg = args.load_config()?;
     let mut rc = cfg.runtime_config();
     if args.cache_dir.is_some() {
@@ -62,7 +85,7 @@ async fn load_and_poll_as(
         follower.start().await;
         for s in follower.statuses().all() {
             if let Some(e) = s.last_error.filter(|_| s.digest.is_none()) {
-                errors.push(format!("{} ({}): {e}", s.backend, s.reference));
+                errors.push(Failure::of(&s.backend, format!("{} ({}): {e}", s.backend, s.reference)));
             }
         }
         pulled = follower.sources();
@@ -82,7 +105,7 @@ async fn load_and_poll_as(
         settings: &cfg.backends,
     };
     let (mut sources, problems) = crate::backends::sources(&catalog, &pulled);
-    errors.extend(problems);
+    errors.extend(problems.into_iter().map(|message| Failure { backend: None, message }));
     anyhow::ensure!(args.manifest.is_none() || args.backends.len() == 1, "--manifest goes with exactly one --backend");
     for path in &args.backends {
         let manifest = crate::backends::manifest_for(path, args.manifest.as_deref());
@@ -91,7 +114,10 @@ async fn load_and_poll_as(
         }
         match BackendSource::from_file_with(path, manifest.as_deref()) {
             Ok(s) => sources.push(s),
-            Err(e) => errors.push(format!("{e:#}")),
+            Err(e) => {
+                let name = path.file_stem().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                errors.push(Failure::of(&name, format!("{e:#}")));
+            }
         }
     }
     for src in sources {
@@ -99,11 +125,11 @@ async fn load_and_poll_as(
         if !loaded.enabled(&src.name) {
             continue;
         }
-        let origin = src.origin.to_string();
+        let (origin, name) = (src.origin.to_string(), src.name.clone());
         let r = loaded.clone();
         match tokio::task::spawn_blocking(move || r.load(src)).await? {
             Ok(()) => {}
-            Err(e) => errors.push(format!("{origin}: {e}")),
+            Err(e) => errors.push(Failure::of(&name, format!("{origin}: {e}"))),
         }
     }
     let report = loaded.poll_once().await;
@@ -115,7 +141,13 @@ async fn load_and_poll_as(
 /// resource's common edits, each device's, and what the backend's `allocate` adds).
 pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let (loaded, errors, ready) = load_and_poll(args.source).await?;
-    anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
+    if let Some(first) = errors.first() {
+        let e = anyhow::anyhow!("{}", messages(&errors));
+        return Err(match &first.backend {
+            Some(b) => e.context(crate::observe::Backend(b.clone())),
+            None => e,
+        });
+    }
     let names: Vec<&str> = ready.iter().map(|h| h.name.as_str()).collect();
     let handle = match &args.resource {
         Some(r) => ready.iter().find(|h| h.name == *r),
@@ -126,7 +158,9 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let snapshot = handle.devices.borrow().clone();
     let unknown: Vec<&String> = args.ids.iter().filter(|id| snapshot.device(id).is_none()).collect();
     anyhow::ensure!(unknown.is_empty(), "{}: unknown device IDs {unknown:?}", handle.name);
-    let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| anyhow::anyhow!("{}: {e}", handle.name))?;
+    let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| {
+        anyhow::anyhow!("{}: {e}", handle.name).context(crate::observe::Backend(handle.backend.clone()))
+    })?;
     // The default strategy (device specs), as `run` answers without an `allocate` setting.
     let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &extra);
     drop(loaded);
@@ -146,7 +180,7 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
 
 /// `devplug cdi generate`: the spec files `run` would write, written once into `out`.
 /// Returns the files written and the load errors.
-pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<String>)> {
+pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>, Vec<Failure>)> {
     let (loaded, mut errors) = load_once(args.source).await?;
     let specs = crate::cdi::SpecDir::open(&args.out)?;
     let mut written = Vec::new();
@@ -154,7 +188,7 @@ pub async fn cdi_generate(args: CdiGenerateArgs) -> anyhow::Result<(Vec<PathBuf>
         match specs.sync(&r) {
             Ok(true) => written.extend(crate::cdi::Kind::for_resource(&r.name).map(|k| args.out.join(k.file_name()))),
             Ok(false) => {}
-            Err(e) => errors.push(format!("{}: {e}", r.name)),
+            Err(e) => errors.push(Failure { backend: None, message: format!("{}: {e}", r.name) }),
         }
     }
     Ok((written, errors))
@@ -167,7 +201,10 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
     // vendor's CI must see it.
     for b in loaded.summaries() {
         if let Some(e) = &b.last_error {
-            errors.push(format!("{}: discover: {e}", b.name));
+            errors.push(Failure::of(&b.name, format!("{}: discover: {e}", b.name)));
+        }
+        for c in &b.conflicts {
+            errors.push(Failure::of(&b.name, format!("{}: {c}", b.name)));
         }
     }
     let resources: Vec<serde_json::Value> = loaded
@@ -188,6 +225,10 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
                     // through it; `devplug dra slices` shows the slices themselves).
                     if let Some(x) = r.described.get(&d.id) {
                         v["dra"] = serde_json::json!(x);
+                    }
+                    // What the host's gates made of the attributes it derives from.
+                    if !d.vetted.is_empty() {
+                        v["vetted"] = serde_json::json!(d.vetted);
                     }
                     v
                 }).collect::<Vec<_>>(),
@@ -210,9 +251,13 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
                 .map(|d| serde_json::json!({ "backend": b.name, "call": d.call, "path": d.path, "grant": d.grant }))
         })
         .collect();
-    Ok(
-        serde_json::json!({ "backends": loaded.summaries(), "resources": resources, "errors": errors, "refused": refused }),
-    )
+    Ok(serde_json::json!({
+        "backends": loaded.summaries(),
+        "resources": resources,
+        "errors": errors.iter().map(|f| f.message.as_str()).collect::<Vec<_>>(),
+        "failures": errors.iter().map(|f| serde_json::json!({ "backend": f.backend, "error": f.message })).collect::<Vec<_>>(),
+        "refused": refused,
+    }))
 }
 
 /// The resources `cfg` serves through DRA.
@@ -253,7 +298,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     }
     let sysfs = args.source.roots(&cfg).sys;
     let (loaded, errors, ready) = load_and_poll_as(args.source, view).await?;
-    anyhow::ensure!(errors.is_empty(), "{}", errors.join("\n"));
+    anyhow::ensure!(errors.is_empty(), "{}", messages(&errors));
     let mut by_driver: std::collections::BTreeMap<String, (String, Vec<crate::model::Resource>)> = Default::default();
     let mut classes = Vec::new();
     for r in ready.iter().filter(|r| wanted.as_ref().is_none_or(|w| w.contains(&r.name))) {

@@ -1,16 +1,30 @@
 //! A minimal HTTP/1 client for devplug's own listener (`devplug status`).
 
-/// GET `path` from devplug's HTTP listener at `addr`; (status code, body).
+/// GET `path` from devplug at `addr` (a Unix socket path, or a host:port); (status code, body).
 pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use http_body_util::BodyExt;
-    let stream = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| anyhow::anyhow!("{addr}: connect timed out"))?
-        .map_err(|e| anyhow::anyhow!("cannot reach devplug at {addr} (its --metrics-addr): {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let connect = std::time::Duration::from_secs(5);
+    let unix = addr.starts_with('/') || addr.starts_with('.');
+    let io: Box<dyn Io> = if unix {
+        let stream = tokio::time::timeout(connect, tokio::net::UnixStream::connect(addr))
+            .await
+            .map_err(|_| anyhow::anyhow!("{addr}: connect timed out"))?
+            .map_err(|e| {
+                anyhow::anyhow!("cannot reach devplug at {addr} (its status socket; run as devplug's user): {e}")
+            })?;
+        Box::new(stream)
+    } else {
+        let stream = tokio::time::timeout(connect, tokio::net::TcpStream::connect(addr))
+            .await
+            .map_err(|_| anyhow::anyhow!("{addr}: connect timed out"))?
+            .map_err(|e| anyhow::anyhow!("cannot reach devplug at {addr} (a loopback --metrics-addr): {e}"))?;
+        Box::new(stream)
+    };
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await?;
     tokio::spawn(conn);
+    let host = if unix { "localhost" } else { addr };
     let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, addr)
+        .header(hyper::header::HOST, host)
         .body(http_body_util::Empty::<bytes::Bytes>::new())?;
     let resp = sender.send_request(req).await?;
     let code = resp.status().as_u16();
@@ -18,11 +32,33 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     Ok((code, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// A stream either kind of address gives.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
 /// GET `path` and parse its JSON; a non-200 answer is an error saying what devplug said.
 pub async fn http_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
     let (code, body) = http_get(addr, path).await?;
-    anyhow::ensure!(code == 200, "devplug at {addr} answered {code} to {path}: {}", crate::untrusted::clip(&body));
+    anyhow::ensure!(code == 200, "devplug at {addr} answered {code} to {path}: {}", crate::gate::clip(&body));
     Ok(serde_json::from_str(&body)?)
+}
+
+/// A `/status/devices` page; a busy answer (503: pages being built for other readers) is asked
+/// again with a growing pause, for up to half a minute, so `devplug status --devices` completes
+/// however many others read.
+async fn busy_page(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+    let mut pause = std::time::Duration::from_millis(20);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (code, body) = http_get(addr, path).await?;
+        if code == 503 && tokio::time::Instant::now() + pause < deadline {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            continue;
+        }
+        anyhow::ensure!(code == 200, "devplug at {addr} answered {code} to {path}: {}", crate::gate::clip(&body));
+        return Ok(serde_json::from_str(&body)?);
+    }
 }
 
 /// Every page of `/status/devices`, joined into one answer of the same shape (a resource split
@@ -31,7 +67,7 @@ pub async fn all_devices(addr: &str) -> anyhow::Result<serde_json::Value> {
     let mut resources: Vec<serde_json::Value> = Vec::new();
     let mut offset = 0u64;
     loop {
-        let page = http_json(addr, &format!("/status/devices?offset={offset}")).await?;
+        let page = busy_page(addr, &format!("/status/devices?offset={offset}")).await?;
         for r in page["resources"].as_array().into_iter().flatten() {
             match resources.last_mut() {
                 Some(last) if last["name"] == r["name"] => {

@@ -38,7 +38,7 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
         tracing::warn!(
             backend = name,
             "learning without procfs {}: it can reach other processes' files; grant it by hand if it is needed",
-            crate::untrusted::clip(p)
+            crate::gate::clip(p)
         );
     }
     let all = Globs {
@@ -207,7 +207,7 @@ impl Requests {
                 }
                 let how: Vec<&str> = how.iter().map(String::as_str).collect();
                 let line = format!("  {},", toml_string(pattern));
-                let example = crate::untrusted::clip_to(example, 120);
+                let example = crate::gate::clip_to(example, 120);
                 out.push_str(&format!("{line:<60} # {} (e.g. {example})\n", how.join(", ")));
             }
             out.push_str("]\n");

@@ -101,8 +101,9 @@ pub struct ConfigArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
-    /// The running devplug's --metrics-addr.
-    #[arg(long, default_value = "127.0.0.1:9400")]
+    /// Where the running devplug serves /status: its status socket (a path; the default is
+    /// where `run` puts it), or a loopback --metrics-addr (`127.0.0.1:9400`).
+    #[arg(long, default_value = "/var/lib/kubelet/plugins/devplug/status.sock")]
     pub addr: String,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,

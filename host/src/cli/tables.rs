@@ -3,7 +3,7 @@
 //! [`clip`]: cut to a bounded length, control characters escaped, so nothing a backend says
 //! can move the terminal's cursor, ring its bell or rewrite the lines above.
 
-use crate::untrusted::clip;
+use crate::gate::{clip, clip_to};
 
 /// A JSON value as one clipped table cell.
 fn cell(x: &serde_json::Value) -> String {
@@ -55,6 +55,10 @@ pub fn status_table(v: &serde_json::Value) -> String {
             str_of(&b["stats"]["denied"]),
             b["last_error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
         ]);
+        // Device nodes another backend hands out: its devices naming them are refused.
+        for c in b["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+            denied_lines.push(format!("! {}: {}", clip(&str_of(&b["name"])), clip_to(c, 512)));
+        }
         // The first refusals of each backend, with the grant that would allow them.
         for d in b["denied"].as_array().into_iter().flatten().take(3) {
             denied_lines.push(format!(

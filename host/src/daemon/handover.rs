@@ -26,18 +26,16 @@ pub struct InstanceLock {
     _held: Option<Flock<File>>,
 }
 
-/// Try to take the lock at `path` once: `Ok(None)` when another process holds it.
+/// Try to take the lock at `path` once: `Ok(None)` when another process holds it. The lock is
+/// a `0600` file in a `0700` directory of devplug's user, opened without following links, so
+/// no other local user can open it, let alone hold it (a `0644` lock let anyone keep a
+/// restarted devplug in standby for ever).
 pub fn try_acquire(path: &Path) -> anyhow::Result<Option<InstanceLock>> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("instance lock dir {}: {e}", dir.display()))?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(|e| anyhow::anyhow!("instance lock {}: {e}", path.display()))?;
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        anyhow::bail!("instance lock {}: not a file path", path.display());
+    };
+    let dir = crate::durable::StateDir::open(dir).map_err(|e| anyhow::anyhow!("instance lock dir: {e}"))?;
+    let file = dir.open_rw(name).map_err(|e| anyhow::anyhow!("instance lock: {e}"))?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(held) => {
             // Who holds it, for a person looking at the node (the lock itself is the flock).
@@ -51,19 +49,32 @@ pub fn try_acquire(path: &Path) -> anyhow::Result<Option<InstanceLock>> {
     }
 }
 
+/// Who holds the lock at `path`, as it wrote itself there (read without following links).
+fn holder(path: &Path) -> String {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return String::new();
+    };
+    let text = crate::durable::StateDir::open(dir).and_then(|d| d.read(name)).ok().flatten().unwrap_or_default();
+    crate::gate::clip_to(String::from_utf8_lossy(&text).trim(), 32).into_owned()
+}
+
 /// Take the lock at `path`, standing by (with one log line) while another devplug holds it;
-/// `on_standby` is told when standing by starts and ends. `None` when `cancelled` came first.
+/// `on_standby` is told when standing by starts and ends, and that the wait is overdue once it
+/// has lasted `patience` (then one ERROR names the holder: a standby that never takes over is
+/// not ready). `None` when `cancelled` came first.
 pub async fn acquire(
     path: &Path,
+    patience: Duration,
     cancelled: impl std::future::Future<Output = ()>,
-    on_standby: impl Fn(bool),
+    on_standby: impl Fn(Standby),
 ) -> anyhow::Result<Option<InstanceLock>> {
     tokio::pin!(cancelled);
-    let mut said = false;
+    let mut since: Option<tokio::time::Instant> = None;
+    let mut overdue = false;
     loop {
         let attempt = match try_acquire(path) {
             Ok(a) => a,
-            Err(e) if !said => {
+            Err(e) if since.is_none() => {
                 tracing::warn!(
                     "{e:#}: serving without the instance lock, so a second devplug on this node (a rolling update with maxSurge) would not wait for this one; mount the plugins dir (deploy/ does) or set instance_lock"
                 );
@@ -72,18 +83,26 @@ pub async fn acquire(
             Err(e) => return Err(e),
         };
         if let Some(lock) = attempt {
-            if said {
-                on_standby(false);
+            if since.is_some() {
+                on_standby(Standby::No);
                 tracing::info!(lock = %path.display(), "the other devplug on this node has exited; taking over");
             }
             return Ok(Some(lock));
         }
-        if !said {
-            said = true;
-            on_standby(true);
-            let holder = std::fs::read_to_string(path).unwrap_or_default();
-            tracing::info!(lock = %path.display(), holder_pid = %holder.trim(),
-                "another devplug serves this node; standing by until it exits (a rolling update)");
+        match since {
+            None => {
+                since = Some(tokio::time::Instant::now());
+                on_standby(Standby::Waiting);
+                tracing::info!(lock = %path.display(), holder_pid = %holder(path),
+                    "another devplug serves this node; standing by until it exits (a rolling update)");
+            }
+            Some(t) if !overdue && t.elapsed() >= patience => {
+                overdue = true;
+                on_standby(Standby::Overdue);
+                tracing::error!(lock = %path.display(), holder_pid = %holder(path), waited = ?patience,
+                    "still standing by: the devplug holding the instance lock has not exited; this one is not ready. Stop the process named (or the old pod) so this one can serve");
+            }
+            Some(_) => {}
         }
         tokio::select! {
             _ = &mut cancelled => return Ok(None),
@@ -91,6 +110,8 @@ pub async fn acquire(
         }
     }
 }
+
+pub use crate::observe::Standby;
 
 #[cfg(test)]
 mod tests {
@@ -107,7 +128,10 @@ mod tests {
         let seen = standby.clone();
         let waiting = tokio::spawn({
             let path = path.clone();
-            async move { acquire(&path, std::future::pending(), move |s| seen.lock().unwrap().push(s)).await }
+            async move {
+                acquire(&path, Duration::from_secs(600), std::future::pending(), move |s| seen.lock().unwrap().push(s))
+                    .await
+            }
         });
         while standby.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
@@ -115,11 +139,47 @@ mod tests {
         assert!(!waiting.is_finished());
         drop(first);
         let second = waiting.await.unwrap().unwrap().expect("taken once the first is gone");
-        assert_eq!(*standby.lock().unwrap(), [true, false]);
+        assert_eq!(*standby.lock().unwrap(), [Standby::Waiting, Standby::No]);
         drop(second);
         // Cancelled while standing by: no lock.
         let _held = try_acquire(&path).unwrap().unwrap();
-        assert!(acquire(&path, async {}, |_| {}).await.unwrap().is_none());
+        assert!(acquire(&path, Duration::from_secs(600), async {}, |_| {}).await.unwrap().is_none());
+    }
+
+    /// Issue 41: the lock was `0644` and followed links, so any local user could hold it (a
+    /// restarted devplug stood by for ever, `/readyz` 200) or point it at a file to truncate.
+    /// Now it is `0600` in a `0700` dir, a link there is refused, and a standby past its
+    /// patience says so and is not ready.
+    #[tokio::test(start_paused = true)]
+    async fn only_devplugs_user_can_hold_the_lock_and_an_endless_standby_is_not_ready() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("devplug/instance.lock");
+        let held = try_acquire(&path).unwrap().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&path), mode(path.parent().unwrap())), (0o600, 0o700));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        let waiting = tokio::spawn({
+            let path = path.clone();
+            async move {
+                acquire(&path, Duration::from_secs(30), std::future::pending(), move |s| s2.lock().unwrap().push(s))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(*seen.lock().unwrap(), [Standby::Waiting, Standby::Overdue]);
+        waiting.abort();
+        drop(held);
+        // A link planted at the lock path: refused, its target untouched.
+        let target = dir.path().join("precious");
+        std::fs::write(&target, b"keep me").unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        let Err(e) = try_acquire(&path) else { panic!("a lock through a link was taken") };
+        let e = e.to_string();
+        assert!(e.contains("remove it"), "{e}");
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
     }
 
     #[tokio::test]
@@ -127,7 +187,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("not-a-dir");
         std::fs::write(&file, b"").unwrap();
-        let lock = acquire(&file.join("instance.lock"), std::future::pending(), |_| panic!("no standby")).await;
+        let lock = acquire(&file.join("instance.lock"), Duration::from_secs(600), std::future::pending(), |_| {
+            panic!("no standby")
+        })
+        .await;
         assert!(lock.unwrap().expect("served without the lock")._held.is_none());
     }
 }

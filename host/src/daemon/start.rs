@@ -60,7 +60,7 @@ impl Daemon {
             stop.clone(),
         );
         let polled = Arc::new(AtomicBool::new(false));
-        let standby = Arc::new(AtomicBool::new(false));
+        let standby = Arc::new(std::sync::atomic::AtomicU8::new(observe::Standby::No as u8));
         let heartbeat = Arc::new(observe::Heartbeat::new(observe::STALLED_AFTER));
         let probes = observe::Probes {
             endpoints: endpoints.clone(),
@@ -74,7 +74,7 @@ impl Daemon {
             claims,
             device_pages: observe::Probes::device_pages(),
         };
-        observe::serve(cfg.metrics_addr, probes, stop.clone()).await?;
+        observe::serve(cfg.metrics_addr, probes.clone(), stop.clone()).await?;
         let loading = tokio::spawn({
             let heartbeat = heartbeat.clone();
             async move {
@@ -88,13 +88,21 @@ impl Daemon {
         // One devplug serves the node at a time: nothing is loaded, written or served before
         // the instance lock is held (a second devplug stands by, see handover.rs).
         let Some(instance) =
-            super::handover::acquire(&cfg.instance_lock(), shutdown.as_mut(), |s| standby.store(s, Ordering::Release))
-                .await?
+            super::handover::acquire(&cfg.instance_lock(), cfg.registration_timeout, shutdown.as_mut(), |s| {
+                standby.store(s as u8, Ordering::Release)
+            })
+            .await?
         else {
             loading.abort();
             stop.cancel();
             return Ok(None);
         };
+        // The status socket is the serving devplug's: bound only once the lock is held.
+        if let Err(e) = observe::serve_status(&cfg.status_socket(), probes, stop.clone()).await {
+            tracing::warn!(
+                "{e:#}: `devplug status` cannot reach this devplug (a loopback --metrics-addr still serves /status)"
+            );
+        }
         let started = load(&cfg, &loaded, follower, shutdown).await;
         loading.abort();
         let Some(Started { refused, follower, pulled_tx, pulled }) = started? else {

@@ -223,7 +223,8 @@ impl PoolWriter {
             Some(view) => view,
             None => self.current().await?,
         };
-        let wanted = typed(build(0).map_err(|e| anyhow::anyhow!("{e}"))?)?;
+        let wanted =
+            typed(build(0).map_err(|e| anyhow::anyhow!("{e}; nothing was written: the pool stays as it was"))?)?;
         if same_pool(&current, &wanted) {
             let generation = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
             self.generation = self.generation.max(generation);
@@ -236,29 +237,35 @@ impl PoolWriter {
         let generation = self.generation.max(newest) + 1;
         let wanted = typed(build(generation).map_err(|e| anyhow::anyhow!("{e}"))?)?;
         let mut out = Written { generation, ..Written::default() };
+        // What this sync changed, to undo if a later slice of the generation is refused: the
+        // name, the slice it replaced (none: created) and the resource version written.
+        let mut done: Vec<(String, Option<ResourceSlice>, Option<String>)> = Vec::new();
         for (name, slice) in &wanted {
             let mut slice = slice.clone();
             slice.metadata.owner_references = self.owner.clone().map(|o| vec![o]);
             slice.metadata.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())]));
             slice.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), spec_hash(&slice))]));
-            match current.get(name) {
+            let old = current.get(name);
+            let written = match old {
                 Some(old) => {
                     slice.metadata.resource_version = old.metadata.resource_version.clone();
-                    let stored = self.slices.replace(name, &PostParams::default(), &slice).await.map_err(|e| {
-                        // A conflict: the view was behind the server; the next sync LISTs.
-                        self.view.invalidate();
-                        anyhow::anyhow!("replacing ResourceSlice {name}: {e}")
-                    })?;
-                    self.view.wrote(stored);
-                    out.replaced += 1;
+                    self.slices.replace(name, &PostParams::default(), &slice).await
                 }
-                None => {
-                    let stored = self.slices.create(&PostParams::default(), &slice).await.map_err(|e| {
-                        self.view.invalidate();
-                        anyhow::anyhow!("creating ResourceSlice {name}: {e}")
-                    })?;
+                None => self.slices.create(&PostParams::default(), &slice).await,
+            };
+            match written {
+                Ok(stored) => {
+                    done.push((name.clone(), old.cloned(), stored.metadata.resource_version.clone()));
                     self.view.wrote(stored);
-                    out.created += 1;
+                    if old.is_some() { out.replaced += 1 } else { out.created += 1 }
+                }
+                Err(e) => {
+                    // A conflict means the view was behind the server: the next sync LISTs.
+                    self.view.invalidate();
+                    let after = self.roll_back(done, newest).await;
+                    return Err(anyhow::anyhow!(
+                        "writing ResourceSlice {name} of generation {generation}: {e}; {after}"
+                    ));
                 }
             }
         }
@@ -268,6 +275,44 @@ impl PoolWriter {
             out.deleted += 1;
         }
         Ok(out)
+    }
+
+    /// Undo a generation's partial write so the previous generation is whole again (upstream's
+    /// allocator ignores a pool whose newest generation lacks slices, so a half-written pool
+    /// hides every device); says which state the pool is left in.
+    async fn roll_back(&self, done: Vec<(String, Option<ResourceSlice>, Option<String>)>, previous: i64) -> String {
+        if done.is_empty() {
+            return format!("nothing was written: the pool of generation {previous} stays whole");
+        }
+        let mut failed = Vec::new();
+        for (name, old, version) in done.into_iter().rev() {
+            let undone = match old {
+                None => self.delete(&name).await,
+                Some(mut old) => {
+                    old.metadata.resource_version = version;
+                    match self.slices.replace(&name, &PostParams::default(), &old).await {
+                        Ok(stored) => {
+                            self.view.wrote(stored);
+                            Ok(())
+                        }
+                        Err(e) => Err(anyhow::anyhow!("{e}")),
+                    }
+                }
+            };
+            if let Err(e) = undone {
+                failed.push(format!("{name}: {e:#}"));
+            }
+        }
+        if failed.is_empty() {
+            format!("the slices already written were put back: the pool of generation {previous} is whole again")
+        } else {
+            self.view.invalidate();
+            format!(
+                "the pool is incomplete until the next sync ({} slice(s) could not be put back: {})",
+                failed.len(),
+                crate::gate::clip(&failed.join("; "))
+            )
+        }
     }
 
     async fn delete(&self, name: &str) -> anyhow::Result<()> {

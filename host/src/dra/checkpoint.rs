@@ -78,6 +78,8 @@ enum Change {
 /// Prepared claims, kept in memory and on disk (snapshot + journal).
 pub struct Checkpoint {
     dir: PathBuf,
+    /// The same directory, opened once: every file of the checkpoint is opened relative to it.
+    state: crate::durable::StateDir,
     saved: Mutex<Saved>,
     journal: super::journal::Journal,
     /// The boot this process runs in.
@@ -92,18 +94,15 @@ impl Checkpoint {
     /// its place. Only a file from a newer devplug is refused (its claims may mean something
     /// else).
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+        let state = crate::durable::StateDir::open(dir)?;
         let path = dir.join(FILE);
-        let (saved, mut dropped, damaged_snapshot) = match std::fs::read(&path) {
-            Ok(bytes) => {
+        let (saved, mut dropped, damaged_snapshot) = match state.read(FILE)? {
+            Some(bytes) => {
                 let Salvaged { saved, dropped } = salvage(&bytes);
                 let damaged = dropped.is_some();
                 (saved, dropped.into_iter().collect::<Vec<_>>(), damaged)
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                (Saved { version: FORMAT, ..Saved::default() }, Vec::new(), false)
-            }
-            Err(e) => anyhow::bail!("{}: {e}", path.display()),
+            None => (Saved { version: FORMAT, ..Saved::default() }, Vec::new(), false),
         };
         anyhow::ensure!(
             saved.version <= FORMAT,
@@ -112,8 +111,7 @@ impl Checkpoint {
             saved.version
         );
         let mut saved = Saved { version: FORMAT, ..saved };
-        let (journal, replayed) = super::journal::Journal::open(&dir.join(JOURNAL))
-            .map_err(|e| anyhow::anyhow!("{}: {e}", dir.join(JOURNAL).display()))?;
+        let (journal, replayed) = super::journal::Journal::open(&state, JOURNAL)?;
         dropped.extend(replayed.problems);
         for record in replayed.records {
             match serde_json::from_value::<Change>(record) {
@@ -121,7 +119,7 @@ impl Checkpoint {
                 Err(e) => dropped.push(format!("{}: a record of the wrong shape: {e}", journal.path().display())),
             }
         }
-        let cp = Checkpoint { dir: dir.to_owned(), saved: Mutex::new(saved), journal, boot: boot_id() };
+        let cp = Checkpoint { dir: dir.to_owned(), state, saved: Mutex::new(saved), journal, boot: boot_id() };
         if !dropped.is_empty() {
             let aside = dir.join(format!("{FILE}.damaged"));
             let kept = cp.count();
@@ -133,7 +131,7 @@ impl Checkpoint {
                 dropped.join("; "),
                 if damaged_snapshot { format!(", the snapshot as it was is in {}", aside.display()) } else { String::new() }
             );
-            if damaged_snapshot && let Err(e) = std::fs::copy(&path, &aside) {
+            if damaged_snapshot && let Err(e) = cp.state.copy(FILE, &format!("{FILE}.damaged")) {
                 tracing::warn!("could not keep the damaged checkpoint as {}: {e}", aside.display());
             }
             cp.compact().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -226,13 +224,18 @@ impl Checkpoint {
     /// replays a journal whose changes the snapshot already holds: the same set.
     fn compact(&self) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(&*self.saved.locked()).map_err(std::io::Error::other)?;
-        crate::durable::write_file(&self.dir, &self.dir.join(FILE), &bytes, ".dra-claims-", 0o600)?;
+        self.state.write(FILE, &bytes, true)?;
         self.journal.reset()
     }
 
     /// The directory the checkpoint is in (the driver's own).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The same directory, opened once (the driver's other state lives beside the checkpoint).
+    pub fn state(&self) -> &crate::durable::StateDir {
+        &self.state
     }
 
     /// How many claims are recorded as prepared.
@@ -288,7 +291,7 @@ fn salvage(bytes: &[u8]) -> Salvaged {
                     Ok(v) => {
                         self.0.insert(uid, v);
                     }
-                    Err(e) => self.1.push(format!("claim {}: {e}", crate::untrusted::clip(&uid))),
+                    Err(e) => self.1.push(format!("claim {}: {e}", crate::gate::clip(&uid))),
                 }
             }
             Ok(())

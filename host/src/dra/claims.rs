@@ -56,7 +56,7 @@ impl ClaimBoard {
         self.prepared(driver, claim);
         if let Some(s) = self.claims.locked().get_mut(&(driver.to_owned(), claim.uid.clone())) {
             s.state = "stuck";
-            s.error = Some(crate::untrusted::clip(error).into_owned());
+            s.error = Some(crate::gate::clip(error).into_owned());
             s.retries = Some(0);
         }
     }
@@ -88,26 +88,26 @@ impl ClaimBoard {
     }
 }
 
-/// The directory of release markers of the driver whose state is in `driver_dir`.
-pub fn release_dir(driver_dir: &Path) -> PathBuf {
-    driver_dir.join("release")
-}
+/// The directory of release markers, inside the driver's state directory.
+pub const RELEASE_DIR: &str = "release";
 
-/// Ask the driver whose state is in `driver_dir` to release claim `uid`: kept CDI spec and
-/// checkpoint entry are dropped at kubelet's next unprepare of it, without the backend.
+/// Ask the driver whose state is in `driver_dir` to release claim `uid`: if it is stuck (its
+/// backend's unprepare failed), its kept CDI spec and checkpoint entry are dropped at kubelet's
+/// next unprepare of it, without the backend. A healthy claim is unprepared by its backend as
+/// usual, and the marker is dropped with a WARN. The marker is a `0600` file in a `0700`
+/// directory of devplug's user, opened without following links.
 pub fn request_release(driver_dir: &Path, uid: &str) -> anyhow::Result<PathBuf> {
     anyhow::ensure!(
         !uid.is_empty() && uid.len() <= 128 && uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
-        "{uid:?} is not a claim UID (letters, digits and '-')"
+        "{:?} is not a claim UID (letters, digits and '-')",
+        crate::gate::clip(uid)
     );
     anyhow::ensure!(
         driver_dir.join(super::checkpoint::FILE).exists() || driver_dir.join(super::checkpoint::JOURNAL).exists(),
         "{} holds no DRA checkpoint: is the driver name right, and --dra-plugins-dir where devplug keeps its drivers?",
         driver_dir.display()
     );
-    let dir = release_dir(driver_dir);
-    std::fs::create_dir_all(&dir).map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
-    let marker = dir.join(uid);
-    std::fs::write(&marker, b"").map_err(|e| anyhow::anyhow!("{}: {e}", marker.display()))?;
-    Ok(marker)
+    let dir = crate::durable::StateDir::open(driver_dir)?.subdir(RELEASE_DIR)?;
+    dir.touch(uid)?;
+    Ok(dir.shown(uid))
 }

@@ -279,7 +279,7 @@ async fn keep(
             Err(e) => {
                 let msg = format!("{e:#}");
                 if last_error.as_ref() != Some(&msg) {
-                    tracing::error!(driver = %setup.driver, "ResourceSlices not published (the last good pool stays): {msg}");
+                    tracing::error!(driver = %setup.driver, "ResourceSlices not published: {msg}");
                     last_error = Some(msg);
                 }
             }

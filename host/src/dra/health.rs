@@ -71,7 +71,7 @@ impl HealthService {
                     String::new()
                 } else {
                     match d.attributes.iter().find(|(k, _)| k == "unhealthy") {
-                        Some((_, why)) => crate::untrusted::clip_to(why, MESSAGE_MAX - 40).into_owned(),
+                        Some((_, why)) => crate::gate::clip_to(why, MESSAGE_MAX - 40).into_owned(),
                         None => format!("backend {} reports it Unhealthy (no reason given)", r.backend),
                     }
                 };

@@ -4,7 +4,7 @@
 //! size). Replay reads every whole line; a line cut short by a crash mid-append is dropped and
 //! cut off the file, so the next append starts on a clean line.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -25,13 +25,12 @@ pub struct Replayed {
 }
 
 impl Journal {
-    /// Open (or create) the log at `path` and read it back.
-    pub fn open(path: &Path) -> std::io::Result<(Journal, Replayed)> {
-        let existed = path.exists();
-        let mut file = OpenOptions::new().read(true).append(true).create(true).open(path)?;
-        if !existed && let Some(dir) = path.parent() {
-            crate::durable::sync_dir(dir);
-        }
+    /// Open (or create, `0600`) the log `name` in `dir` and read it back; a link or anything
+    /// but a regular file of devplug's there is refused, never opened.
+    pub fn open(dir: &crate::durable::StateDir, name: &str) -> std::io::Result<(Journal, Replayed)> {
+        let path = dir.shown(name);
+        let path = path.as_path();
+        let (mut file, _) = dir.open_append(name)?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         let mut records = Vec::new();
@@ -109,22 +108,23 @@ mod tests {
     #[test]
     fn a_batch_is_one_flush_and_a_torn_tail_is_cut_off() {
         let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("j");
-        let (j, r) = Journal::open(&p).unwrap();
+        let dir = crate::durable::StateDir::open(&d.path().join("s")).unwrap();
+        let p = d.path().join("s/j");
+        let (j, r) = Journal::open(&dir, "j").unwrap();
         assert!(r.records.is_empty() && r.problems.is_empty());
         j.append(&[serde_json::json!({"a": 1}), serde_json::json!({"b": 2})]).unwrap();
         assert_eq!(j.flushes(), 1, "one batch, one flush");
         drop(j);
         // A crash mid-append leaves half a line.
-        let mut f = OpenOptions::new().append(true).open(&p).unwrap();
+        let mut f = std::fs::OpenOptions::new().append(true).open(&p).unwrap();
         f.write_all(br#"{"c": 3"#).unwrap();
         drop(f);
-        let (j, r) = Journal::open(&p).unwrap();
+        let (j, r) = Journal::open(&dir, "j").unwrap();
         assert_eq!(r.records.len(), 2);
         assert!(r.problems[0].contains("cut short"), "{:?}", r.problems);
         j.append(&[serde_json::json!({"d": 4})]).unwrap();
         drop(j);
-        let (_, r) = Journal::open(&p).unwrap();
+        let (_, r) = Journal::open(&dir, "j").unwrap();
         assert_eq!(r.records.len(), 3, "the next record starts on a clean line");
         assert!(r.problems.is_empty(), "{:?}", r.problems);
     }

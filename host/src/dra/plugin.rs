@@ -117,15 +117,32 @@ impl DraPlugin {
         }
     }
 
-    /// Whether the operator asked (`devplug dra release`) to drop claim `uid`; the marker is
-    /// consumed.
-    fn release_requested(&self, uid: &str) -> bool {
-        let marker = super::claims::release_dir(self.checkpoint.dir()).join(uid);
-        let asked = marker.exists();
-        if asked && let Err(e) = std::fs::remove_file(&marker) {
-            tracing::warn!(driver = %self.driver, uid, "could not remove the release marker {}: {e}", marker.display());
+    /// The release markers' directory when the operator asked (`devplug dra release`) to drop
+    /// claim `uid`. A link or anything but devplug's own file there is refused (and left).
+    fn release_marker(&self, uid: &str) -> Option<crate::durable::StateDir> {
+        let dir = match self.checkpoint.state().subdir(super::claims::RELEASE_DIR) {
+            Ok(dir) => dir,
+            Err(e) => {
+                tracing::error!(driver = %self.driver, "release markers not read: {e}");
+                return None;
+            }
+        };
+        if !dir.exists(uid) {
+            return None;
         }
-        asked
+        match dir.read(uid) {
+            Ok(_) => Some(dir),
+            Err(e) => {
+                tracing::error!(driver = %self.driver, uid, "release marker refused: {e}");
+                None
+            }
+        }
+    }
+
+    fn drop_marker(&self, dir: &crate::durable::StateDir, uid: &str) {
+        if let Err(e) = dir.remove(uid) {
+            tracing::warn!(driver = %self.driver, uid, "could not remove the release marker {}: {e}", dir.shown(uid).display());
+        }
     }
 
     /// Unprepare one held claim (its record is forgotten by the caller): the backend once;
@@ -133,26 +150,39 @@ impl DraPlugin {
     /// restarts.
     async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String> {
         let shown = format!("{}/{}", held.namespace, held.name);
-        if self.release_requested(&held.uid) {
+        let stuck = self.board.retry(&self.driver, &held.uid);
+        let asked = self.release_marker(&held.uid);
+        if let (Some(dir), Some(_)) = (&asked, &stuck) {
+            self.drop_marker(dir, &held.uid);
             self.preparer.release(held)?;
             tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "claim released by the operator: its CDI spec and record are gone, the backend was not asked again");
             return Ok(());
         }
-        if let Some(error) = self.board.retry(&self.driver, &held.uid) {
+        if asked.is_some() {
+            // A claim that is not stuck is its backend's to unprepare; the release stands only
+            // if that fails.
+            tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "devplug dra release asked for a claim that is not stuck: its backend unprepares it; the release applies only if that fails");
+        }
+        if let Some(error) = stuck {
             return Err(format!(
                 "{error} (not retried: the backend is asked once; restart devplug to ask it again, or `devplug dra release --driver {} {}` to drop the claim)",
                 self.driver, held.uid
             ));
         }
         match self.preparer.unprepare(held, devices).await {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if let Some(dir) = &asked {
+                    self.drop_marker(dir, &held.uid);
+                }
+                Ok(())
+            }
             Err(e) => {
                 tracing::error!(
                     driver = %self.driver,
                     claim = %shown,
                     uid = %held.uid,
                     "claim could not be unprepared: {}. Its CDI spec and record stay; kubelet's retries get this error without the backend being asked again. Fix the backend and restart devplug, or release the claim: devplug dra release --driver {} {}",
-                    crate::untrusted::clip(&e),
+                    crate::gate::clip(&e),
                     self.driver,
                     held.uid
                 );

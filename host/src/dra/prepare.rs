@@ -176,6 +176,7 @@ impl ClaimPreparer for Preparer {
                     numa_nodes: Vec::new(),
                     attributes: Vec::new(),
                     edits: d.edits.clone(),
+                    vetted: Default::default(),
                 });
                 out.push(PreparedDevice {
                     request_names: vec![base_request(&request).to_owned()],

@@ -14,9 +14,25 @@ pub const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
 /// Attributes and capacities of one device, together.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// The name part of an attribute or capacity name (a C identifier).
-pub use crate::model::dra::MAX_ATTRIBUTE_NAME;
 /// A string or version attribute's value.
 pub const MAX_ATTRIBUTE_VALUE: usize = 64;
+/// Counter sets in one slice (`ResourceSliceSpec.sharedCounters`: "The maximum number of counter
+/// sets is 8", the recorded 1.36 OpenAPI).
+pub const MAX_COUNTER_SETS: usize = 8;
+/// Counters in one set, and counters in one consumption ("The maximum number of counters is 32").
+pub const MAX_COUNTERS: usize = 32;
+/// Counter sets one device consumes from ("The maximum number of device counter consumptions per
+/// device is 2").
+pub const MAX_CONSUMPTIONS: usize = 2;
+/// Taints of one device ("The maximum number of taints is 16").
+pub const MAX_TAINTS: usize = 16;
+/// Binding conditions, and binding failure conditions, of one device ("The maximum number of
+/// binding conditions is 4").
+pub const MAX_BINDING_CONDITIONS: usize = 4;
+
+fn too_many(field: String, n: usize, max: usize) -> Problem {
+    problem(field, format!("Too many: {n}: must have at most {max} items"))
+}
 
 /// One reason the server would refuse the slice: the field path it names, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,10 +81,21 @@ pub fn problems(slice: &Value) -> Vec<Problem> {
     if !devices.is_empty() && !counters.is_empty() {
         out.push(problem("spec", "only one of `sharedCounters` or `devices` is allowed"));
     }
+    if counters.len() > MAX_COUNTER_SETS {
+        out.push(too_many("spec.sharedCounters".into(), counters.len(), MAX_COUNTER_SETS));
+    }
+    let mut set_names = HashSet::new();
     for (i, set) in counters.iter().enumerate() {
         let at = format!("spec.sharedCounters[{i}]");
-        if let Some(why) = set["name"].as_str().and_then(label_problem) {
+        let set_name = set["name"].as_str().unwrap_or_default();
+        if let Some(why) = label_problem(set_name) {
             out.push(problem(format!("{at}.name"), why));
+        } else if !set_names.insert(set_name) {
+            out.push(problem(format!("{at}.name"), format!("Duplicate value: {set_name:?}")));
+        }
+        let n = set["counters"].as_object().map_or(0, |c| c.len());
+        if n > MAX_COUNTERS {
+            out.push(too_many(format!("{at}.counters"), n, MAX_COUNTERS));
         }
         for name in set["counters"].as_object().into_iter().flatten().map(|(k, _)| k) {
             if let Some(why) = label_problem(name) {
@@ -167,9 +194,31 @@ fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, out: &mut V
             ));
         }
     }
-    for (j, c) in d["consumesCounters"].as_array().into_iter().flatten().enumerate() {
-        if let Some(why) = c["counterSet"].as_str().and_then(label_problem) {
+    let consumes = d["consumesCounters"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if consumes.len() > MAX_CONSUMPTIONS {
+        out.push(too_many(format!("{at}.consumesCounters"), consumes.len(), MAX_CONSUMPTIONS));
+    }
+    let mut sets = HashSet::new();
+    for (j, c) in consumes.iter().enumerate() {
+        let set = c["counterSet"].as_str().unwrap_or_default();
+        if let Some(why) = label_problem(set) {
             out.push(problem(format!("{at}.consumesCounters[{j}].counterSet"), why));
+        } else if !sets.insert(set) {
+            out.push(problem(format!("{at}.consumesCounters[{j}].counterSet"), format!("Duplicate value: {set:?}")));
+        }
+        let n = c["counters"].as_object().map_or(0, |c| c.len());
+        if n > MAX_COUNTERS {
+            out.push(too_many(format!("{at}.consumesCounters[{j}].counters"), n, MAX_COUNTERS));
+        }
+    }
+    let taints = d["taints"].as_array().map_or(0, Vec::len);
+    if taints > MAX_TAINTS {
+        out.push(too_many(format!("{at}.taints"), taints, MAX_TAINTS));
+    }
+    for key in ["bindingConditions", "bindingFailureConditions"] {
+        let n = d[key].as_array().map_or(0, Vec::len);
+        if n > MAX_BINDING_CONDITIONS {
+            out.push(too_many(format!("{at}.{key}"), n, MAX_BINDING_CONDITIONS));
         }
     }
     for (j, t) in d["taints"].as_array().into_iter().flatten().enumerate() {
@@ -251,83 +300,67 @@ pub fn is_quantity(q: &str) -> bool {
     }
 }
 
-/// A lowercase RFC 1123 label (at most 63 characters).
-pub fn label_problem(s: &str) -> Option<String> {
-    if s.len() > 63 {
-        return Some("must be no more than 63 characters".into());
-    }
-    let ok = !s.is_empty()
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
-    (!ok).then(|| "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character".into())
-}
-
-/// A lowercase RFC 1123 subdomain (at most 253 characters).
-pub fn subdomain_problem(s: &str) -> Option<String> {
-    if s.len() > 253 {
-        return Some("must be no more than 253 characters".into());
-    }
-    subdomain_problem_unbounded(s)
-}
-
-fn subdomain_problem_unbounded(s: &str) -> Option<String> {
-    let ok = !s.is_empty()
-        && s.split('.').all(|l| {
-            !l.is_empty()
-                && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-        });
-    (!ok).then(|| "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character".into())
-}
-
-/// An attribute or capacity name: `[domain/]name`, the domain a DNS subdomain of at most 63
-/// characters, the name a C identifier of at most 32 bytes.
-pub fn qualified_name_problem(s: &str) -> Option<String> {
-    let (domain, name) = match s.split_once('/') {
-        Some((d, n)) => (Some(d), n),
-        None => (None, s),
-    };
-    if let Some(d) = domain {
-        if d.len() > 63 {
-            return Some(format!("{d:?}: must be no more than 63 characters"));
-        }
-        if let Some(why) = subdomain_problem(d) {
-            return Some(format!("{d:?}: {why}"));
-        }
-    }
-    if name.len() > MAX_ATTRIBUTE_NAME {
-        return Some(format!("Too long: may not be more than {MAX_ATTRIBUTE_NAME} bytes"));
-    }
-    let c_ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    (!c_ident).then(|| format!("{name:?}: a valid C identifier must start with alphabetic character or '_', followed by a string of alphanumeric characters or '_'"))
-}
-
-/// A label key as taints use it: `[prefix/]name`, the name `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]`
-/// of at most 63 characters, the prefix a DNS subdomain.
-pub fn label_key_problem(s: &str) -> Option<String> {
-    let (prefix, name) = match s.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, s),
-    };
-    if let Some(p) = prefix
-        && let Some(why) = subdomain_problem(p)
-    {
-        return Some(format!("prefix part {why}"));
-    }
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
-    (!ok).then(|| "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character".into())
-}
+use crate::gate::subdomain_problem_unbounded;
+pub use crate::gate::{
+    MAX_ATTRIBUTE_NAME, label_key_problem, label_problem, qualified_name_problem, subdomain_problem,
+};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 41: nine counter sets passed devplug's rules; the server takes at most eight. Every
+    /// limit the 1.36 OpenAPI states for slices, devices and counters is checked.
+    #[test]
+    fn every_stated_server_limit_is_checked() {
+        use serde_json::json;
+        let counters = |n: usize| -> Value { (0..n).map(|i| (format!("c{i}"), json!({ "value": "1" }))).collect() };
+        let sets: Vec<Value> =
+            (0..9).map(|i| json!({ "name": format!("gpu-{i}-slices"), "counters": counters(1) })).collect();
+        let slice = |spec: Value| {
+            let mut spec = spec;
+            spec["driver"] = json!("gpu.devplug.io");
+            spec["nodeName"] = json!("node-a");
+            spec["pool"] = json!({ "name": "node-a", "generation": 1, "resourceSliceCount": 1 });
+            json!({ "metadata": { "name": "s" }, "spec": spec })
+        };
+        let fields =
+            |v: &Value| problems(v).into_iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>();
+        assert_eq!(
+            fields(&slice(json!({ "sharedCounters": sets }))),
+            ["spec.sharedCounters: Too many: 9: must have at most 8 items"]
+        );
+        assert!(problems(&slice(json!({ "sharedCounters": sets[..8] }))).is_empty());
+        let wide = json!([{ "name": "s", "counters": counters(33) }]);
+        assert_eq!(
+            fields(&slice(json!({ "sharedCounters": wide }))),
+            ["spec.sharedCounters[0].counters: Too many: 33: must have at most 32 items"]
+        );
+        let twice = json!([{ "name": "s", "counters": counters(1) }, { "name": "s", "counters": counters(1) }]);
+        assert!(fields(&slice(json!({ "sharedCounters": twice })))[0].contains("Duplicate value"));
+        let device = json!({
+            "name": "d",
+            "consumesCounters": [
+                { "counterSet": "a", "counters": counters(33) },
+                { "counterSet": "a", "counters": counters(1) },
+                { "counterSet": "b", "counters": counters(1) },
+            ],
+            "taints": (0..17).map(|i| json!({ "key": format!("k{i}"), "effect": "NoSchedule" })).collect::<Vec<_>>(),
+            "bindsToNode": true,
+            "bindingConditions": ["a", "b", "c", "d", "e"],
+            "bindingFailureConditions": ["a"],
+        });
+        assert_eq!(
+            fields(&slice(json!({ "devices": [device] }))),
+            [
+                "spec.devices[0].consumesCounters: Too many: 3: must have at most 2 items",
+                "spec.devices[0].consumesCounters[0].counters: Too many: 33: must have at most 32 items",
+                "spec.devices[0].consumesCounters[1].counterSet: Duplicate value: \"a\"",
+                "spec.devices[0].taints: Too many: 17: must have at most 16 items",
+                "spec.devices[0].bindingConditions: Too many: 5: must have at most 4 items",
+            ]
+        );
+    }
 
     #[test]
     fn quantities_parse_as_the_api_server_reads_them() {

@@ -107,7 +107,11 @@ fn replica_of(d: &Device) -> Option<&str> {
 /// standard names where there is room), capacities, counters, sharing and its taint.
 fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str, shares: Option<u64>) -> Value {
     let mut attributes = serde_json::Map::new();
-    for (k, v) in d.attributes.iter().filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY) {
+    for (k, v) in d
+        .attributes
+        .iter()
+        .filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY && k != crate::model::SHARED_NODE)
+    {
         attributes.insert(attribute_name(k), json!({ "string": v }));
     }
     // A WIT 0.3.0 backend's own description: typed values under its own names (a name
@@ -132,7 +136,7 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
     // Kubernetes' standard names, where the device has room for them (the server takes
     // 32 attributes and capacities a device).
     let capacities = described.map_or(0, |x| x.capacity.len()) + usize::from(shares.is_some());
-    for (k, v) in super::standard::attributes(sysfs, &d.attributes, &d.numa_nodes) {
+    for (k, v) in super::standard::attributes(sysfs, d.vetted.pci.as_ref(), &d.numa_nodes) {
         if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
             attributes.insert(k, v);
         }
@@ -306,6 +310,7 @@ mod tests {
             numa_nodes: vec![1],
             attributes: attrs.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect(),
             edits: ContainerEdits::default(),
+            vetted: Default::default(),
         }
     }
 

@@ -15,9 +15,6 @@ use serde_json::{Value, json};
 use super::checkpoint::ClaimRef;
 use crate::model::Device;
 
-/// The longest interface name the API server takes in `networkData.interfaceName`.
-const MAX_INTERFACE_NAME: usize = 256;
-
 /// One device's entry in `status.devices`: `Ready`, prepared on `node`.
 pub fn entry(driver: &str, pool: &str, name: &str, share_id: Option<&str>, device: &Device, node: &str) -> Value {
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
@@ -36,9 +33,9 @@ pub fn entry(driver: &str, pool: &str, name: &str, share_id: Option<&str>, devic
     if let Some(share) = share_id {
         v["shareID"] = json!(share);
     }
-    let interface = device.attributes.iter().find(|(k, _)| k == "netdev").map(|(_, v)| v.as_str());
-    if let Some(name) = interface.filter(|n| !n.is_empty() && n.len() <= MAX_INTERFACE_NAME) {
-        v["networkData"] = json!({ "interfaceName": name });
+    // Only a name past the interface-name gate (set by the vet from the `netdev` attribute).
+    if let Some(name) = &device.vetted.netdev {
+        v["networkData"] = json!({ "interfaceName": name.as_str() });
     }
     v
 }
@@ -114,6 +111,10 @@ mod tests {
             numa_nodes: vec![],
             attributes: vec![("netdev".into(), "ens1f0np0v0".into())],
             edits: Default::default(),
+            vetted: crate::model::Vetted {
+                netdev: Some(crate::gate::IfName::new("ens1f0np0v0").unwrap()),
+                ..Default::default()
+            },
         };
         let e = entry("nic.devplug.io", "node-a", "vf-0", Some("s-1"), &d, "node-a");
         assert_eq!(e["conditions"][0]["type"], "Ready");
@@ -121,7 +122,7 @@ mod tests {
         assert!(e["conditions"][0]["lastTransitionTime"].as_str().unwrap().ends_with('Z'));
         assert_eq!(e["shareID"], "s-1");
         assert_eq!(e["networkData"]["interfaceName"], "ens1f0np0v0");
-        let plain = Device { attributes: vec![], ..d };
+        let plain = Device { attributes: vec![], vetted: Default::default(), ..d };
         let e = entry("nic.devplug.io", "node-a", "vf-0", None, &plain, "node-a");
         assert!(e["shareID"].is_null() && e["networkData"].is_null());
         assert_eq!(field_manager(&"d".repeat(300)).len(), 128);

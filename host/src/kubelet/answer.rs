@@ -181,6 +181,7 @@ mod tests {
                 numa_nodes: vec![],
                 attributes: vec![],
                 edits: ContainerEdits { device_nodes: vec![node], ..Default::default() },
+                vetted: Default::default(),
             }],
             common_edits: ContainerEdits::default(),
             ..Default::default()

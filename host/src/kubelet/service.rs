@@ -373,6 +373,7 @@ mod tests {
             numa_nodes: vec![],
             attributes: vec![],
             edits: Default::default(),
+            vetted: Default::default(),
         };
         Arc::new(Resource { name: "a.io/b".into(), devices: vec![device], ..Default::default() })
     }

@@ -45,8 +45,7 @@ pub struct ClaimDevice {
     pub id: String,
 }
 
-/// Longest attribute name the API server accepts (a C identifier).
-pub const MAX_ATTRIBUTE_NAME: usize = 32;
+pub use crate::gate::MAX_ATTRIBUTE_NAME;
 
 /// A `discover` attribute key as a DRA attribute name: a C identifier of at most 32 bytes
 /// (`unhealthy`, `cdi_name`, `pci_addr`).

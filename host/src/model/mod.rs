@@ -103,7 +103,33 @@ pub struct Device {
     pub numa_nodes: Vec<u32>,
     pub attributes: Vec<(String, String)>,
     pub edits: ContainerEdits,
+    /// What the host's gates made of the attributes it derives from (set by `runtime::vet` from
+    /// the backend's grants; a backend cannot write it). Shown by `discover` and `/status` when
+    /// not empty.
+    #[serde(skip_serializing_if = "Vetted::is_empty")]
+    pub vetted: Vetted,
 }
+
+/// A device's attributes the host publishes derived values of, each past its destination's gate.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Vetted {
+    /// The `pci` attribute: granted to the backend and present in sysfs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci: Option<crate::gate::PciAddress>,
+    /// The `netdev` attribute: a valid kernel interface name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<crate::gate::IfName>,
+}
+
+impl Vetted {
+    pub fn is_empty(&self) -> bool {
+        self.pci.is_none() && self.netdev.is_none()
+    }
+}
+
+/// The attribute a device declares that its nodes may also be handed out by another backend's
+/// resource (every device naming the node must declare it: `backends::exclusive`).
+pub const SHARED_NODE: &str = "shared-node";
 
 /// The attribute a backend sets on a device it lists for DRA only (the SDK's `Device::dra_only`).
 pub const DRA_ONLY: &str = "dra-only";
@@ -163,8 +189,8 @@ impl Resource {
             {
                 return Some(format!(
                     "device node {} is device {}'s, which was not allocated here",
-                    crate::untrusted::clip(path),
-                    crate::untrusted::clip(&owner.id)
+                    crate::gate::clip(path),
+                    crate::gate::clip(&owner.id)
                 ));
             }
         }

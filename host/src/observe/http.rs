@@ -30,8 +30,8 @@ pub struct Probes {
     pub pods: Arc<PodAssignments>,
     /// Set once the first discover round has been published.
     pub polled: Arc<AtomicBool>,
-    /// Set while another devplug serves this node and this one waits to take over.
-    pub standby: Arc<AtomicBool>,
+    /// A [`Standby`] as `u8`: whether this devplug stands by for the instance lock.
+    pub standby: Arc<std::sync::atomic::AtomicU8>,
     /// Beaten by the control loop on every turn.
     pub heartbeat: Arc<Heartbeat>,
     /// The backends from registries: reference, digest, signature, last check and error.
@@ -85,11 +85,41 @@ async fn healthz(State(h): State<Probes>) -> (StatusCode, String) {
     }
 }
 
+/// Where a devplug is with the instance lock (`daemon::handover`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standby {
+    /// Serving (or never stood by).
+    No = 0,
+    /// Waiting for the other devplug: ready, so a rolling update goes on.
+    Waiting = 1,
+    /// Waited past the registration timeout: not ready.
+    Overdue = 2,
+}
+
+impl From<u8> for Standby {
+    fn from(v: u8) -> Standby {
+        match v {
+            1 => Standby::Waiting,
+            2 => Standby::Overdue,
+            _ => Standby::No,
+        }
+    }
+}
+
 async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
     // Standing by is ready: a DaemonSet rolling update with maxSurge deletes the old pod only
     // once the new one is ready, and only then can the new one take over.
-    if h.standby.load(Ordering::Acquire) {
-        return (StatusCode::OK, "ready: standby, another devplug serves this node until it exits\n".into());
+    match Standby::from(h.standby.load(Ordering::Acquire)) {
+        Standby::Waiting => {
+            return (StatusCode::OK, "ready: standby, another devplug serves this node until it exits\n".into());
+        }
+        Standby::Overdue => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not ready: standing by past the registration timeout; the devplug holding the instance lock has not exited (see the ERROR naming it)\n".into(),
+            );
+        }
+        Standby::No => {}
     }
     if !h.polled.load(Ordering::Acquire) {
         return (StatusCode::SERVICE_UNAVAILABLE, "not ready: backends are still starting\n".into());
@@ -216,22 +246,69 @@ async fn status_devices(State(h): State<Probes>, Query(page): Query<Page>) -> ax
     Json(body).into_response()
 }
 
-/// Serve the probes until `stop`. Binding errors are returned so a port clash is reported.
+/// The routes that carry identities (pods, namespaces, claims and their UIDs): for the
+/// operator only, so never on a port other hosts can reach.
+fn status_routes(app: Router<Probes>) -> Router<Probes> {
+    app.route("/status", get(status)).route("/status/devices", get(status_devices))
+}
+
+/// Serve the probes and `/metrics` on `addr` until `stop`. `/status` and its device pages are
+/// served there too only when `addr` is a loopback address (else only on the status socket,
+/// [`serve_status`]): the manifests open this port on the host network. Binding errors are
+/// returned so a port clash is reported.
 pub async fn serve(addr: SocketAddr, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/status", get(status))
-        .route("/status/devices", get(status_devices))
-        .with_state(probes);
+    let mut app =
+        Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).route("/metrics", get(metrics));
+    if addr.ip().is_loopback() {
+        app = status_routes(app);
+    }
+    let app = app.fallback(not_here).with_state(probes);
     let listener = listen(addr).map_err(|e| anyhow::anyhow!("cannot listen on {addr} (--metrics-addr): {e}"))?;
     let addr = listener.local_addr().unwrap_or(addr);
-    tracing::info!(%addr, "serving /healthz, /readyz, /metrics and /status");
+    let what = if addr.ip().is_loopback() {
+        "/healthz, /readyz, /metrics and /status"
+    } else {
+        "/healthz, /readyz and /metrics"
+    };
+    tracing::info!(%addr, "serving {what}");
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
             tracing::warn!(error = %e, "health endpoint stopped");
         }
+    });
+    Ok(())
+}
+
+async fn not_here(uri: axum::http::Uri) -> (StatusCode, String) {
+    let hint = if uri.path().starts_with("/status") {
+        "; /status is served on devplug's status socket (status_socket, for `devplug status`) or a loopback --metrics-addr"
+    } else {
+        ""
+    };
+    (StatusCode::NOT_FOUND, format!("not found{hint}\n"))
+}
+
+/// Serve `/status`, its device pages and the probes on the Unix socket `path` (a `0600` socket
+/// in devplug's `0700` state directory: only devplug's user, the operator, reads it) until
+/// `stop`; the socket is removed then.
+pub async fn serve_status(path: &std::path::Path, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        crate::durable::StateDir::open(dir).map_err(|e| anyhow::anyhow!("status socket dir: {e}"))?;
+    }
+    let listener = crate::plugin_socket::bind(path).map_err(|e| anyhow::anyhow!("status socket: {e}"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| anyhow::anyhow!("status socket {}: {e}", path.display()))?;
+    let app = status_routes(Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)))
+        .route("/metrics", get(metrics))
+        .with_state(probes);
+    tracing::info!(socket = %path.display(), "serving /status for `devplug status`");
+    let path = path.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+            tracing::warn!(error = %e, "status socket stopped");
+        }
+        crate::plugin_socket::bind::unbind(&path);
     });
     Ok(())
 }

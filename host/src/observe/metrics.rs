@@ -88,13 +88,12 @@ struct SourceLabels {
     from_cache: String,
 }
 
+/// A device in use. No pod, namespace, container, claim or UID: `/metrics` is served on the
+/// host network, and who holds a device is for the operator only (`/status`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AllocLabels {
     resource: String,
     device: String,
-    pod: String,
-    namespace: String,
-    container: String,
 }
 
 type Hist<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -173,7 +172,7 @@ impl Metrics {
             r.register("backend_info", "The loaded version of each backend (value 1)", m.backend_info.clone());
             r.register(
                 "device_allocated",
-                "1 for each device assigned to a container (from kubelet's pod resources API)",
+                "Containers each device is assigned to (from kubelet's pod resources API; who holds it: /status)",
                 m.allocated.clone(),
             );
             r.register(
@@ -252,15 +251,7 @@ impl Metrics {
         }
         self.allocated.clear();
         for a in pods {
-            self.allocated
-                .get_or_create(&AllocLabels {
-                    resource: a.resource.clone(),
-                    device: a.device.clone(),
-                    pod: a.pod.clone(),
-                    namespace: a.namespace.clone(),
-                    container: a.container.clone(),
-                })
-                .set(1);
+            self.allocated.get_or_create(&AllocLabels { resource: a.resource.clone(), device: a.device.clone() }).inc();
         }
         self.registry_source.clear();
         self.registry_source_failing.clear();

@@ -4,7 +4,7 @@
 mod http;
 mod metrics;
 
-pub use http::{Heartbeat, Probes, STALLED_AFTER, serve};
+pub use http::{Heartbeat, Probes, STALLED_AFTER, Standby, serve, serve_status};
 pub use metrics::Metrics;
 
 /// Log output format.
@@ -22,18 +22,38 @@ static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 /// format: `devplug: TEXT` in text mode, one JSON object per line in JSON mode, so a collector
 /// reading `--log-format json` never meets a line it cannot parse.
 pub fn say(level: tracing::Level, text: &str) {
-    let text = crate::untrusted::clip_to(text, 4096);
+    say_about(level, None, text)
+}
+
+/// [`say`] for a message that carries a backend's words: in JSON mode the backend is a field
+/// of its own (`"backend"`), so a collector can tell whose words they are without parsing text.
+pub fn say_about(level: tracing::Level, backend: Option<&str>, text: &str) {
+    let text = crate::gate::clip_to(text, 4096);
     match FORMAT.get().copied().unwrap_or_default() {
         LogFormat::Text => eprintln!("devplug: {text}"),
         LogFormat::Json => {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "timestamp": humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
                 "level": level.as_str(),
                 "message": text,
                 "target": "devplug",
             });
+            if let Some(b) = backend {
+                line["backend"] = serde_json::json!(crate::gate::clip_to(b, 64));
+            }
             eprintln!("{line}");
         }
+    }
+}
+
+/// Context on an error a backend's words caused (`err.context(Backend(name))`): the one-shot
+/// commands' last record names the backend in a field ([`say_about`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Backend(pub String);
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "backend {}", self.0)
     }
 }
 

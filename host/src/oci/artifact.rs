@@ -113,7 +113,11 @@ pub async fn pull(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference,
         let stated = manifest.annotations.as_ref().and_then(|a| a.get(NAME_ANNOTATION)).cloned();
         return Ok(Pulled { digest, component, manifest: text, layout: "wasm-artifact", name: stated });
     }
+    let wasm_name = format!("{name}.wasm");
+    let toml_name = format!("{name}.toml");
     let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut unpacked =
+        Unpacked { wanted: [wasm_name.clone(), toml_name.clone()], left: MAX_UNPACKED, other_wasm: Default::default() };
     for l in &manifest.layers {
         let gz = l.media_type.ends_with("+gzip") || l.media_type.ends_with(".tar.gzip");
         anyhow::ensure!(
@@ -123,17 +127,17 @@ pub async fn pull(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference,
             l.media_type
         );
         let data = blob(fetcher, auth, &pinned, l).await?;
-        untar(&data, gz, &mut files).map_err(|e| anyhow::anyhow!("{reference}: layer {}: {e}", l.digest))?;
+        untar(&data, gz, &mut unpacked, &mut files)
+            .map_err(|e| anyhow::anyhow!("{reference}: layer {}: {e}", l.digest))?;
     }
-    let wasm_name = format!("{name}.wasm");
     let component = match files.remove(&wasm_name) {
         Some(c) => c,
         None => {
-            let all: Vec<&String> = files.keys().filter(|k| k.ends_with(".wasm")).collect();
+            let all = &unpacked.other_wasm;
             anyhow::bail!("{reference}: the image has no {wasm_name} at its root (it has {all:?})")
         }
     };
-    let text = match files.remove(&format!("{name}.toml")) {
+    let text = match files.remove(&toml_name) {
         Some(t) => String::from_utf8(t).map_err(|_| anyhow::anyhow!("{reference}: {name}.toml is not UTF-8"))?,
         None => String::new(),
     };
@@ -164,24 +168,59 @@ pub async fn capped_blob(
     Ok(fetcher.blob(reference, auth, &layer.digest, max).await?)
 }
 
-/// The regular files at the root of a tar layer (later layers win, as in an image).
-fn untar(data: &[u8], gz: bool, into: &mut BTreeMap<String, Vec<u8>>) -> anyhow::Result<()> {
+/// Bytes all of an image's layers may unpack to, together (a 249 KiB gzip layer unpacks to
+/// 256 MiB: six of them took devplug to 1.5 GiB).
+pub const MAX_UNPACKED: u64 = 4 * MAX_LAYER as u64;
+/// Other `.wasm` names an image's root holds, kept (names only) for the error that lists them.
+const MAX_OTHER_NAMES: usize = 32;
+
+/// What unpacking an image keeps across its layers: the two files it uses, the bytes left of
+/// [`MAX_UNPACKED`], and the names of the other components it saw.
+struct Unpacked {
+    wanted: [String; 2],
+    left: u64,
+    other_wasm: std::collections::BTreeSet<String>,
+}
+
+/// The wanted regular files at the root of a tar layer (later layers win, as in an image); every
+/// byte read, kept or not, is charged to `unpacked.left`.
+fn untar(data: &[u8], gz: bool, unpacked: &mut Unpacked, into: &mut BTreeMap<String, Vec<u8>>) -> anyhow::Result<()> {
     let reader: Box<dyn Read> = if gz { Box::new(flate2::read::GzDecoder::new(data)) } else { Box::new(data) };
-    let mut ar = tar::Archive::new(reader.take(4 * MAX_LAYER as u64));
-    for entry in ar.entries()? {
-        let mut entry = entry?;
-        if !entry.header().entry_type().is_file() {
-            continue;
+    let budget = unpacked.left;
+    let mut limited = reader.take(budget);
+    let result = (|| -> anyhow::Result<()> {
+        let mut ar = tar::Archive::new(&mut limited);
+        for entry in ar.entries()? {
+            let mut entry = entry?;
+            if !entry.header().entry_type().is_file() {
+                continue;
+            }
+            let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_owned();
+            if path.contains('/') {
+                continue;
+            }
+            if !unpacked.wanted.contains(&path) {
+                if path.ends_with(".wasm") && unpacked.other_wasm.len() < MAX_OTHER_NAMES {
+                    unpacked.other_wasm.insert(crate::gate::clip_to(&path, 128).into_owned());
+                }
+                continue;
+            }
+            anyhow::ensure!(
+                entry.header().size()? <= MAX_LAYER as u64,
+                "{} is larger than a backend may be ({MAX_LAYER} bytes)",
+                crate::gate::clip(&path)
+            );
+            let mut buf = Vec::new();
+            entry.read_to_end(&mut buf)?;
+            into.insert(path, buf);
         }
-        let path = entry.path()?.to_string_lossy().trim_start_matches("./").to_owned();
-        if path.contains('/') || !(path.ends_with(".wasm") || path.ends_with(".toml")) {
-            continue;
-        }
-        let mut buf = Vec::new();
-        entry.read_to_end(&mut buf)?;
-        into.insert(path, buf);
+        Ok(())
+    })();
+    unpacked.left = limited.limit();
+    if unpacked.left == 0 {
+        anyhow::bail!("the image's layers unpack to more than {MAX_UNPACKED} bytes together");
     }
-    Ok(())
+    result
 }
 
 /// An artifact pushed by digest, not tagged yet: its manifest's digest and bytes.
@@ -252,6 +291,39 @@ pub async fn tag(client: &Client, reference: &Reference, staged: &Staged) -> any
 mod tests {
     use super::*;
     use oci_client::errors::DigestError;
+
+    /// A gzip layer of `files` (name, size in zero bytes).
+    fn layer(files: &[(&str, usize)]) -> Vec<u8> {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let mut tar = tar::Builder::new(gz);
+        for (name, size) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(*size as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, name, std::io::repeat(0).take(*size as u64)).unwrap();
+        }
+        tar.into_inner().unwrap().finish().unwrap()
+    }
+
+    /// Issue 41: six small gzip layers, each unpacking to hundreds of MiB of `.wasm` files it
+    /// does not use, took `devplug pull` to 1.5 GiB: every root `.wasm` was kept, each layer
+    /// capped on its own. Now one budget covers all layers and only the wanted files are kept.
+    #[test]
+    fn unpacking_is_bounded_across_layers_and_keeps_only_what_it_uses() {
+        let bomb = layer(&[("decoy-a.wasm", 400 << 10), ("b.wasm", 1000), ("b.toml", 10), ("decoy-b.wasm", 400 << 10)]);
+        assert!(bomb.len() < 16 << 10, "{} bytes compressed", bomb.len());
+        let wanted =
+            || Unpacked { wanted: ["b.wasm".into(), "b.toml".into()], left: 1 << 20, other_wasm: Default::default() };
+        let mut u = wanted();
+        let mut files = BTreeMap::new();
+        untar(&bomb, true, &mut u, &mut files).unwrap();
+        assert_eq!(files.keys().collect::<Vec<_>>(), ["b.toml", "b.wasm"], "only the files it uses are kept");
+        assert_eq!(u.other_wasm.iter().collect::<Vec<_>>(), ["decoy-a.wasm", "decoy-b.wasm"]);
+        // The second layer finds the budget spent by the first: refused, not unpacked.
+        let e = untar(&bomb, true, &mut u, &mut files).unwrap_err().to_string();
+        assert!(e.contains("unpack to more than"), "{e}");
+    }
 
     #[test]
     fn a_digest_mismatch_is_told_apart_from_a_network_failure() {

@@ -2,7 +2,8 @@
 //! holds `component.wasm` and `manifest.toml`; `<cache>/oci/refs/<backend>.json` names the digest
 //! last verified for that backend's reference. Only verified content is written, each file
 //! atomically, so a restart with the registry down serves what was last accepted, never a
-//! half-written or unverified blob.
+//! half-written or unverified blob. Every directory is devplug's alone (`StateDir`: `0700`,
+//! checked, files opened without following links).
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::artifact::Pulled;
+use crate::durable::StateDir;
 
 /// What the cache says about one backend's reference.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,22 +31,30 @@ impl Cache {
         Cache { root: cache_dir.join("oci") }
     }
 
-    fn blob_dir(&self, digest: &str) -> PathBuf {
+    fn blob_path(&self, digest: &str) -> PathBuf {
         self.root.join(digest.replace(':', "/"))
     }
 
-    fn ref_file(&self, backend: &str) -> PathBuf {
-        self.root.join("refs").join(format!("{backend}.json"))
+    /// The directory of one digest (`sha256:<64 hex>` only: a digest is a registry's word).
+    fn blob_dir(&self, digest: &str) -> anyhow::Result<StateDir> {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+            .ok_or_else(|| anyhow::anyhow!("{:?} is not a sha256 digest", crate::gate::clip(digest)))?;
+        Ok(StateDir::open(&self.root)?.subdir("sha256")?.subdir(hex)?)
+    }
+
+    fn refs(&self) -> anyhow::Result<StateDir> {
+        Ok(StateDir::open(&self.root)?.subdir("refs")?)
     }
 
     /// Remember `pulled` as `backend`'s verified version of `reference`.
     pub fn store(&self, backend: &str, reference: &str, pulled: &Pulled) -> anyhow::Result<()> {
-        let dir = self.blob_dir(&pulled.digest);
-        std::fs::create_dir_all(&dir)?;
-        write(&dir, "component.wasm", &pulled.component)?;
-        write(&dir, "manifest.toml", pulled.manifest.as_bytes())?;
-        write(&dir, "layout", pulled.layout.as_bytes())?;
-        write(&dir, "component.sha256", hex::encode(Sha256::digest(&pulled.component)).as_bytes())?;
+        let dir = self.blob_dir(&pulled.digest)?;
+        dir.write("component.wasm", &pulled.component, true)?;
+        dir.write("manifest.toml", pulled.manifest.as_bytes(), true)?;
+        dir.write("layout", pulled.layout.as_bytes(), true)?;
+        dir.write("component.sha256", hex::encode(Sha256::digest(&pulled.component)).as_bytes(), true)?;
         self.point(backend, reference, &pulled.digest)
     }
 
@@ -59,21 +69,20 @@ impl Cache {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
         };
-        let refs = self.root.join("refs");
-        std::fs::create_dir_all(&refs)?;
-        write(&refs, &format!("{backend}.json"), &serde_json::to_vec_pretty(&entry)?)?;
+        self.refs()?.write(&format!("{backend}.json"), &serde_json::to_vec_pretty(&entry)?, true)?;
         Ok(())
     }
 
     pub fn load_digest(&self, digest: &str) -> Option<Pulled> {
-        let dir = self.blob_dir(digest);
-        let sum = std::fs::read_to_string(dir.join("component.sha256")).ok()?;
-        let component = std::fs::read(dir.join("component.wasm")).ok()?;
+        let dir = self.blob_dir(digest).ok()?;
+        let text = |name: &str| dir.read(name).ok().flatten().and_then(|b| String::from_utf8(b).ok());
+        let sum = text("component.sha256")?;
+        let component = dir.read("component.wasm").ok()??;
         if hex::encode(Sha256::digest(&component)) != sum.trim() {
             return None;
         }
-        let manifest = std::fs::read_to_string(dir.join("manifest.toml")).ok()?;
-        let layout = match std::fs::read_to_string(dir.join("layout")).ok()?.as_str() {
+        let manifest = text("manifest.toml")?;
+        let layout = match text("layout")?.as_str() {
             "devplug-pack" => "devplug-pack",
             _ => "wasm-artifact",
         };
@@ -82,12 +91,10 @@ impl Cache {
 
     /// `backend`'s last verified version of `reference`, if the cache has it whole.
     pub fn load(&self, backend: &str, reference: &str) -> anyhow::Result<Option<(CachedRef, Pulled)>> {
-        let file = self.ref_file(backend);
-        let text = match std::fs::read(&file) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => anyhow::bail!("{}: {e}", file.display()),
-        };
+        let refs = self.refs()?;
+        let name = format!("{backend}.json");
+        let file = refs.shown(&name);
+        let Some(text) = refs.read(&name)? else { return Ok(None) };
         let entry: CachedRef = serde_json::from_slice(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         if entry.reference != reference {
             // The operator pointed the backend elsewhere: what is cached is not what is asked for.
@@ -96,16 +103,12 @@ impl Cache {
         let mut pulled = self.load_digest(&entry.digest).ok_or_else(|| {
             anyhow::anyhow!(
                 "{}: cached version is missing or does not match its checksum (disk corruption?); it will be pulled again",
-                self.blob_dir(&entry.digest).display()
+                self.blob_path(&entry.digest).display()
             )
         })?;
         pulled.name = Some(backend.to_owned());
         Ok(Some((entry, pulled)))
     }
-}
-
-fn write(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    crate::durable::write_file(dir, &dir.join(name), bytes, ".devplug-", 0o644)
 }
 
 #[cfg(test)]

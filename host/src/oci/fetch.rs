@@ -212,7 +212,7 @@ impl Fetcher {
             message: format!(
                 "{}{hint} {}",
                 status.canonical_reason().unwrap_or(""),
-                crate::untrusted::clip(String::from_utf8_lossy(&body).trim())
+                crate::gate::clip(String::from_utf8_lossy(&body).trim())
             )
             .trim_end()
             .to_owned(),
@@ -241,7 +241,7 @@ impl Fetcher {
         let status = resp.status();
         let body = read_capped(resp, MAX_TOKEN, &format!("{what}: token from {realm}")).await?;
         if !status.is_success() {
-            return Err(fail(format!("{status}: {}", crate::untrusted::clip(&String::from_utf8_lossy(&body)))));
+            return Err(fail(format!("{status}: {}", crate::gate::clip(&String::from_utf8_lossy(&body)))));
         }
         #[derive(serde::Deserialize)]
         struct Answer {

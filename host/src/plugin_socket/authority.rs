@@ -48,6 +48,12 @@ const PRIORITY: u8 = 0x20;
 /// decoded header list (RFC 7541 sizes: name + value + 32 per field) accepted. Kubelet's are
 /// about 150 bytes; tonic refuses lists over 16 KiB anyway.
 pub const MAX_BLOCK: usize = 64 * 1024;
+/// Frames one header block may span (a HEADERS and its CONTINUATIONs), and the bytes those
+/// frames may take on the wire, their 9-byte headers included: a block of empty CONTINUATION
+/// frames carries no payload, so a payload cap alone let one connection grow devplug past 1 GiB.
+/// Kubelet's blocks are one frame.
+pub const MAX_BLOCK_FRAMES: usize = 64;
+pub const MAX_BLOCK_WIRE: usize = MAX_BLOCK + MAX_BLOCK_FRAMES * FRAME_HEADER;
 /// Frames written to h2 stay within the smallest SETTINGS_MAX_FRAME_SIZE a peer may use.
 const MAX_FRAME: usize = 16_384;
 /// The dynamic table a decoder starts with (SETTINGS_HEADER_TABLE_SIZE's default; tonic's h2
@@ -78,6 +84,10 @@ struct OpenBlock {
     fragments: Vec<u8>,
     /// The block's frames as they came (passed on unchanged when nothing needs rewriting).
     raw: Vec<u8>,
+    /// Frames and wire bytes the block has taken so far (bounded: [`MAX_BLOCK_FRAMES`],
+    /// [`MAX_BLOCK_WIRE`]).
+    frames: usize,
+    wire: usize,
 }
 
 /// The read-side rewriter: raw client bytes in, bytes for h2 out.
@@ -232,6 +242,8 @@ impl Rewriter {
                     priority,
                     fragments: Vec::with_capacity(body.len()),
                     raw: Vec::new(),
+                    frames: 0,
+                    wire: 0,
                 });
                 body
             }
@@ -242,6 +254,13 @@ impl Rewriter {
         let Some(open) = self.open.as_mut() else { return Ok(()) };
         if open.fragments.len() + fragment.len() > MAX_BLOCK {
             return Err(invalid(format!("a header block over {MAX_BLOCK} bytes")));
+        }
+        open.frames += 1;
+        open.wire += frame.len();
+        if open.frames > MAX_BLOCK_FRAMES || open.wire > MAX_BLOCK_WIRE {
+            return Err(invalid(format!(
+                "a header block over {MAX_BLOCK_FRAMES} frames or {MAX_BLOCK_WIRE} bytes with their frame headers (a CONTINUATION flood)"
+            )));
         }
         open.fragments.extend_from_slice(fragment);
         if !self.decided {
@@ -549,6 +568,30 @@ mod tests {
         let got = headers(&mut loona_hpack::Decoder::new(), &joined);
         assert_eq!(got[0].1, "localhost");
         assert_eq!(got[1].1.len(), 20_000);
+    }
+
+    /// Issue 41: empty CONTINUATION frames carry no payload, so the 64 KiB payload cap never
+    /// fired while the block's raw frames grew by 9 bytes each (25 MiB to past 1 GiB from one
+    /// connection). The block is bounded by frames and by wire bytes.
+    #[test]
+    fn a_continuation_flood_ends_the_connection_before_it_grows() {
+        let mut r = Rewriter::default();
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(frame(HEADERS, 0, 1, b""));
+        r.feed(&bytes).unwrap();
+        let empty = frame(CONTINUATION, 0, 1, b"");
+        let mut fed = 0;
+        let err = loop {
+            match r.feed(&empty) {
+                Ok(()) => fed += 1,
+                Err(e) => break e,
+            }
+            assert!(fed < 100_000, "a flood of empty CONTINUATION frames was taken");
+        };
+        assert!(fed < MAX_BLOCK_FRAMES, "{fed} frames taken");
+        assert!(err.to_string().contains("CONTINUATION flood"), "{err}");
+        let kept = r.open.as_ref().map_or(0, |o| o.raw.len() + o.fragments.len());
+        assert!(kept <= MAX_BLOCK_WIRE, "{kept} bytes kept");
     }
 
     #[test]

@@ -39,7 +39,7 @@ impl std::fmt::Display for Stage {
             Stage::Serving => f.write_str("WaitingForKubelet"),
             Stage::InfoAsked => f.write_str("InfoAsked"),
             Stage::Registered => f.write_str("Registered"),
-            Stage::Refused(why) => write!(f, "Refused: {}", crate::untrusted::clip_to(why, 512)),
+            Stage::Refused(why) => write!(f, "Refused: {}", crate::gate::clip_to(why, 512)),
         }
     }
 }
@@ -237,7 +237,7 @@ impl pr::registration_server::Registration for Registration {
                 f(count);
             }
         } else {
-            let why = crate::untrusted::clip_to(&s.error, 1024);
+            let why = crate::gate::clip_to(&s.error, 1024);
             tracing::error!(plugin = %self.info.name, "kubelet refused {subject}: {why}");
             self.state.send_modify(|st| st.enter(Stage::Refused(s.error)));
         }

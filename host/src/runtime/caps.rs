@@ -55,7 +55,7 @@ const MAX_GLOB_LEN: usize = 512;
 const MAX_GLOB_WILDCARDS: usize = 16;
 
 pub(crate) fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
-    let shown = crate::untrusted::clip(pattern);
+    let shown = crate::gate::clip(pattern);
     if pattern.len() > MAX_GLOB_LEN {
         return Err(format!("glob {shown} is longer than {MAX_GLOB_LEN} bytes"));
     }

@@ -196,17 +196,30 @@ impl Runtime {
         let Some(dir) = &self.config.cache_dir else {
             return Ok(Compiled { component: self.compile_fresh(bytes)?, cache: CacheOutcome::Disabled, digest });
         };
-        let path = dir.join(format!("{digest}-{:016x}.cwasm", self.engine_hash));
-        if path.exists() {
+        let name = format!("{digest}-{:016x}.cwasm", self.engine_hash);
+        let path = dir.join(&name);
+        // Native code is loaded from here, so the directory must be devplug's alone: created
+        // 0700, checked to be its user's and writable by no one else, and its files opened
+        // without following links (`StateDir`). Anything else: compile, cache nothing.
+        let state = match crate::durable::StateDir::open(dir) {
+            Ok(state) => Some(state),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; compiling without it");
+                None
+            }
+        };
+        if let Some(state) = &state
+            && let Ok(Some(native)) = state.read(&name).inspect_err(|e| {
+                tracing::warn!(path = %path.display(), error = %e, "compile cache entry refused");
+            })
+        {
             // Read into memory rather than mmap the file: a cache file truncated or rewritten
             // under a running host would otherwise turn into SIGBUS in live code.
-            let loaded = std::fs::read(&path).map_err(anyhow::Error::from).and_then(|native| {
-                // SAFETY: the cache dir is private to this host (0700), files are keyed by the
-                // wasm's hash and this engine's compatibility hash, and only this code writes them
-                // (atomically, by rename); deserialize still checks the engine compatibility.
-                unsafe { Component::deserialize(&self.engine, &native) }.map_err(anyhow::Error::from)
-            });
-            match loaded {
+            // SAFETY: the cache dir is devplug's user's alone (0700, checked), files are keyed by
+            // the wasm's hash and this engine's compatibility hash, opened without following
+            // links, and only this code writes them (atomically, by rename); deserialize still
+            // checks the engine compatibility.
+            match unsafe { Component::deserialize(&self.engine, &native) } {
                 Ok(c) => {
                     self.cache_hits.fetch_add(1, Ordering::Relaxed);
                     tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
@@ -214,14 +227,16 @@ impl Runtime {
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
-                    let _ = std::fs::remove_file(&path);
+                    let _ = state.remove(&name);
                 }
             }
         }
         let component = self.compile_fresh(bytes)?;
         match component.serialize() {
             Ok(native) => {
-                if let Err(e) = crate::durable::write_file(dir, &path, &native, ".devplug-cache-", 0o600) {
+                if let Some(state) = &state
+                    && let Err(e) = state.write(&name, &native, true)
+                {
                     tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
                 }
             }

@@ -132,10 +132,10 @@ impl LineLogger {
             if t.len() == LAST_WORDS {
                 t.pop_front();
             }
-            t.push_back(crate::untrusted::clip_to(line.trim(), 512).into_owned());
+            t.push_back(crate::gate::clip_to(line.trim(), 512).into_owned());
         }
         if self.log.admit(&self.backend) {
-            let line = crate::untrusted::clip_to(&line, MAX_LINE);
+            let line = crate::gate::clip_to(&line, MAX_LINE);
             tracing::info!(backend = &*self.backend, stream = self.stream, "{line}");
         }
         self.buf.clear();

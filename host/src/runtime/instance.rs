@@ -23,8 +23,8 @@ use super::bindings::{Bindings, GuestResult, Prepared};
 use super::engine::{Runtime, ticks};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
+use crate::gate::clip;
 use crate::model::{BackendInfo, ContainerEdits, Resource};
-use crate::untrusted::clip;
 
 /// Recent calls the breaker looks at: a backend that faults every other call trips it as
 /// surely as one that faults every time.
@@ -229,7 +229,7 @@ impl BackendInstance {
             if !said.is_empty() {
                 why = format!("{why}; the backend's last words: {said}");
             }
-            CallError::Trap(crate::untrusted::clip_to(&why, 1024).into_owned())
+            CallError::Trap(crate::gate::clip_to(&why, 1024).into_owned())
         }
     }
 

@@ -17,7 +17,7 @@ use super::limits::{MemoryCap, Meter};
 use crate::sync::Locked;
 
 /// Refused paths already logged for one backend, so a hostile loop cannot flood the log. Paths
-/// are remembered clipped ([`crate::untrusted::clip`]), so the set stays small whatever the
+/// are remembered clipped ([`crate::gate::clip`]), so the set stays small whatever the
 /// backend sends.
 #[derive(Default)]
 pub struct RefusalLog {
@@ -37,7 +37,7 @@ impl RefusalLog {
         if seen.len() >= MAX_REMEMBERED {
             return;
         }
-        let path = crate::untrusted::clip(path);
+        let path = crate::gate::clip(path);
         let new = seen.insert(format!("{call} {path}"));
         if new {
             let grantable = matches!(err, FsError::Denied(_));
@@ -48,7 +48,7 @@ impl RefusalLog {
                 tracing::warn!(backend, "further refused paths of this backend are not logged");
             }
             let reason = err.to_string();
-            tracing::warn!(backend, call, path = %path, reason = %crate::untrusted::clip(&reason), "refused a backend's access");
+            tracing::warn!(backend, call, path = %path, reason = %crate::gate::clip(&reason), "refused a backend's access");
         }
     }
 }
@@ -123,11 +123,12 @@ impl Sandbox {
     /// limits.
     pub fn new(name: &str, caps: &Capabilities, roots: &Roots, memory_cap: usize) -> Self {
         let dev = Arc::new(Jail::new(&roots.dev, caps.dev.clone()).with_fixture_nodes(roots.dev_fixtures));
+        let sysfs = Arc::new(Jail::new(&roots.sys, caps.sysfs.clone()));
         Sandbox {
             backend: name.into(),
-            sysfs: Arc::new(Jail::new(&roots.sys, caps.sysfs.clone())),
+            sysfs: sysfs.clone(),
             procfs: Arc::new(Jail::new(&roots.proc, caps.procfs.clone())),
-            returns: Arc::new(super::vet::ReturnRules::new(caps, dev.clone())),
+            returns: Arc::new(super::vet::ReturnRules::new(caps, dev.clone(), sysfs)),
             uevents: caps.uevents.clone(),
             dev,
             refusals: Arc::new(RefusalLog::default()),

@@ -23,8 +23,8 @@
 
 use super::caps::{Capabilities, Rule};
 use super::jail::{FsError, Jail, MAX_BATCH, NodeStat, NodeType, OpenDirs};
+use crate::gate::clip;
 use crate::model::{ContainerEdits, DeviceNode, NodeNumbers, Resource};
-use crate::untrusted::clip;
 
 /// Resources one backend may serve.
 pub const MAX_RESOURCES: usize = 64;
@@ -89,68 +89,11 @@ const HOOK_ENV: &[&str] = &[
 const HOOK_ENV_PREFIXES: &[&str] =
     &["LD_", "DYLD_", "MALLOC_", "CUDA_INJECTION", "OPENSSL_", "BASH_FUNC_", "CORECLR_", "COMPlus_", "PYTHON"];
 
-/// Words that, in an env key, name a way to find or run code, load a file or reach the network
-/// (`VK_LAYER_PATH`, `OCL_ICD_FILENAMES`, `HSA_TOOLS_LIB`, `NCCL_NET_PLUGIN`, `LESSOPEN`,
-/// `HTTPS_PROXY`): no list of such keys is ever complete, so a key granted by a glob passes only
-/// when none of its `_`-separated words starts or ends like one of these; anything else needs
-/// the operator's exact word. Data keys (`NVIDIA_VISIBLE_DEVICES`, `PCIDEVICE_X`) pass.
-const HOOK_WORD_STARTS: &[&str] = &[
-    "LIB", "PATH", "PLUGIN", "PRELOAD", "LAYER", "ICD", "FILE", "DIR", "OPT", "HOOK", "MODULE", "INJECT", "CONF",
-    "LOAD", "EXEC", "SCRIPT", "CMD", "COMMAND", "STARTUP", "PROFIL", "TOOL", "SHELL", "PROXY", "BACKEND", "DRIVER",
-    "VENDOR", "PROVIDER", "TUNABLE", "CERT", "BUNDLE", "AUDIT", "SOCK",
-];
-const HOOK_WORD_ENDS: &[&str] = &[
-    "PATH",
-    "PATHS",
-    "LOAD",
-    "OPEN",
-    "CLOSE",
-    "FILE",
-    "FILES",
-    "FILENAME",
-    "FILENAMES",
-    "DIR",
-    "DIRS",
-    "EDITOR",
-    "VISUAL",
-    "PAGER",
-    "BROWSER",
-    "ASKPASS",
-    "SHELL",
-    "PROXY",
-    "HOME",
-    "OPTS",
-    "OPTIONS",
-    "LIB",
-    "LIBS",
-    "PLUGIN",
-    "PLUGINS",
-    "MODULE",
-    "MODULES",
-    "CONF",
-    "CONFIG",
-    "HOOK",
-    "HOOKS",
-    "PRELOAD",
-    "RC",
-    "EXEC",
-    "CMD",
-];
-const HOOK_WORDS: &[&str] = &["ENV", "MCA", "SSL", "TLS", "KEY", "CA", "SSH", "GIT", "FUNC", "IFS", "PS4"];
-
-/// Whether env key `k` can make a loader, shell, runtime or library load or run something: the
-/// known keys and prefixes above, and any key with a word of [`HOOK_WORD_STARTS`],
-/// [`HOOK_WORD_ENDS`] or [`HOOK_WORDS`].
+/// Whether env key `k` is one of the known loader, libc, shell and runtime hooks above: those
+/// need the operator's exact word even inside a granted prefix. Every other key is judged by
+/// the grant alone, which admits exact keys and vendor prefixes only (`crate::gate::EnvGrant`).
 pub fn hook_env(k: &str) -> bool {
-    if HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p)) {
-        return true;
-    }
-    let upper = k.to_ascii_uppercase();
-    upper.split('_').filter(|w| !w.is_empty()).any(|w| {
-        HOOK_WORDS.contains(&w)
-            || HOOK_WORD_STARTS.iter().any(|s| w.starts_with(s))
-            || HOOK_WORD_ENDS.iter().any(|e| w.ends_with(e))
-    })
+    HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p))
 }
 
 /// Container paths no mount may cover, whatever the grants: a container's root, kernel views,
@@ -201,9 +144,35 @@ const SHELLS: &[&str] = &["sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "bu
 const LOADER_FILES: &[&str] =
     &["ld-linux", "ld-musl", "ld.so", "libc.so", "libc-", "libc.musl", "libpthread", "libdl.", "libm.so", "librt."];
 
+/// The discover attribute a backend names a device's PCI address in (standard `pciBusID`,
+/// `pcieRoot` are derived from it).
+pub const PCI_ATTRIBUTE: &str = "pci";
+/// The discover attribute a NIC backend names a device's network interface in (claim status).
+pub const NETDEV_ATTRIBUTE: &str = "netdev";
+
+/// A backend's sysfs jail as the PCI address gate asks it: granted means the backend could read
+/// `bus/pci/devices/<id>` under both names (the link and where it resolves); present means the
+/// kernel lists the device.
+struct SysfsPci<'a>(&'a Jail);
+
+impl crate::gate::PciLookup for SysfsPci<'_> {
+    fn granted(&self, bus_id: &str) -> bool {
+        !matches!(
+            self.0.resolve(&format!("bus/pci/devices/{bus_id}"), true),
+            Err(FsError::Denied(_) | FsError::InvalidPath(_))
+        )
+    }
+
+    fn present(&self, bus_id: &str) -> bool {
+        self.0.resolve(&format!("bus/pci/devices/{bus_id}"), true).is_ok()
+    }
+}
+
 /// What a backend may hand out: its dev jail for nodes, and the rules for the rest.
 pub struct ReturnRules {
     dev: std::sync::Arc<Jail>,
+    /// The backend's sysfs jail: a PCI address it names must be one it may read.
+    sysfs: std::sync::Arc<Jail>,
     mounts: Rule,
     mount_targets: Rule,
     writable_mounts: Rule,
@@ -214,9 +183,10 @@ pub struct ReturnRules {
 }
 
 impl ReturnRules {
-    pub fn new(caps: &Capabilities, dev: std::sync::Arc<Jail>) -> Self {
+    pub fn new(caps: &Capabilities, dev: std::sync::Arc<Jail>, sysfs: std::sync::Arc<Jail>) -> Self {
         ReturnRules {
             dev,
+            sysfs,
             mounts: caps.mounts.clone(),
             mount_targets: caps.mount_targets.clone(),
             writable_mounts: caps.writable_mounts.clone(),
@@ -270,10 +240,24 @@ impl ReturnRules {
                 if d.attributes.len() > MAX_ATTRIBUTES {
                     return Err(format!("{}: more than {MAX_ATTRIBUTES} attributes", place()));
                 }
+                d.vetted = crate::model::Vetted::default();
                 for (k, v) in &d.attributes {
                     size.add(k).and_then(|_| size.add(v)).map_err(|e| format!("{}: attribute: {e}", place()))?;
                     if let Some(why) = crate::model::dra::reserved_attribute(k) {
                         return Err(format!("{}: {}", place(), clip(&why)));
+                    }
+                    // The attributes the host derives published values from pass their gates here,
+                    // where the backend's grants are known; the rest of the host reads `vetted`.
+                    match k.as_str() {
+                        PCI_ATTRIBUTE => {
+                            let pci = crate::gate::PciAddress::new(v, &SysfsPci(&self.sysfs));
+                            d.vetted.pci = Some(pci.map_err(|e| format!("{}: attribute pci: {e}", place()))?);
+                        }
+                        NETDEV_ATTRIBUTE => {
+                            let name = crate::gate::IfName::new(v);
+                            d.vetted.netdev = Some(name.map_err(|e| format!("{}: attribute netdev: {e}", place()))?);
+                        }
+                        _ => {}
                     }
                 }
                 self.edits(&mut d.edits, &mut size, &stats).map_err(|e| format!("{}: {e}", place()))?;
@@ -337,6 +321,7 @@ impl ReturnRules {
             size.add(k)?;
             size.add(v)?;
             self.env_key(k)?;
+            crate::gate::EnvValue::new(v).map_err(|e| format!("env {k}: {e}"))?;
         }
         for (k, v) in &e.annotations {
             size.add(k)?;
@@ -445,11 +430,7 @@ impl ReturnRules {
     /// An env key the backend may set: a plain name it requested and was granted; a key that
     /// makes programs load or run code only when the operator's grant names it exactly.
     fn env_key(&self, k: &str) -> Result<(), String> {
-        let plain = k.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !plain {
-            return Err(format!("env key {:?} is not a plain name ([A-Za-z_][A-Za-z0-9_]*)", clip(k)));
-        }
+        crate::gate::EnvKey::new(k).map_err(|e| e.to_string())?;
         if hook_env(k) && !(self.env.allows(k) && self.env_named.contains(k)) {
             return Err(format!(
                 "env key {k} changes how programs load or start; it passes only if the operator's grant names it exactly (grant.env = [\"{k}\"])"
@@ -549,8 +530,8 @@ mod tests {
             ..Globs::default()
         };
         let caps = Capabilities::new(&requested, granted).unwrap();
-        let jail = Jail::new(dev_dir, caps.dev.clone()).with_fixture_nodes(true);
-        ReturnRules::new(&caps, Arc::new(jail))
+        let jail = Arc::new(Jail::new(dev_dir, caps.dev.clone()).with_fixture_nodes(true));
+        ReturnRules::new(&caps, jail.clone(), jail)
     }
 
     fn all() -> Globs {
@@ -664,52 +645,123 @@ mod tests {
         rw.allocate("example.com/x", &mut rw_mount("/opt/vendor/rw/state", "/var/lib/vendor")).unwrap();
     }
 
-    /// Issue 33: with `env = ["*"]` granted, keys that make a loader, driver stack, library or
-    /// tool load code or files still need the operator's exact word; data keys pass.
+    /// Issue 41: a glob grant admits keys only inside the vendor prefix it names; the 13
+    /// code-running and 5 network-redirecting keys that passed `env = ["*"]` and the word
+    /// classifier are outside any vendor's prefix, so they are refused, and the grant gate
+    /// refuses `*` itself at config load (`crate::gate::EnvGrant`).
     #[test]
-    fn a_glob_grant_admits_data_keys_only() {
+    fn a_prefix_grant_admits_only_its_prefix() {
         let d = tempfile::tempdir().unwrap();
         let with_env = |granted: &[&str]| {
             let requested = Globs { env: vec!["*".into()], ..all() };
             let granted = Globs { env: granted.iter().map(|s| s.to_string()).collect(), ..all() };
             let caps = Capabilities::new(&requested, &granted).unwrap();
-            ReturnRules::new(&caps, Arc::new(Jail::new(d.path(), caps.dev.clone())))
+            let jail = Arc::new(Jail::new(d.path(), caps.dev.clone()));
+            ReturnRules::new(&caps, jail.clone(), jail)
         };
-        let star = with_env(&["*"]);
-        let named = with_env(&["*", "VK_LAYER_PATH"]);
+        let vendor = with_env(&["NVIDIA_*", "PCIDEVICE_*", "VK_LAYER_PATH"]);
         let env = |k: &str| ContainerEdits { env: vec![(k.into(), "/opt/x.so".into())], ..Default::default() };
-        // (The 25 keys of chaos's `hook-N` go through Allocate and prepare in tests/dra.rs.)
-        let hooks = [
-            "VK_LAYER_PATH",
-            "LESSOPEN",
-            "https_proxy",
-            "SSLKEYLOGFILE",
-            "JAVA_HOME",
-            "XDG_CONFIG_DIRS",
-            "INPUTRC",
-            "ZDOTDIR",
-            "PKCS11_MODULE_PATH",
-            "ROCM_PATH",
-            "CUDA_HOME",
-            "BROWSER",
-            "PAGER",
-            "SUDO_ASKPASS",
+        let outside = [
+            // code-running
+            "ERL_AFLAGS",
+            "LUA_INIT",
+            "VIMINIT",
+            "PS1",
+            "DOTNET_ADDITIONAL_DEPS",
+            "EXINIT",
+            "MYVIMRC",
+            "R_PROFILE_USER",
+            "GEM_HOME",
+            "IRBRC",
+            "PHPRC",
+            "TCLLIBPATH",
+            "GUILE_LOAD_PATH",
+            // network-redirecting
+            "PIP_INDEX_URL",
+            "HF_ENDPOINT",
+            "DOCKER_HOST",
+            "npm_config_registry",
+            "CONDA_CHANNELS",
+            // what the word classifier caught, still refused
+            "OCL_ICD_FILENAMES",
+            "HSA_TOOLS_LIB",
+            "HTTPS_PROXY",
         ];
-        for k in hooks {
-            let e = star.allocate("example.com/x", &mut env(k)).expect_err(k);
-            assert!(e.contains("grant names it exactly"), "{k}: {e}");
+        for k in outside {
+            let e = vendor.allocate("example.com/x", &mut env(k)).expect_err(k);
+            assert!(e.contains("not granted"), "{k}: {e}");
         }
-        named.allocate("example.com/x", &mut env("VK_LAYER_PATH")).expect("named exactly, it passes");
-        for k in [
-            "NVIDIA_VISIBLE_DEVICES",
-            "PCIDEVICE_OPENSHIFT_IO_MLXNICS",
-            "NETDEVICE_DEVPLUG_IO_SRIOV_NETDEV",
-            "SERIAL_PORTS",
-            "MY_KVM",
-            "CHAOS_CLAIM_DEVICES",
-        ] {
-            star.allocate("example.com/x", &mut env(k)).unwrap_or_else(|e| panic!("{k}: {e}"));
+        vendor.allocate("example.com/x", &mut env("VK_LAYER_PATH")).expect("named exactly, it passes");
+        for k in ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PCIDEVICE_OPENSHIFT_IO_MLXNICS"] {
+            vendor.allocate("example.com/x", &mut env(k)).unwrap_or_else(|e| panic!("{k}: {e}"));
         }
+        // A value with a NUL would end the variable early in the container's envp.
+        let nul = ContainerEdits { env: vec![("NVIDIA_X".into(), "a\0LD_PRELOAD=/x".into())], ..Default::default() };
+        assert!(vendor.allocate("example.com/x", &mut nul.clone()).unwrap_err().contains("NUL"));
+    }
+
+    /// Issue 41: a device's `pci` must be an address the backend may read and the kernel
+    /// lists before `pciBusID`/`pcieRoot` are derived from it (another vendor's NIC and a made-up
+    /// address were published); `netdev` must be an interface name the kernel would take (ESC,
+    /// BEL and a newline reached a claim's `networkData.interfaceName`).
+    #[test]
+    fn derived_attributes_pass_their_gates_before_the_host_publishes_them() {
+        let d = tempfile::tempdir().unwrap();
+        let sys = d.path();
+        for id in ["0000:3b:00.0", "0000:5e:00.0"] {
+            std::fs::create_dir_all(sys.join("devices/pci0000:00").join(id)).unwrap();
+            std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+            std::os::unix::fs::symlink(
+                format!("../../../devices/pci0000:00/{id}"),
+                sys.join("bus/pci/devices").join(id),
+            )
+            .unwrap();
+        }
+        // Granted: its own NIC, and any address under 0000:99 (which does not exist).
+        let granted = vec![
+            "bus/pci/devices/0000:3b:00.0".to_owned(),
+            "devices/pci0000:00/0000:3b:00.0".to_owned(),
+            "bus/pci/devices/0000:99:*".to_owned(),
+        ];
+        let caps =
+            Capabilities::new(&Globs { sysfs: granted.clone(), ..all() }, &Globs { sysfs: granted, ..all() }).unwrap();
+        let r = ReturnRules::new(
+            &caps,
+            Arc::new(Jail::new(sys, caps.dev.clone())),
+            Arc::new(Jail::new(sys, caps.sysfs.clone())),
+        );
+        let answer = |attrs: &[(&str, &str)]| {
+            let mut res = [Resource {
+                name: "example.com/x".into(),
+                devices: vec![crate::model::Device {
+                    id: "d0".into(),
+                    vetted: Default::default(),
+                    health: crate::model::Health::Healthy,
+                    numa_nodes: vec![],
+                    attributes: attrs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                    edits: Default::default(),
+                }],
+                ..Default::default()
+            }];
+            r.discover(&mut res).map(|_| res[0].devices[0].vetted.clone())
+        };
+        let ok = answer(&[("pci", "0000:3b:00.0"), ("netdev", "ens1f0np0")]).unwrap();
+        assert_eq!(ok.pci.unwrap().as_str(), "0000:3b:00.0");
+        assert_eq!(ok.netdev.unwrap().as_str(), "ens1f0np0");
+        let other_vendor = answer(&[("pci", "0000:5e:00.0")]).unwrap_err();
+        assert!(
+            other_vendor.contains("device d0: attribute pci") && other_vendor.contains("not granted"),
+            "{other_vendor}"
+        );
+        let made_up = answer(&[("pci", "0000:99:00.0")]).unwrap_err();
+        assert!(made_up.contains("no such device"), "{made_up}");
+        let terminal = answer(&[("netdev", "e\u{1b}[2J\u{7}\n")]).unwrap_err();
+        assert!(terminal.contains("attribute netdev") && !terminal.contains('\u{1b}'), "{terminal}");
+        assert_eq!(
+            answer(&[("note", "0000:5e:00.0")]).unwrap(),
+            crate::model::Vetted::default(),
+            "other keys are data"
+        );
     }
 
     /// A code-loading env key passes only when the operator's grant names that exact key; a
@@ -732,6 +784,7 @@ mod tests {
         let r = rules(d.path(), &all());
         let dev = |i: usize| crate::model::Device {
             id: format!("d{i}"),
+            vetted: Default::default(),
             health: crate::model::Health::Healthy,
             numa_nodes: vec![],
             attributes: vec![],
@@ -777,8 +830,8 @@ pub const MAX_RESOURCE_NAME: usize = 317;
 /// longer than a Kubernetes name can be. The version shows on every surface, so it is cut here
 /// once rather than at each.
 pub fn info(info: &mut crate::model::BackendInfo) {
-    info.name = crate::untrusted::clip_to(&info.name, MAX_VERSION).into_owned();
-    info.version = crate::untrusted::clip_to(&info.version, MAX_VERSION).into_owned();
+    info.name = crate::gate::clip_to(&info.name, MAX_VERSION).into_owned();
+    info.version = crate::gate::clip_to(&info.version, MAX_VERSION).into_owned();
     info.resources.truncate(MAX_RESOURCES);
     info.resources.retain(|(name, _)| {
         let ok = name.len() <= MAX_RESOURCE_NAME;
@@ -879,6 +932,7 @@ mod described_tests {
     fn listed() -> Vec<Resource> {
         let d = |id: &str| Device {
             id: id.into(),
+            vetted: Default::default(),
             health: Health::Healthy,
             numa_nodes: vec![],
             attributes: vec![],
@@ -922,6 +976,7 @@ mod described_tests {
     fn a_description_is_bounded_as_a_whole_not_only_string_by_string() {
         let dev = |i: usize| Device {
             id: format!("d{i}"),
+            vetted: Default::default(),
             health: Health::Healthy,
             numa_nodes: vec![],
             attributes: vec![],

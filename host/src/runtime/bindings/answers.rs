@@ -52,6 +52,7 @@ pub fn resource(r: Resource) -> model::Resource {
                 numa_nodes: d.numa_nodes,
                 attributes: d.attributes,
                 edits: edits(d.edits),
+                vetted: Default::default(),
             })
             .collect(),
         common_edits: edits(r.common_edits),

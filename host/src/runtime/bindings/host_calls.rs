@@ -3,10 +3,10 @@
 //! The types are the ones unchanged since 0.1.0 ([`super::wit`]).
 
 use super::wit::FsError;
+use crate::gate::clip;
 use crate::runtime::jail::{self, Cost, Jail, MAX_BATCH, NodeStat, OpenDirs};
 use crate::runtime::limits::Meter;
 use crate::runtime::state::{HostState, Sandbox};
-use crate::untrusted::clip;
 
 /// Directory entries a single `devfs.glob` may look at.
 const GLOB_BUDGET: usize = 100_000;
@@ -151,7 +151,7 @@ impl HostState {
         if !self.sandbox.log.admit(backend) {
             return;
         }
-        let message = crate::untrusted::clip_to(message, MAX_LOG_MESSAGE);
+        let message = crate::gate::clip_to(message, MAX_LOG_MESSAGE);
         match level {
             tracing::Level::TRACE => tracing::trace!(backend, "{message}"),
             tracing::Level::DEBUG => tracing::debug!(backend, "{message}"),

@@ -2,6 +2,12 @@
 //! whole new one: a temp file in the same directory, fsynced, renamed over the target, and the
 //! directory fsynced. Used for CDI specs and the compile cache. Every flush devplug makes goes
 //! through here and is counted ([`fsyncs`]), so a benchmark can say what an operation costs.
+//! State devplug alone may touch (the claim checkpoint, release markers, the instance lock)
+//! lives in a [`StateDir`].
+
+mod state_dir;
+
+pub use state_dir::StateDir;
 
 use std::fs;
 use std::io::Write;
@@ -38,6 +44,27 @@ pub fn write_file_unflushed(
     Ok(())
 }
 
+/// The bytes of the regular file at `path`, at most `max` of them: a link, a FIFO, a device or
+/// a larger file is an error, never followed, waited on or read without end (a directory
+/// devplug writes into but does not own, such as a CDI spec dir, may hold anything).
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file =
+        fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK).open(path)?;
+    let meta = file.metadata()?;
+    let kind = meta.file_type();
+    if !kind.is_file() || kind.is_fifo() || meta.len() > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: not a regular file of at most {max} bytes", path.display()),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 static FSYNCS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Flushes (`fsync`, `fdatasync`) this process has made so far.
@@ -66,5 +93,27 @@ pub fn sync_data(file: &fs::File) -> std::io::Result<()> {
 pub fn sync_dir(dir: &Path) {
     if let Ok(d) = fs::File::open(dir) {
         let _ = sync_all(&d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link named like one of devplug's CDI specs (to `/dev/zero`, or to a secret) is never
+    /// read through, and a FIFO never blocks the read.
+    #[test]
+    fn only_a_bounded_regular_file_is_read() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = d.path().join("devplug-a.json");
+        fs::write(&spec, b"{}").unwrap();
+        assert_eq!(read_regular(&spec, 16).unwrap(), b"{}");
+        assert!(read_regular(&spec, 1).is_err(), "larger than the cap");
+        let link = d.path().join("devplug-b.json");
+        std::os::unix::fs::symlink("/dev/zero", &link).unwrap();
+        assert!(read_regular(&link, 1 << 20).is_err());
+        let fifo = d.path().join("devplug-c.json");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(read_regular(&fifo, 1 << 20).is_err());
     }
 }

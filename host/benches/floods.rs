@@ -1,0 +1,96 @@
+//! Peak memory under the issue-41 floods (a bench binary): `devplug run` (the build this bench is
+//! compiled with) serving the chaos backend to the kubelet stand-in, then, one after another,
+//! flooded on its plugin socket with empty HTTP/2 CONTINUATION frames (one header block that
+//! never ends), and with readers of its status socket and `/status/devices`. After each flood:
+//! whether devplug still answers, and its peak RSS (`VmHWM`) above idle. Numbers go in
+//! docs/BENCHMARKS.md; the target is idle + the backend's memory cap (64 MiB) + 32 MiB.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use support::binary::{Devplug, run_args};
+use support::daemon::{WIDGET, chaos_dir};
+use support::fixtures::Machine;
+use support::kubelet::Kubelet;
+use tokio::io::AsyncWriteExt;
+
+fn kib(pid: i32, key: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status.lines().find(|l| l.starts_with(key)).ok_or_else(|| anyhow::anyhow!("no {key}"))?;
+    Ok(line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+/// One connection writing `frames` empty CONTINUATION frames after an open HEADERS frame;
+/// how many were written before devplug ended the connection.
+async fn continuation_flood(socket: &Path, frames: usize) -> usize {
+    use support::h2wire::{CONTINUATION, HEADERS, PREFACE, SETTINGS, frame};
+    let Ok(mut s) = tokio::net::UnixStream::connect(socket).await else { return 0 };
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(SETTINGS, 0, 0, b""));
+    start.extend(frame(HEADERS, 0, 1, b""));
+    if s.write_all(&start).await.is_err() {
+        return 0;
+    }
+    let empty = frame(CONTINUATION, 0, 1, b"");
+    let chunk: Vec<u8> = empty.iter().copied().cycle().take(empty.len() * 4096).collect();
+    let mut sent = 0;
+    while sent < frames {
+        if s.write_all(&chunk).await.is_err() {
+            break;
+        }
+        sent += 4096;
+    }
+    sent
+}
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir()?;
+        let kdir = dir.path().join("device-plugins");
+        let (m, backends) = (Machine::generic_box(), chaos_dir());
+        let kubelet = Kubelet::start(&kdir).await;
+        let d = Devplug::spawn(&run_args(&kdir, backends.path(), &m));
+        kubelet.wait_devices(WIDGET, Duration::from_secs(60), |l| !l.is_empty()).await?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let idle = kib(d.pid(), "VmRSS")?;
+        println!("idle RSS {} MiB", idle / 1024);
+
+        let socket = kdir.join("devplug-test.devplug.io_widget.sock");
+        let t0 = std::time::Instant::now();
+        let sent = continuation_flood(&socket, 120_000_000).await;
+        let peak = kib(d.pid(), "VmHWM")?;
+        println!(
+            "CONTINUATION flood: {sent} frames written before devplug ended the connection ({:?}); peak RSS +{} MiB above idle",
+            t0.elapsed(),
+            peak.saturating_sub(idle) / 1024
+        );
+        let alive = kubelet.wait_devices(WIDGET, Duration::from_secs(5), |l| !l.is_empty()).await.is_ok();
+        println!("  still serving kubelet: {alive}");
+
+        let status_socket = dir.path().join("plugins/devplug/status.sock");
+        let t0 = std::time::Instant::now();
+        let readers = (0..64).map(|_| {
+            let addr = status_socket.display().to_string();
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    let _ = devplug::cli::http_get(&addr, "/status/devices?offset=0").await;
+                }
+            })
+        });
+        futures::future::join_all(readers).await;
+        let mine = devplug::cli::all_devices(&status_socket.display().to_string()).await;
+        let peak = kib(d.pid(), "VmHWM")?;
+        println!(
+            "status flood: 64 readers × 20 pages in {:?}; the operator's `status --devices` {}; peak RSS +{} MiB above idle",
+            t0.elapsed(),
+            if mine.is_ok() { "completed" } else { "failed" },
+            peak.saturating_sub(idle) / 1024
+        );
+        drop(d);
+        Ok(())
+    })
+}

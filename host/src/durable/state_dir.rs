@@ -1,0 +1,289 @@
+//! Directories only devplug can touch, and files opened only relative to them without following
+//! links: the claim checkpoint and its journal, release markers, the instance lock.
+//!
+//! A directory is created `0700`, opened once (`O_DIRECTORY | O_NOFOLLOW`) and checked: owned
+//! by devplug's user, writable by no one else. Every file in it is opened through that
+//! descriptor with `O_NOFOLLOW` (so a link planted at a state path makes the open fail instead
+//! of emptying or overwriting what it points at), checked to be a regular file owned by
+//! devplug's user, created `0600`, and replaced by a rename inside the directory. Anything else
+//! at a state path is refused with an error naming the path and what to do, and never opened,
+//! truncated or written through.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
+/// A directory devplug keeps state in.
+#[derive(Debug)]
+pub struct StateDir {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+/// Why a state path was refused (not an I/O failure: something is there that devplug did not
+/// put there, or put there for someone else).
+fn refused(path: &Path, why: &str) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "{}: {why}; devplug keeps its state only in files it owns and opens no link: remove it (devplug creates it again)",
+            path.display()
+        ),
+    )
+}
+
+fn io_at(path: &Path) -> impl Fn(Errno) -> std::io::Error + '_ {
+    move |e| match e {
+        Errno::ELOOP | Errno::ENOTDIR => refused(path, "a symbolic link or not what it should be"),
+        e => std::io::Error::new(std::io::Error::from(e).kind(), format!("{}: {e}", path.display())),
+    }
+}
+
+/// Whether `st` belongs to this process's user and no other user may write it.
+fn own(st: &FileStat) -> Result<(), &'static str> {
+    if st.st_uid != nix::unistd::geteuid().as_raw() {
+        return Err("owned by another user");
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err("writable by other users");
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> std::io::Result<()> {
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{name:?} is not a file name")));
+    }
+    Ok(())
+}
+
+impl StateDir {
+    /// Open directory `path`, creating it (and its parents) `0700` if missing. A link, a
+    /// non-directory, or a directory another user owns or may write is refused.
+    pub fn open(path: &Path) -> std::io::Result<StateDir> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", parent.display())))?;
+        }
+        let (parent, name) = match (path.parent(), path.file_name()) {
+            (Some(p), Some(n)) => (if p.as_os_str().is_empty() { Path::new(".") } else { p }, n),
+            _ => return Err(refused(path, "not a directory path")),
+        };
+        let parent_fd = openat(nix::fcntl::AT_FDCWD, parent, OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(io_at(parent))?;
+        match mkdirat(&parent_fd, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io_at(path)(e)),
+        }
+        let fd = openat(&parent_fd, name, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(io_at(path))?;
+        let st = fstat(&fd).map_err(io_at(path))?;
+        own(&st).map_err(|why| refused(path, why))?;
+        Ok(StateDir { path: path.to_owned(), fd })
+    }
+
+    /// The directory's path (for messages; files are never opened by it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Where file `name` is, for messages.
+    pub fn shown(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// The sub-directory `name`, created `0700` if missing, checked as [`StateDir::open`] checks.
+    pub fn subdir(&self, name: &str) -> std::io::Result<StateDir> {
+        check_name(name)?;
+        let path = self.shown(name);
+        match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(io_at(&path)(e)),
+        }
+        let fd = openat(&self.fd, name, OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+            .map_err(io_at(&path))?;
+        let st = fstat(&fd).map_err(io_at(&path))?;
+        own(&st).map_err(|why| refused(&path, why))?;
+        Ok(StateDir { path, fd })
+    }
+
+    /// Open `name` with `flags` (never following a link), checked to be a regular file of ours.
+    fn open_file(&self, name: &str, flags: OFlag) -> std::io::Result<File> {
+        check_name(name)?;
+        let path = self.shown(name);
+        let fd = openat(&self.fd, name, flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o600))
+            .map_err(io_at(&path))?;
+        let st = fstat(&fd).map_err(io_at(&path))?;
+        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(refused(&path, "not a regular file"));
+        }
+        own(&st).map_err(|why| refused(&path, why))?;
+        Ok(File::from(fd))
+    }
+
+    /// The bytes of `name`, `None` if there is no such file.
+    pub fn read(&self, name: &str) -> std::io::Result<Option<Vec<u8>>> {
+        // O_NONBLOCK: a FIFO planted at a state path cannot hang the open.
+        match self.open_file(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK) {
+            Ok(mut f) => {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut bytes)?;
+                Ok(Some(bytes))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `name` exists (a link counts: it is refused when opened).
+    pub fn exists(&self, name: &str) -> bool {
+        check_name(name).is_ok() && fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+    }
+
+    /// `name` opened to read and append, created `0600` if missing; whether it was created.
+    pub fn open_append(&self, name: &str) -> std::io::Result<(File, bool)> {
+        match self.open_file(name, OFlag::O_RDWR | OFlag::O_APPEND) {
+            Ok(f) => Ok((f, false)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let f = self.open_file(name, OFlag::O_RDWR | OFlag::O_APPEND | OFlag::O_CREAT | OFlag::O_EXCL)?;
+                self.sync();
+                Ok((f, true))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `name` opened to read and write (not truncated), created `0600` if missing.
+    pub fn open_rw(&self, name: &str) -> std::io::Result<File> {
+        match self.open_file(name, OFlag::O_RDWR) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.open_file(name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)
+            }
+            other => other,
+        }
+    }
+
+    /// Create `name` empty (`0600`) unless it exists already as a file of ours.
+    pub fn touch(&self, name: &str) -> std::io::Result<()> {
+        match self.open_file(name, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => self.open_file(name, OFlag::O_RDONLY).map(drop),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replace `name` with `bytes`: a new `0600` file beside it, flushed when `flush`, renamed
+    /// over it (a rename replaces a link itself, never its target), the directory flushed.
+    pub fn write(&self, name: &str, bytes: &[u8], flush: bool) -> std::io::Result<()> {
+        check_name(name)?;
+        let tmp = format!(".{name}.{}.{:x}.tmp", std::process::id(), rand_suffix());
+        let mut f = self.open_file(&tmp, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL)?;
+        let written = f.write_all(bytes).and_then(|_| if flush { super::sync_all(&f) } else { Ok(()) });
+        let renamed = written
+            .and_then(|_| renameat(&self.fd, tmp.as_str(), &self.fd, name).map_err(|e| io_at(&self.shown(name))(e)));
+        if let Err(e) = renamed {
+            let _ = unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            return Err(e);
+        }
+        if flush {
+            self.sync();
+        }
+        Ok(())
+    }
+
+    /// Copy `name` to `to` in the same directory (a damaged file kept aside); never through a link.
+    pub fn copy(&self, name: &str, to: &str) -> std::io::Result<()> {
+        match self.read(name)? {
+            Some(bytes) => self.write(to, &bytes, false),
+            None => Ok(()),
+        }
+    }
+
+    /// Remove `name` (a link is removed itself); whether it was there.
+    pub fn remove(&self, name: &str) -> std::io::Result<bool> {
+        check_name(name)?;
+        match unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOENT) => Ok(false),
+            Err(e) => Err(io_at(&self.shown(name))(e)),
+        }
+    }
+
+    /// Flush the directory (a create, rename or unlink in it).
+    pub fn sync(&self) {
+        if let Ok(fd) = self.fd.as_fd().try_clone_to_owned() {
+            let _ = super::sync_all(&File::from(fd));
+        }
+    }
+}
+
+/// A few random bits for temp names (collisions are refused by `O_EXCL` anyway).
+fn rand_suffix() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    #[test]
+    fn state_is_created_private_and_written_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(&d.path().join("a/b")).unwrap();
+        assert_eq!(std::fs::metadata(d.path().join("a/b")).unwrap().permissions().mode() & 0o777, 0o700);
+        dir.write("f", b"one", true).unwrap();
+        dir.write("f", b"two", false).unwrap();
+        assert_eq!(dir.read("f").unwrap().unwrap(), b"two");
+        assert_eq!(std::fs::metadata(d.path().join("a/b/f")).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(dir.read("missing").unwrap(), None);
+        let (mut f, created) = dir.open_append("log").unwrap();
+        assert!(created);
+        f.write_all(b"x\n").unwrap();
+        assert!(!dir.open_append("log").unwrap().1);
+        assert!(dir.remove("log").unwrap() && !dir.remove("log").unwrap());
+        assert!(dir.subdir("../x").is_err() && dir.read("a/b").is_err());
+    }
+
+    /// Issue 41: a link planted at a state path made devplug empty or overwrite its target.
+    #[test]
+    fn a_link_or_a_non_file_at_a_state_path_is_refused_and_its_target_untouched() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(&d.path().join("s")).unwrap();
+        let target = d.path().join("precious");
+        std::fs::write(&target, b"keep me").unwrap();
+        symlink(&target, d.path().join("s/journal")).unwrap();
+        symlink(&target, d.path().join("s/lock")).unwrap();
+        std::fs::create_dir(d.path().join("s/dir")).unwrap();
+        for e in [
+            dir.open_append("journal").unwrap_err(),
+            dir.open_rw("lock").unwrap_err(),
+            dir.read("journal").unwrap_err(),
+            dir.read("dir").unwrap_err(),
+            dir.touch("journal").unwrap_err(),
+        ] {
+            assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+            assert!(e.to_string().contains("remove it"), "{e}");
+        }
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep me", "the link's target is untouched");
+        // A rename replaces the link, never what it points at.
+        dir.write("journal", b"mine", false).unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"keep me");
+        assert_eq!(dir.read("journal").unwrap().unwrap(), b"mine");
+        // The directory itself: a link, or one others may write, is refused.
+        symlink(d.path().join("s"), d.path().join("linked")).unwrap();
+        assert!(StateDir::open(&d.path().join("linked")).is_err());
+        std::fs::create_dir(d.path().join("open")).unwrap();
+        std::fs::set_permissions(d.path().join("open"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(StateDir::open(&d.path().join("open")).unwrap_err().to_string().contains("writable by other users"));
+    }
+}
