@@ -105,6 +105,14 @@ fn discover_prints_what_a_backend_sees_and_names_broken_files() {
         assert!(v["level"].is_string() && v["message"].is_string() || v["fields"].is_object(), "{line}");
     }
     assert!(err.contains("not a Wasm file"), "{err}");
+    // Issue 41: a record that carries a backend's words names the backend in a field, not only
+    // inside its message.
+    let named = err
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["message"].as_str().is_some_and(|m| m.contains("not a Wasm file")))
+        .unwrap_or_else(|| panic!("no record of the failure: {err}"));
+    assert_eq!(named["backend"], "junk", "{named}");
 }
 
 #[test]
@@ -374,4 +382,34 @@ fn a_node_two_backends_hand_out_is_refused_and_named() {
         "{err}"
     );
     assert!(err.contains("grant.dev") || err.contains("shared-node"), "says what to do: {err}");
+}
+
+/// Issue 42: `devplug allocate` needed `--resource` even when the device IDs name the
+/// resource; the one resource whose devices they are is taken, and IDs of two resources still
+/// ask for it.
+#[test]
+fn allocate_finds_the_resource_its_ids_name() {
+    let m = Machine::generic_box();
+    let root = m.root();
+    let s = |p: std::path::PathBuf| p.display().to_string();
+    let base = [
+        "allocate".to_owned(),
+        "--dev-root".into(),
+        s(root.join("dev")),
+        "--sysfs-root".into(),
+        s(root.join("sys")),
+        "--dev-fixtures".into(),
+    ];
+    let args =
+        |ids: &[&str]| -> Vec<String> { base.iter().cloned().chain(ids.iter().map(|i| (*i).to_owned())).collect() };
+    let one = args(&["kvm-0"]);
+    let (code, out, err) = run(&one.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["resource"], "devplug.io/kvm", "{v}");
+    assert_eq!(v["devices"][0]["container_path"], "/dev/kvm", "{v}");
+    let two = args(&["kvm-0", "fuse-0"]);
+    let (code, _, err) = run(&two.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ne!(code, 0);
+    assert!(err.contains("--resource"), "{err}");
 }

@@ -298,6 +298,25 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 2, "the backend was not asked for the release");
     assert!(board.all().is_empty());
     assert!(Checkpoint::open(&state).unwrap().get("uid-stuck").is_none(), "its record is gone");
+
+    // Issue 41: a release asked for a healthy claim does not skip its backend: the backend
+    // unprepares it as usual (before, the claim was dropped and its backend never called).
+    let healthy = ClaimRef { namespace: "ml".into(), uid: "uid-fine".into(), name: "fine".into() };
+    assert!(plugin.prepare(vec![healthy.clone()]).await["uid-fine"].is_ok());
+    let out = std::process::Command::new(support::binary::BIN)
+        .args(["dra", "release", "--driver", driver, "--dra-plugins-dir"])
+        .arg(plugins.path())
+        .arg("uid-fine")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("if the claim is stuck"),
+        "says it acts on stuck claims only"
+    );
+    assert!(plugin.unprepare(vec![healthy.clone()]).await["uid-fine"].is_ok());
+    assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 3, "the healthy claim's backend was asked");
+    assert!(!state.join("release/uid-fine").exists(), "the marker is consumed");
 }
 
 /// DRA, step 4: the API-server stand-in the end-to-end tests publish to answers every recorded

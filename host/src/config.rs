@@ -425,6 +425,19 @@ mod tests {
 
     /// `devplug config --defaults` is the truth: parsed, it is `Config::default()`, and it names
     /// every key of every table, so a new key without a line there fails here.
+    /// Issue 41: `env = ["*"]` admitted every code-running key through a glob; a grant is now
+    /// exact keys or one vendor's prefix, refused at load with what to write instead.
+    #[test]
+    fn an_env_glob_that_is_not_a_vendor_prefix_is_refused_at_load() {
+        for bad in ["*", "LD_*", "HF_*", "A*"] {
+            let text = format!("[backends.vendor]\ngrant = {{ env = [\"{bad}\"] }}\n");
+            let e = format!("{:#}", Config::parse(&text).unwrap_err());
+            assert!(e.contains("backends.vendor.grant.env") && e.contains("VENDOR_*"), "{bad}: {e}");
+        }
+        let ok = Config::parse("[backends.vendor]\ngrant = { env = [\"NVIDIA_*\", \"MY_KEY\"] }\n").unwrap();
+        assert_eq!(ok.backends["vendor"].grant.as_ref().unwrap().env, ["NVIDIA_*", "MY_KEY"]);
+    }
+
     #[test]
     fn the_reference_is_the_defaults_and_names_every_key() {
         assert_eq!(format!("{:?}", Config::parse(REFERENCE).unwrap()), format!("{:?}", Config::default()));

@@ -149,10 +149,22 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
         });
     }
     let names: Vec<&str> = ready.iter().map(|h| h.name.as_str()).collect();
+    // Without --resource: the one resource served, or the one whose devices the IDs name.
+    let naming: Vec<&crate::backends::ReadyResource> = ready
+        .iter()
+        .filter(|h| {
+            let list = h.devices.borrow();
+            !args.ids.is_empty() && args.ids.iter().all(|id| list.device(id).is_some())
+        })
+        .collect();
     let handle = match &args.resource {
         Some(r) => ready.iter().find(|h| h.name == *r),
         None if ready.len() == 1 => ready.first(),
-        None => anyhow::bail!("the backends serve {}: say which with --resource", names.join(", ")),
+        None if naming.len() == 1 => naming.first().copied(),
+        None => anyhow::bail!(
+            "the backends serve {}, and the IDs do not name devices of exactly one of them: say which with --resource",
+            names.join(", ")
+        ),
     }
     .ok_or_else(|| anyhow::anyhow!("no resource {:?} with devices (serving: {})", args.resource, names.join(", ")))?;
     let snapshot = handle.devices.borrow().clone();

@@ -484,7 +484,7 @@ pub struct CdiGenerateArgs {
 pub struct AllocateArgs {
     #[command(flatten)]
     pub source: SourceArgs,
-    /// The resource (needed when the backends serve more than one).
+    /// The resource (needed only when the IDs name devices of more than one).
     #[arg(long)]
     pub resource: Option<String>,
     /// Device IDs one container gets.

@@ -208,7 +208,7 @@ pub fn discover_table(v: &serde_json::Value) -> String {
             if b["breaker_open"].as_bool() == Some(true) { " BREAKER OPEN" } else { "" }
         ));
     }
-    out.push_str(&format!("{:<28} {:<40} {:<10} {}\n", "RESOURCE", "DEVICE", "HEALTH", "NUMA"));
+    out.push_str(&format!("{:<28} {:<40} {:<10} {:<6} {}\n", "RESOURCE", "DEVICE", "HEALTH", "NUMA", "WHY"));
     for r in v["resources"].as_array().into_iter().flatten() {
         let devices = r["devices"].as_array().cloned().unwrap_or_default();
         if devices.is_empty() {
@@ -216,13 +216,22 @@ pub fn discover_table(v: &serde_json::Value) -> String {
         }
         for d in devices {
             let numa: Vec<String> = d["numa_nodes"].as_array().into_iter().flatten().map(|n| n.to_string()).collect();
-            out.push_str(&format!(
-                "{:<28} {:<40} {:<10} {}\n",
+            // Why a device is Unhealthy, as its backend says (the `unhealthy` attribute).
+            let why = match (d["health"] == "Unhealthy", d["attributes"]["unhealthy"].as_str()) {
+                (true, Some(w)) => clip(w).into_owned(),
+                (true, None) => "(its backend gave no reason)".into(),
+                (false, _) => String::new(),
+            };
+            let line = format!(
+                "{:<28} {:<40} {:<10} {:<6} {}",
                 cell(&r["name"]),
                 cell(&d["id"]),
                 cell(&d["health"]),
-                if numa.is_empty() { "-".into() } else { numa.join(",") }
-            ));
+                if numa.is_empty() { "-".into() } else { numa.join(",") },
+                why
+            );
+            out.push_str(line.trim_end());
+            out.push('\n');
         }
     }
     for e in v["errors"].as_array().into_iter().flatten() {
@@ -243,6 +252,24 @@ pub fn discover_table(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 42: the table said Unhealthy without why; the backend's reason is its last column.
+    #[test]
+    fn an_unhealthy_device_shows_its_reason() {
+        let v = serde_json::json!({
+            "backends": [],
+            "resources": [{ "name": "nvidia.com/gpu", "devices": [
+                { "id": "0000:18:00.0", "health": "Unhealthy", "numa_nodes": [0], "attributes": { "unhealthy": "Xid 79: fallen off the bus" } },
+                { "id": "0000:2a:00.0", "health": "Unhealthy", "numa_nodes": [0], "attributes": {} },
+                { "id": "0000:3a:00.0", "health": "Healthy", "numa_nodes": [0], "attributes": { "unhealthy": "stale" } },
+            ]}],
+        });
+        let t = discover_table(&v);
+        let line = |id: &str| t.lines().find(|l| l.contains(id)).unwrap().to_owned();
+        assert!(line("0000:18:00.0").ends_with("Xid 79: fallen off the bus"), "{t}");
+        assert!(line("0000:2a:00.0").ends_with("(its backend gave no reason)"), "{t}");
+        assert!(line("0000:3a:00.0").ends_with('0'), "a healthy device has no reason: {t}");
+    }
 
     #[test]
     fn registry_sources_get_their_own_table_with_the_error_that_matters() {
