@@ -413,3 +413,13 @@ fn allocate_finds_the_resource_its_ids_name() {
     assert_ne!(code, 0);
     assert!(err.contains("--resource"), "{err}");
 }
+
+/// Issue 42: `try --help` named neither `claim` nor `unprepare`; every stdin command is listed.
+#[test]
+fn try_help_lists_every_command() {
+    let (code, out, err) = run(&["try", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for command in ["allocate", "list", "quit", "slices", "claim DRIVER DEVICE", "unprepare CLAIM", "--dra"] {
+        assert!(out.contains(command), "{command} missing from try --help:\n{out}");
+    }
+}

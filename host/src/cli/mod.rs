@@ -45,7 +45,10 @@ pub enum Command {
     Config(ConfigArgs),
     /// Try devplug without a cluster: `run` against a local kubelet (the same rules the test
     /// suite's kubelet enforces) that prints each registration and device list, and takes
-    /// `allocate RESOURCE ID...|COUNT`, `list` and `quit` on stdin.
+    /// commands on stdin: `allocate RESOURCE ID...|COUNT`, `list`, `quit`; with `--dra RESOURCE`
+    /// also `slices`, `claim DRIVER DEVICE...` (allocated and prepared as kubelet would) and
+    /// `unprepare CLAIM`. Pointed at a running `run`'s `--kubelet-dir`, it is that devplug's
+    /// kubelet.
     Try(RunArgs),
     /// Run each backend's discover once and print what it found.
     Discover(DiscoverArgs),
