@@ -120,6 +120,10 @@ impl DraPlugin {
     /// The release markers' directory when the operator asked (`devplug dra release`) to drop
     /// claim `uid`. A link or anything but devplug's own file there is refused (and left).
     fn release_marker(&self, uid: &str) -> Option<crate::durable::StateDir> {
+        // Most nodes never see a release: no directory to create or open on every unprepare.
+        if !self.checkpoint.state().exists(super::claims::RELEASE_DIR) {
+            return None;
+        }
         let dir = match self.checkpoint.state().subdir(super::claims::RELEASE_DIR) {
             Ok(dir) => dir,
             Err(e) => {
