@@ -15,7 +15,7 @@ use devplug::backends::BackendSettings;
 use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
 use devplug::kubelet::Strategy;
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use notify::Watcher;
 use support::binary::{Devplug, on_machine, run_args};
 use support::daemon::{Daemon, chaos_dir, config};

@@ -9,7 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
 use support::binary::{Devplug, discover_backend, run, run_args};
 use support::fixtures::Machine;

@@ -8,7 +8,7 @@ mod support;
 use std::path::PathBuf;
 
 use devplug::dra::slice_rules::problems;
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 
 fn corpus() -> PathBuf {
     // Recorded from a real kube-apiserver 1.36 and kept in the project (tests/fixtures/k8s/README.md).
@@ -187,7 +187,7 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
 async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_restart() {
     use devplug::dra::checkpoint::Checkpoint;
     use devplug::dra::plugin::{DraPlugin, serve};
-    use devplug::proto::dra::{v1, v1beta1};
+    use devplug_standins::proto::dra::{v1, v1beta1};
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
@@ -1140,7 +1140,7 @@ impl Drop for Container<'_> {
 /// stops offering the resource to kubelet's device manager, and new claims get it through DRA.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
-    use devplug::proto::deviceplugin as pb;
+    use devplug_standins::proto::deviceplugin as pb;
     use support::podman::{Podman, SystemCdi, text};
     let podman = tokio::task::spawn_blocking(Podman::new).await.unwrap();
     let system_cdi = SystemCdi::take();
@@ -1209,7 +1209,7 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
 /// the slices carry the Unhealthy device's taint for the scheduler.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_health_streams_to_kubelet_and_taints_the_slice() {
-    use devplug::proto::dra_health::v1alpha1::HealthStatus;
+    use devplug_standins::proto::dra_health::v1alpha1::HealthStatus;
     let m = support::fixtures::Machine::generic_box();
     let node = support::dra_node::chaos_node(&m, "mode=churn devices=3 sick=widget-1", "").await;
     let (api, dra, cfg) = (node.api.clone(), node.dra.clone(), node.cfg.clone());
@@ -1219,7 +1219,7 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     until("the pool", || !api.devices(NODE, driver).is_empty()).await;
     let mut health = dra.watch_health(driver).await.unwrap();
     let first = health.message().await.unwrap().expect("a first list");
-    let of = |list: &devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse, name: &str| {
+    let of = |list: &devplug_standins::proto::dra_health::v1alpha1::NodeWatchResourcesResponse, name: &str| {
         list.devices.iter().find(|d| d.device.as_ref().is_some_and(|i| i.device_name == name)).map(|d| d.health)
     };
     assert_eq!(of(&first, "widget-0"), Some(HealthStatus::Healthy as i32), "{first:?}");
@@ -1469,6 +1469,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
     use devplug::proto::dra_health::v1alpha1 as h;
     use futures::StreamExt;
     use h::dra_resource_health_server::DraResourceHealth;
+    use prost::Message;
     struct NoCalls;
     #[async_trait::async_trait]
     impl devplug::dra::DeviceCalls for NoCalls {
@@ -1525,7 +1526,8 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         // What kubelet showed just before this report arrived: nothing Unknown.
         let shown = kubelet.health();
         assert!(shown.values().all(|h| *h != "Unknown"), "at {:?}: {shown:?}", start.elapsed());
-        kubelet.record(&next);
+        // As kubelet receives it: the bytes on the wire, decoded with kubelet's own types.
+        kubelet.record(&Message::decode(next.encode_to_vec().as_slice()).unwrap());
         reports += 1;
         assert_eq!(kubelet.health()["gpu-1"], "Unhealthy");
         assert_eq!(kubelet.message("gpu-1"), Some("Xid 79: GPU has fallen off the bus"));

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use devplug::config::Config;
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use support::binary::{Devplug, discover_backend, run_args};
 use support::daemon::{WIDGET, chaos_paths};
 use support::fixtures::Machine;

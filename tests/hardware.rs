@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use devplug::config::Config;
 use devplug::kubelet::RegistrationMode;
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use support::binary::on_machine;
 use support::daemon::Daemon;
 use support::hardware::{Func, MACHINES, Tree, build, chain, mig_geometry, nvidia_information, snapshot};

@@ -11,7 +11,7 @@ use devplug::kubelet::{
     EndpointState, Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps,
 };
 use devplug::model::{ContainerEdits, Resource, ResourceOptions};
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use prost::Message;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
 use support::fixtures::Machine;

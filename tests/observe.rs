@@ -7,7 +7,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use support::binary::{Devplug, run, run_args};
 use support::daemon::{WIDGET, chaos_build, chaos_paths};
 use support::fixtures::Machine;

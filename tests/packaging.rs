@@ -352,8 +352,8 @@ async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_im
             let log = podman.tool("podman").args(["logs", &name]).output().unwrap();
             panic!("{e}\ncontainer log:\n{}", support::podman::text(&log))
         });
-    let req = devplug::proto::deviceplugin::AllocateRequest {
-        container_requests: vec![devplug::proto::deviceplugin::ContainerAllocateRequest {
+    let req = devplug_standins::proto::deviceplugin::AllocateRequest {
+        container_requests: vec![devplug_standins::proto::deviceplugin::ContainerAllocateRequest {
             devices_ids: vec!["widget-2".into()],
         }],
     };

@@ -11,7 +11,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use devplug::proto::pluginregistration as pr;
+use devplug_standins::proto::pluginregistration as pr;
 use prost::Message;
 use support::binary::{Devplug, run_args};
 use support::daemon::{WIDGET, chaos_dir};

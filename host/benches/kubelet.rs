@@ -8,7 +8,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;

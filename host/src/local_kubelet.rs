@@ -1,7 +1,8 @@
 //! `devplug try`: devplug served to a local kubelet, for a vendor or operator without a cluster.
 //!
-//! The kubelet here is the test suite's stand-in itself (`tests/support/kubelet.rs`, compiled
-//! into the binary), so it enforces exactly what the tests hold devplug to: kubelet's
+//! The kubelet here is the test suite's stand-in itself (the `devplug-standins` crate, built from
+//! upstream's rules and recorded answers, not devplug's), so it enforces exactly what the tests
+//! hold devplug to: kubelet's
 //! registration rules, its dial back inside `Register`, `ListAndWatch` and `Allocate` over real
 //! Unix sockets. It prints every registration and device-list change, and takes commands on
 //! stdin: `allocate RESOURCE ID...` or `allocate RESOURCE COUNT` (kubelet's own way: healthy
@@ -18,29 +19,10 @@ use std::time::Duration;
 
 use devplug::cli::RunArgs;
 use devplug::kubelet::RegistrationMode;
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 use tokio::io::AsyncBufReadExt;
 
-#[allow(dead_code)]
-#[path = "../../tests/support/uds.rs"]
-mod uds;
-
-#[allow(dead_code)]
-#[path = "../../tests/support/h2wire.rs"]
-mod h2wire;
-
-#[allow(dead_code)]
-#[path = "../../tests/support/kubelet.rs"]
-mod kubelet;
-
-#[allow(dead_code)]
-#[path = "../../tests/support/apiserver.rs"]
-mod apiserver;
-
-#[allow(dead_code)]
-#[path = "../../tests/support/kubelet_dra.rs"]
-mod kubelet_dra;
-
+use devplug_standins::{apiserver, kubelet, kubelet_dra};
 use kubelet::{Kubelet, Plugin};
 
 /// The node `try` plays, for DRA.
@@ -76,9 +58,14 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     // plugin watcher, as on a real node.
     let dra_on = cfg.resources.values().any(|r| r.api == devplug::config::Api::Dra);
     let (kubelet, dra) = if dra_on {
-        let api = Arc::new(apiserver::ApiServer::start(&[NODE]).await);
+        let api = Arc::new(
+            apiserver::ApiServer::try_start(&[NODE])
+                .await
+                .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
+        );
         let kubeconfig = scratch.path().join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig);
+        api.try_write_kubeconfig(&kubeconfig)
+            .map_err(|e| anyhow::anyhow!("write the local kubeconfig {}: {e}", kubeconfig.display()))?;
         cfg.dra.kubeconfig = Some(kubeconfig);
         cfg.dra.node_name = Some(NODE.into());
         if args.dra_plugins_dir.is_none() {

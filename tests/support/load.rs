@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use devplug::proto::deviceplugin as pb;
+use devplug_standins::proto::deviceplugin as pb;
 
 pub struct Load {
     pub stop: Arc<AtomicBool>,

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use devplug::proto::dra::{v1, v1beta1};
-use devplug::proto::pluginregistration as pr;
+use crate::proto::dra::{v1, v1beta1};
+use crate::proto::pluginregistration as pr;
 use tonic::transport::Channel;
 
-use super::apiserver::ApiServer;
-use super::kubelet::{DIAL_TIMEOUT, PluginHandler};
-use super::uds;
+use crate::apiserver::ApiServer;
+use crate::kubelet::{DIAL_TIMEOUT, PluginHandler};
+use crate::uds;
 
 /// What kubelet 1.34+ knows, newest first (1.32-1.33 know only `v1beta1.DRAPlugin`).
 pub const KNOWN_1_34: &[&str] = &["v1.DRAPlugin", "v1beta1.DRAPlugin"];
@@ -128,8 +128,8 @@ impl DraKubelet {
     pub async fn watch_health(
         &self,
         driver: &str,
-    ) -> Result<tonic::Streaming<devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
-        use devplug::proto::dra_health::v1alpha1 as h;
+    ) -> Result<tonic::Streaming<crate::proto::dra_health::v1alpha1::NodeWatchResourcesResponse>, tonic::Status> {
+        use crate::proto::dra_health::v1alpha1 as h;
         let p = self.plugin(driver).ok_or_else(|| tonic::Status::unavailable(format!("{driver} not registered")))?;
         let mut client = h::dra_resource_health_client::DraResourceHealthClient::new(p.channel);
         Ok(client.node_watch_resources(h::NodeWatchResourcesRequest {}).await?.into_inner())
@@ -149,7 +149,7 @@ pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl HealthView {
     /// A report arrived now.
-    pub fn record(&mut self, list: &devplug::proto::dra_health::v1alpha1::NodeWatchResourcesResponse) {
+    pub fn record(&mut self, list: &crate::proto::dra_health::v1alpha1::NodeWatchResourcesResponse) {
         let now = tokio::time::Instant::now();
         for d in &list.devices {
             let Some(id) = &d.device else { continue };

@@ -1,9 +1,10 @@
 //! A kube-apiserver stand-in for what devplug's DRA side uses: Node GET, ResourceSlice list
 //! (field selectors `spec.nodeName`, `spec.driver`), create, replace, delete and delete
-//! collection, ResourceClaim GET and its `status.devices` by server-side apply. It enforces what the real server enforces on these paths:
-//! a bearer token, the ResourceSlice validation of kube-apiserver 1.36 (decode errors are 400,
-//! invalid objects 422 with the causes' field paths; agreement with the recorded server is
-//! tested case by case in `tests/dra.rs`), `AlreadyExists` on a second create, optimistic
+//! collection, ResourceClaim GET and its `status.devices` by server-side apply. It enforces what
+//! the real server enforces on these paths: a bearer token (random for each stand-in), the
+//! ResourceSlice validation of kube-apiserver 1.36 ([`validation`], ported from upstream's;
+//! decode errors are 400, invalid objects 422 with every cause's field path; agreement with the
+//! recorded server is tested case by case), `AlreadyExists` on a second create, optimistic
 //! concurrency (`resourceVersion`) on replace, and Status objects as errors. What it stores is
 //! what the real server stores, not what it was sent: the server's defaults are applied
 //! ([`server_defaults`]: a taint's `timeAdded`, empty lists and maps dropped as Go's
@@ -22,11 +23,14 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-/// The token the stand-in accepts (the kubeconfig it writes carries it).
-pub const TOKEN: &str = "devplug-test-token";
+pub mod field;
+pub mod formats;
+pub mod validation;
 
 #[derive(Default)]
 pub struct Store {
+    /// The bearer token this stand-in accepts (the kubeconfig it writes carries it).
+    token: String,
     pub nodes: BTreeMap<String, Value>,
     pub slices: BTreeMap<String, Value>,
     pub claims: BTreeMap<(String, String), Value>,
@@ -100,6 +104,23 @@ impl Store {
 
 type Shared = Arc<Mutex<Store>>;
 
+/// The store, even if a handler panicked while holding it (a stand-in serving `devplug try`
+/// keeps answering).
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Store> {
+    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// 32 random bytes as hex: the stand-in's token.
+fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    // No randomness from the OS is a broken machine; a token of zeros would still not be a
+    // fixed, published one... but refuse to pretend: every request is then refused.
+    if getrandom::fill(&mut bytes).is_err() {
+        return String::new();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What kube-apiserver 1.36 does to a ResourceSlice it stores, beyond validation: every
 /// `DeviceTaint` without `timeAdded` gets the current time ("Added automatically during create
 /// or update if not set", the recorded OpenAPI document); fields that are empty or null are
@@ -169,37 +190,41 @@ fn status(code: StatusCode, reason: &str, message: String, causes: Vec<Value>) -
 type Failure = (StatusCode, Json<Value>);
 type Reply = Result<(StatusCode, Json<Value>), Failure>;
 
-fn authorized(h: &HeaderMap) -> Result<(), Failure> {
-    let want = format!("Bearer {TOKEN}");
-    if h.get("authorization").and_then(|v| v.to_str().ok()) == Some(want.as_str()) {
+fn authorized(s: &Shared, h: &HeaderMap) -> Result<(), Failure> {
+    let token = lock(s).token.clone();
+    let want = format!("Bearer {token}");
+    if !token.is_empty() && h.get("authorization").and_then(|v| v.to_str().ok()) == Some(want.as_str()) {
         Ok(())
     } else {
         Err(status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), vec![]))
     }
 }
 
-/// The server's verdict on a slice: decode errors 400, validation 422 (as the recorded server).
-fn validate(slice: &Value) -> Result<(), Failure> {
-    let problems = devplug::dra::slice_rules::problems(slice);
-    let Some(first) = problems.first() else { return Ok(()) };
-    if first.message.starts_with("quantities must match") {
-        return Err(status(
+/// The server's verdict on a slice created (`old` = `None`) or replacing `old`: decode errors
+/// 400, validation 422 with every cause (as the recorded server).
+fn validate(slice: &Value, old: Option<&Value>) -> Result<(), Failure> {
+    match validation::resource_slice(slice, old) {
+        Ok(()) => Ok(()),
+        Err(validation::Refusal::Decode(why)) => Err(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            format!("ResourceSlice in version \"v1\" cannot be handled as a ResourceSlice: {}", first.message),
+            format!("ResourceSlice in version \"v1\" cannot be handled as a ResourceSlice: {why}"),
             vec![],
-        ));
+        )),
+        Err(validation::Refusal::Invalid(errs)) => Err(invalid_slice(slice, &errs.0)),
     }
+}
+
+/// The 422 Status of an invalid slice: `details.causes` one per error, the message Go's
+/// aggregate of them (one error bare, several in brackets).
+pub fn invalid_slice(slice: &Value, errs: &[field::FieldError]) -> Failure {
     let name = slice["metadata"]["name"].as_str().unwrap_or("");
-    let causes: Vec<Value> = problems
-        .iter()
-        .map(|p| json!({ "reason": "FieldValueInvalid", "message": p.message, "field": p.field }))
-        .collect();
-    let message = format!(
-        "ResourceSlice.resource.k8s.io {name:?} is invalid: {}",
-        problems.iter().map(|p| format!("{}: {}", p.field, p.message)).collect::<Vec<_>>().join(", ")
-    );
-    Err(status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message, causes))
+    let causes: Vec<Value> =
+        errs.iter().map(|e| json!({ "reason": e.kind.reason(), "message": e.body(), "field": e.field })).collect();
+    let listed: Vec<String> = errs.iter().map(ToString::to_string).collect();
+    let all = if listed.len() == 1 { listed[0].clone() } else { format!("[{}]", listed.join(", ")) };
+    let message = format!("ResourceSlice.resource.k8s.io {} is invalid: {all}", field::quote(name));
+    status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message, causes)
 }
 
 /// `fieldSelector` as the server reads it for ResourceSlices; other fields are refused.
@@ -234,8 +259,8 @@ fn matches(slice: &Value, sel: &[(String, String)]) -> bool {
 }
 
 async fn get_node(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&h)?;
-    let mut st = s.lock().unwrap();
+    authorized(&s, &h)?;
+    let mut st = lock(&s);
     st.log.push(format!("GET node {name}"));
     match st.nodes.get(&name) {
         Some(n) => Ok((StatusCode::OK, Json(n.clone()))),
@@ -252,7 +277,7 @@ async fn list_or_watch(
     if q.get("watch").map(String::as_str) != Some("true") {
         return list_slices(State(s), h, Query(q)).await.into_response();
     }
-    if let Err(e) = authorized(&h) {
+    if let Err(e) = authorized(&s, &h) {
         return e.into_response();
     }
     let sel = match selector(&q) {
@@ -263,7 +288,7 @@ async fn list_or_watch(
     // a resourceVersion N: every change after N (replayed from the watch cache), then the live
     // ones; `410 Gone` when N is older than the cache keeps.
     let (initial, rx) = {
-        let mut st = s.lock().unwrap();
+        let mut st = lock(&s);
         st.log.push(format!("WATCH resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
         let from = q.get("resourceVersion").filter(|v| v.as_str() != "0");
         let initial: Vec<(String, Value)> = match from.map(|v| v.parse::<u64>()) {
@@ -308,9 +333,9 @@ async fn list_or_watch(
 }
 
 async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
-    authorized(&h)?;
+    authorized(&s, &h)?;
     let sel = selector(&q)?;
-    let mut st = s.lock().unwrap();
+    let mut st = lock(&s);
     st.log.push(format!("LIST resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
     let items: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
     let rv = st.version.to_string();
@@ -323,10 +348,17 @@ async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTre
 }
 
 async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Json<Value>) -> Reply {
-    authorized(&h)?;
-    validate(&slice)?;
+    authorized(&s, &h)?;
+    validate(&slice, None)?;
+    if slice["metadata"]["name"].as_str().is_none_or(str::is_empty)
+        && let Some(prefix) = slice["metadata"]["generateName"].as_str()
+    {
+        // The server's `SimpleNameGenerator`: the prefix and five random characters.
+        let suffix: String = random_token().chars().take(5).collect();
+        slice["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
+    }
     let name = slice["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    let mut st = s.lock().unwrap();
+    let mut st = lock(&s);
     st.log.push(format!("POST resourceslice {name}"));
     st.quota(&name)?;
     if st.slices.contains_key(&name) {
@@ -347,8 +379,8 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
 }
 
 async fn get_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&h)?;
-    let st = s.lock().unwrap();
+    authorized(&s, &h)?;
+    let st = lock(&s);
     match st.slices.get(&name) {
         Some(v) => Ok((StatusCode::OK, Json(v.clone()))),
         None => Err(status(StatusCode::NOT_FOUND, "NotFound", format!("resourceslices {name:?} not found"), vec![])),
@@ -361,9 +393,12 @@ async fn replace_slice(
     UrlPath(name): UrlPath<String>,
     Json(mut slice): Json<Value>,
 ) -> Reply {
-    authorized(&h)?;
-    validate(&slice)?;
-    let mut st = s.lock().unwrap();
+    authorized(&s, &h)?;
+    let old = lock(&s).slices.get(&name).cloned();
+    if let Some(old) = &old {
+        validate(&slice, Some(old))?;
+    }
+    let mut st = lock(&s);
     st.log.push(format!("PUT resourceslice {name}"));
     st.quota(&name)?;
     let Some(old) = st.slices.get(&name) else {
@@ -390,8 +425,8 @@ async fn replace_slice(
 }
 
 async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&h)?;
-    let mut st = s.lock().unwrap();
+    authorized(&s, &h)?;
+    let mut st = lock(&s);
     st.log.push(format!("DELETE resourceslice {name}"));
     match st.slices.remove(&name) {
         Some(v) => {
@@ -403,9 +438,9 @@ async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlP
 }
 
 async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
-    authorized(&h)?;
+    authorized(&s, &h)?;
     let sel = selector(&q)?;
-    let mut st = s.lock().unwrap();
+    let mut st = lock(&s);
     st.log.push(format!("DELETECOLLECTION resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
     let gone: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
     st.slices.retain(|_, v| !matches(v, &sel));
@@ -419,8 +454,8 @@ async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BT
 }
 
 async fn get_claim(State(s): State<Shared>, h: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
-    authorized(&h)?;
-    let mut st = s.lock().unwrap();
+    authorized(&s, &h)?;
+    let mut st = lock(&s);
     st.log.push(format!("GET resourceclaim {ns}/{name}"));
     match st.claims.get(&(ns.clone(), name.clone())) {
         Some(v) => Ok((StatusCode::OK, Json(v.clone()))),
@@ -447,7 +482,7 @@ async fn apply_claim_status(
     Query(q): Query<BTreeMap<String, String>>,
     body: axum::body::Bytes,
 ) -> Reply {
-    authorized(&h)?;
+    authorized(&s, &h)?;
     let kind = h.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
     if kind.split(';').next().map(str::trim) != Some("application/apply-patch+yaml") {
         return Err(status(
@@ -489,7 +524,7 @@ async fn apply_claim_status(
             vec![],
         ));
     }
-    let mut st = s.lock().unwrap();
+    let mut st = lock(&s);
     st.log.push(format!("APPLY resourceclaim/status {ns}/{name}"));
     let key = (ns.clone(), name.clone());
     let Some(claim) = st.claims.get(&key).cloned() else {
@@ -613,19 +648,29 @@ async fn apply_claim_status(
 impl ApiServer {
     /// The `status.devices` of claim `namespace/name`, as stored.
     pub fn claim_status_devices(&self, namespace: &str, name: &str) -> Vec<Value> {
-        let st = self.store.lock().unwrap();
+        let st = lock(&self.store);
         st.claims
             .get(&(namespace.to_owned(), name.to_owned()))
             .and_then(|c| c["status"]["devices"].as_array().cloned())
             .unwrap_or_default()
     }
 
-    /// Serve on a free localhost port, with these Nodes (each gets a UID).
+    /// Serve on a free localhost port, with these Nodes (each gets a UID); for tests, which
+    /// cannot go on without it.
     pub async fn start(nodes: &[&str]) -> ApiServer {
+        match Self::try_start(nodes).await {
+            Ok(api) => api,
+            Err(e) => panic!("start the API-server stand-in: {e}"),
+        }
+    }
+
+    /// [`start`](Self::start), saying why it could not.
+    pub async fn try_start(nodes: &[&str]) -> std::io::Result<ApiServer> {
         let store: Shared = Arc::default();
-        store.lock().unwrap().events = Some(tokio::sync::broadcast::channel(1024).0);
+        lock(&store).token = random_token();
+        lock(&store).events = Some(tokio::sync::broadcast::channel(1024).0);
         for n in nodes {
-            store.lock().unwrap().nodes.insert(
+            lock(&store).nodes.insert(
                 (*n).to_owned(),
                 json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": n, "uid": format!("node-uid-{n}"), "resourceVersion": "1" } }),
             );
@@ -641,28 +686,48 @@ impl ApiServer {
                 axum::routing::patch(apply_claim_status),
             )
             .with_state(store.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the API stand-in");
-        let addr = listener.local_addr().expect("local addr");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
         let until = stop.clone();
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).with_graceful_shutdown(until.cancelled_owned()).await;
         });
-        ApiServer { addr, store, stop }
+        Ok(ApiServer { addr, store, stop })
+    }
+
+    /// The bearer token this stand-in accepts.
+    pub fn token(&self) -> String {
+        lock(&self.store).token.clone()
     }
 
     /// Let `n` slice writes through, then refuse one (as a quota admission plugin would).
     pub fn refuse_write_after(&self, n: usize) {
-        self.store.lock().unwrap().refuse_after = Some(n);
+        lock(&self.store).refuse_after = Some(n);
     }
 
-    /// A kubeconfig for this server at `path`.
+    /// A kubeconfig for this server (its address and token).
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://{}\nusers:\n- name: devplug\n  user:\n    token: {}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: devplug\ncurrent-context: standin\n",
+            self.addr,
+            self.token()
+        )
+    }
+
+    /// [`kubeconfig`](Self::kubeconfig) written to `path` (private: it holds the token).
     pub fn write_kubeconfig(&self, path: &Path) {
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://{}\nusers:\n- name: devplug\n  user:\n    token: {TOKEN}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: devplug\ncurrent-context: standin\n",
-            self.addr
-        );
-        std::fs::write(path, text).expect("write kubeconfig");
+        if let Err(e) = self.try_write_kubeconfig(path) {
+            panic!("write kubeconfig {}: {e}", path.display());
+        }
+    }
+
+    /// [`write_kubeconfig`](Self::write_kubeconfig), saying why it could not.
+    pub fn try_write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+        f.write_all(self.kubeconfig().as_bytes())
     }
 
     /// The slices of `node` (and `driver`, when given), by name.
@@ -696,7 +761,7 @@ impl ApiServer {
 
     /// What kubelet does at its start: delete every slice of `node` (watchers are told).
     pub fn wipe(&self, node: &str) -> usize {
-        let mut st = self.store.lock().unwrap();
+        let mut st = lock(&self.store);
         let gone: Vec<Value> = st.slices.values().filter(|v| v["spec"]["nodeName"] == node).cloned().collect();
         st.slices.retain(|_, v| v["spec"]["nodeName"] != node);
         for v in &gone {
@@ -722,7 +787,7 @@ impl ApiServer {
     ) {
         let plain: Vec<(&str, &str, &str, &str)> = devices.iter().map(|(r, d, p, n, _)| (*r, *d, *p, *n)).collect();
         self.allocate_claim(namespace, name, uid, &plain);
-        let mut store = self.store.lock().unwrap();
+        let mut store = lock(&self.store);
         let claim = store.claims.get_mut(&(namespace.to_owned(), name.to_owned())).expect("just stored");
         for (result, (.., share)) in
             claim["status"]["allocation"]["devices"]["results"].as_array_mut().unwrap().iter_mut().zip(devices)
@@ -754,12 +819,12 @@ impl ApiServer {
                 "config": config.iter().map(|(driver, parameters)| json!({ "source": "FromClaim", "opaque": { "driver": driver, "parameters": parameters } })).collect::<Vec<_>>(),
             } } },
         });
-        self.store.lock().unwrap().claims.insert((namespace.to_owned(), name.to_owned()), claim);
+        lock(&self.store).claims.insert((namespace.to_owned(), name.to_owned()), claim);
     }
 
     /// The requests seen, as "METHOD what".
     pub fn log(&self) -> Vec<String> {
-        self.store.lock().unwrap().log.clone()
+        lock(&self.store).log.clone()
     }
 }
 
@@ -774,7 +839,7 @@ impl ApiServer {
         let req = hyper::Request::post(path)
             .header("host", self.addr.to_string())
             .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("authorization", format!("Bearer {}", self.token()))
             .body(Full::new(bytes::Bytes::from(serde_json::to_vec(body).expect("JSON"))))
             .expect("request");
         let resp = send.send_request(req).await.expect("POST");

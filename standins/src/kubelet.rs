@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use devplug::proto::deviceplugin as pb;
-use devplug::proto::pluginregistration as pr;
+use crate::proto::deviceplugin as pb;
+use crate::proto::pluginregistration as pr;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status};
 
-use super::{h2wire, uds};
+use crate::{h2wire, uds};
 
 /// Kubelet's dial timeout when it connects back to a plugin.
 pub const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
