@@ -9,10 +9,16 @@ use std::path::PathBuf;
 use devplug_standins::apiserver::ApiServer;
 use serde_json::Value;
 
+/// Both recordings: the first corpus (2026-11-24) and the boundary cases a real v1.36.2 server
+/// answered (`tests/dra.rs`'s `boundary_cases`, recorded with `DEVPLUG_RECORD_VERDICTS`).
 fn corpus() -> Vec<Value> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/k8s/resourceslice-verdicts.jsonl");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
+    let mut out = Vec::new();
+    for file in ["resourceslice-verdicts.jsonl", "resourceslice-verdicts-boundaries.jsonl"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/k8s").join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        out.extend(text.lines().filter(|l| !l.trim().is_empty()).map(|l| serde_json::from_str::<Value>(l).unwrap()));
+    }
+    out
 }
 
 /// Field paths as a multiset: the server walks Go maps in random order.
@@ -28,7 +34,7 @@ fn fields(v: &Value) -> BTreeMap<String, usize> {
 async fn every_recorded_slice_gets_the_recorded_answer() {
     let api = ApiServer::start(&["node-a"]).await;
     let cases = corpus();
-    assert!(cases.len() >= 50, "only {} cases", cases.len());
+    assert!(cases.len() >= 100, "only {} cases", cases.len());
     let mut wrong = Vec::new();
     for case in &cases {
         let name = case["name"].as_str().unwrap();

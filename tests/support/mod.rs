@@ -11,6 +11,7 @@ pub use devplug_standins::{apiserver, h2wire, kubelet, kubelet_dra, uds};
 pub mod binary;
 pub mod daemon;
 pub mod dra_node;
+pub mod envtest;
 pub mod fixtures;
 pub mod hardware;
 pub mod hostile_registry;

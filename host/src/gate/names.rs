@@ -185,6 +185,19 @@ pub fn label_key_problem(s: &str) -> Option<String> {
     (!ok).then(|| "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character".into())
 }
 
+/// Why `s` is not a label value (empty, or at most 63 alphanumerics, `-`, `_` and `.` that start
+/// and end alphanumeric), if it is not.
+pub fn label_value_problem(s: &str) -> Option<String> {
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters".into());
+    }
+    let ok = s.is_empty()
+        || (s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            && s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric()));
+    (!ok).then(|| "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

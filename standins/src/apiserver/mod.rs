@@ -370,6 +370,7 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
         ));
     }
     let rv = st.next_version();
+    validation::drop_disabled_fields(&mut slice);
     server_defaults(&mut slice, None);
     slice["metadata"]["resourceVersion"] = json!(rv);
     slice["metadata"]["uid"] = json!(format!("slice-uid-{rv}"));
@@ -416,6 +417,7 @@ async fn replace_slice(
     }
     slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
     let old = old.clone();
+    validation::drop_disabled_fields(&mut slice);
     server_defaults(&mut slice, Some(&old));
     let rv = st.next_version();
     slice["metadata"]["resourceVersion"] = json!(rv);

@@ -48,10 +48,31 @@ pub enum Refusal {
 /// The server's verdict on a ResourceSlice being created (`old` = `None`) or replacing `old`.
 pub fn resource_slice(slice: &Value, old: Option<&Value>) -> Result<(), Refusal> {
     decode(slice).map_err(Refusal::Decode)?;
+    let mut slice = slice.clone();
+    drop_disabled_fields(&mut slice);
+    let slice = &slice;
     let mut errs = Errors::default();
     object_meta(&slice["metadata"], &mut errs);
     spec(&slice["spec"], old.map(|o| &o["spec"]), &mut errs);
     if errs.0.is_empty() { Ok(()) } else { Err(Refusal::Invalid(errs)) }
+}
+
+/// What the server's strategy drops before validating and storing, because its feature gate
+/// is off by default in 1.36 (`DRAListTypeAttributes`: list-valued attributes;
+/// `DRANodeAllocatableResources`: `nodeAllocatableResourceMappings`).
+pub fn drop_disabled_fields(slice: &mut Value) {
+    for d in slice["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        if let Some(d) = d.as_object_mut() {
+            d.remove("nodeAllocatableResourceMappings");
+        }
+        for a in d["attributes"].as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+            if let Some(a) = a.as_object_mut() {
+                for k in ["bools", "ints", "strings", "versions"] {
+                    a.remove(k);
+                }
+            }
+        }
+    }
 }
 
 // ----- decoding -----
@@ -165,7 +186,7 @@ fn object_meta(meta: &Value, errs: &mut Errors) {
     for (k, v) in meta["labels"].as_object().into_iter().flatten() {
         errs.each_invalid("metadata.labels", k, formats::qualified_name(k));
         let v = v.as_str().unwrap_or("");
-        errs.each_invalid(&format!("metadata.labels[{k}]"), v, formats::label_value(v));
+        errs.each_invalid("metadata.labels", v, formats::label_value(v));
     }
     let mut size = 0;
     for (k, v) in meta["annotations"].as_object().into_iter().flatten() {
@@ -175,32 +196,31 @@ fn object_meta(meta: &Value, errs: &mut Errors) {
     if size > 256 * 1024 {
         errs.too_long("metadata.annotations", 256 * 1024);
     }
-    let mut controllers = 0;
-    for (i, r) in meta["ownerReferences"].as_array().into_iter().flatten().enumerate() {
-        let at = format!("metadata.ownerReferences[{i}]");
-        let gv = r["apiVersion"].as_str().unwrap_or("");
-        if gv.is_empty() {
-            errs.invalid_str(&format!("{at}.apiVersion"), gv, "version must not be empty");
+    // `ValidateOwnerReferences`: its paths have no index.
+    let mut first_controller: Option<String> = None;
+    for r in meta["ownerReferences"].as_array().into_iter().flatten() {
+        let at = "metadata.ownerReferences";
+        let text = |k: &str| r[k].as_str().unwrap_or("").to_owned();
+        let version = text("apiVersion").rsplit('/').next().unwrap_or("").to_owned();
+        if version.is_empty() {
+            errs.invalid_str(&format!("{at}.apiVersion"), &text("apiVersion"), "version must not be empty");
         }
-        if r["kind"].as_str().is_none_or(str::is_empty) {
-            errs.invalid_str(&format!("{at}.kind"), "", "kind must not be empty");
-        }
-        if r["name"].as_str().is_none_or(str::is_empty) {
-            errs.invalid_str(&format!("{at}.name"), "", "name must not be empty");
-        }
-        if r["uid"].as_str().is_none_or(str::is_empty) {
-            errs.invalid_str(&format!("{at}.uid"), "", "uid must not be empty");
+        for k in ["kind", "name", "uid"] {
+            if text(k).is_empty() {
+                errs.invalid_str(&format!("{at}.{k}"), "", "must not be empty");
+            }
         }
         if r["controller"] == true {
-            controllers += 1;
+            let name = format!("{}/{}", text("kind"), text("name"));
+            match &first_controller {
+                Some(first) => errs.invalid_raw(
+                    at,
+                    meta["ownerReferences"].to_string(),
+                    format!("Only one reference can have Controller set to true. Found \"true\" in references for {first} and {name}"),
+                ),
+                None => first_controller = Some(name),
+            }
         }
-    }
-    if controllers > 1 {
-        errs.invalid_raw(
-            "metadata.ownerReferences",
-            meta["ownerReferences"].to_string(),
-            "Only one reference can have Controller set to true",
-        );
     }
 }
 
@@ -233,9 +253,9 @@ fn spec(spec: &Value, old: Option<&Value>, errs: &mut Errors) {
         set.push("`nodeSelector`");
         let terms = sel["nodeSelectorTerms"].as_array().map_or(0, Vec::len);
         if terms != 1 {
-            errs.invalid_json(
+            errs.invalid_raw(
                 "spec.nodeSelector.nodeSelectorTerms",
-                &sel["nodeSelectorTerms"],
+                go_terms(&sel["nodeSelectorTerms"]),
                 "must have exactly one node selector term",
             );
         }
@@ -299,6 +319,54 @@ fn spec(spec: &Value, old: Option<&Value>, errs: &mut Errors) {
         |s| s["name"].as_str().unwrap_or("").to_owned(),
         counter_set,
     );
+}
+
+/// Node selector terms as `json.Marshal` prints the internal `core.NodeSelectorTerm` (Go field
+/// names, nulls for empty lists).
+fn go_terms(terms: &Value) -> String {
+    let requirements = |v: &Value| -> Value {
+        match v.as_array() {
+            Some(list) if !list.is_empty() => Value::Array(
+                list.iter()
+                    .map(|r| {
+                        let values = r["values"]
+                            .as_array()
+                            .filter(|v| !v.is_empty())
+                            .map_or(Value::Null, |v| Value::Array(v.clone()));
+                        serde_json::json!({ "Key": r["key"], "Operator": r["operator"], "Values": values })
+                    })
+                    .collect(),
+            ),
+            _ => Value::Null,
+        }
+    };
+    let shown: Vec<String> = terms
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            // Field order as Go prints it (serde_json sorts object keys).
+            format!(
+                "{{\"MatchExpressions\":{},\"MatchFields\":{}}}",
+                go_requirements(&requirements(&t["matchExpressions"])),
+                go_requirements(&requirements(&t["matchFields"]))
+            )
+        })
+        .collect();
+    format!("[{}]", shown.join(","))
+}
+
+fn go_requirements(v: &Value) -> String {
+    match v.as_array() {
+        None => "null".into(),
+        Some(list) => {
+            let items: Vec<String> = list
+                .iter()
+                .map(|r| format!("{{\"Key\":{},\"Operator\":{},\"Values\":{}}}", r["Key"], r["Operator"], r["Values"]))
+                .collect();
+            format!("[{}]", items.join(","))
+        }
+    }
 }
 
 /// `validateSet`: too many items stops there; then each item; then duplicates by key.

@@ -1,0 +1,241 @@
+//! A real kube-apiserver (and its etcd) for the DRA tests, by the envtest convention: when
+//! `KUBEBUILDER_ASSETS` names a directory holding `kube-apiserver` and `etcd` (build them once
+//! with `scripts/kube-assets/build`), [`RealApiServer::from_env`] starts both on free loopback
+//! ports with a serving certificate the server makes itself, a token of its own and the flags a
+//! bare test cluster needs (../shared/k8s/README.md, "A real kube-apiserver for tests"). Without
+//! it, it says in one line that the test ran against the stand-in only.
+//!
+//! Both processes die with this value (and with the test process: they are in its group).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The envtest variable.
+pub const ASSETS: &str = "KUBEBUILDER_ASSETS";
+
+pub struct RealApiServer {
+    etcd: Child,
+    apiserver: Child,
+    dir: tempfile::TempDir,
+    pub url: String,
+    pub token: String,
+}
+
+impl Drop for RealApiServer {
+    fn drop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+}
+
+impl RealApiServer {
+    /// The real server when `KUBEBUILDER_ASSETS` is set (a broken one fails the test, naming
+    /// what is missing), else `None` after one line saying `test` ran against the stand-in only.
+    pub async fn from_env(test: &str) -> Option<RealApiServer> {
+        let Some(dir) = std::env::var_os(ASSETS).filter(|d| !d.is_empty()) else {
+            eprintln!(
+                "{test}: ran against the API-server stand-in only ({ASSETS} is not set; scripts/kube-assets/build makes the real one)"
+            );
+            return None;
+        };
+        let assets = PathBuf::from(dir);
+        for bin in ["kube-apiserver", "etcd"] {
+            assert!(assets.join(bin).is_file(), "{ASSETS}={} holds no {bin}", assets.display());
+        }
+        let server = Self::start(&assets);
+        server.wait_ready().await;
+        eprintln!("{test}: runs against the stand-in and a real kube-apiserver ({}/kube-apiserver)", assets.display());
+        Some(server)
+    }
+
+    fn start(assets: &Path) -> RealApiServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let (client, peer, secure) = (free_port(), free_port(), free_port());
+        let etcd = Command::new(assets.join("etcd"))
+            .args(["--data-dir", &d.join("etcd").to_string_lossy()])
+            .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--advertise-client-urls", &format!("http://127.0.0.1:{client}")])
+            .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+            .arg("--unsafe-no-fsync")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("etcd.log")).expect("etcd log"))
+            .spawn()
+            .expect("start etcd");
+        // The service-account keys the server insists on, and a token only this run knows.
+        let key = d.join("sa.key");
+        let ok = Command::new("openssl")
+            .args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"])
+            .arg(&key)
+            .status()
+            .is_ok_and(|s| s.success())
+            && Command::new("openssl")
+                .args(["ec", "-pubout", "-in"])
+                .arg(&key)
+                .arg("-out")
+                .arg(d.join("sa.pub"))
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+        assert!(ok, "openssl made no service-account key for the real API server");
+        let token: String = {
+            let mut b = [0u8; 24];
+            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").expect("urandom"), &mut b)
+                .expect("random bytes");
+            b.iter().map(|x| format!("{x:02x}")).collect()
+        };
+        std::fs::write(d.join("tokens.csv"), format!("{token},devplug-test,devplug-test,\"system:masters\"\n"))
+            .expect("token file");
+        let apiserver = Command::new(assets.join("kube-apiserver"))
+            .arg(format!("--etcd-servers=http://127.0.0.1:{client}"))
+            .arg(format!("--secure-port={secure}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--cert-dir={}", d.join("certs").display()))
+            .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
+            .arg("--authorization-mode=AlwaysAllow")
+            .arg("--service-account-issuer=https://kubernetes.default.svc")
+            .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
+            .arg(format!("--service-account-signing-key-file={}", key.display()))
+            .arg("--disable-admission-plugins=ServiceAccount")
+            .args(["--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false"])
+            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(d.join("apiserver.log")).expect("apiserver log"))
+            .spawn()
+            .expect("start kube-apiserver");
+        RealApiServer { etcd, apiserver, url: format!("https://127.0.0.1:{secure}"), token, dir }
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("certs/apiserver.crt")
+    }
+
+    /// `curl`-free readiness: `/readyz` through the kube client, until the deadline.
+    async fn wait_ready(&self) {
+        let end = Instant::now() + Duration::from_secs(120);
+        loop {
+            if self.ca().exists()
+                && let Ok(client) = self.try_client().await
+            {
+                let req = http::Request::get("/readyz").body(Vec::new()).expect("request");
+                if client.request_text(req).await.is_ok_and(|t| t.trim() == "ok") {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "the real kube-apiserver was not ready within 120 s; its log: {}",
+                std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A kubeconfig for this server: its CA (the self-made serving certificate) and token.
+    pub fn kubeconfig(&self) -> String {
+        use base64::Engine;
+        let ca = std::fs::read(self.ca()).expect("the server's certificate");
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: devplug\n  user:\n    token: {}\ncontexts:\n- name: real\n  context:\n    cluster: real\n    user: devplug\ncurrent-context: real\n",
+            self.url,
+            base64::engine::general_purpose::STANDARD.encode(ca),
+            self.token
+        )
+    }
+
+    pub fn write_kubeconfig(&self, path: &Path) {
+        std::fs::write(path, self.kubeconfig()).expect("write kubeconfig");
+    }
+
+    async fn try_client(&self) -> kube::Result<kube::Client> {
+        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig()).map_err(kube::Error::InferKubeconfig)?;
+        let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(kube::Error::InferKubeconfig)?;
+        kube::Client::try_from(cfg)
+    }
+
+    pub async fn client(&self) -> kube::Client {
+        self.try_client().await.expect("a client of the real API server")
+    }
+
+    /// `method path` with a JSON body; (status, answer).
+    pub async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let client = self.client().await;
+        let req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(body.map_or_else(kube::client::Body::empty, |b| {
+                kube::client::Body::from(serde_json::to_vec(b).expect("JSON"))
+            }))
+            .expect("request");
+        let resp = client.send(req).await.expect("the real API server answers");
+        let code = resp.status().as_u16();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes();
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// A Node named `name` (what kubelet registers).
+    pub async fn create_node(&self, name: &str) -> String {
+        let node = serde_json::json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name } });
+        let (code, answer) = self.send("POST", "/api/v1/nodes", Some(&node)).await;
+        assert_eq!(code, 201, "create Node {name}: {answer}");
+        answer["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The ResourceSlices of `node` and `driver`.
+    pub async fn slices(&self, node: &str, driver: &str) -> Vec<Value> {
+        let path = format!(
+            "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D{node}%2Cspec.driver%3D{driver}"
+        );
+        let (code, answer) = self.send("GET", &path, None).await;
+        assert_eq!(code, 200, "{answer}");
+        answer["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// What the scheduler does to a claim: create it (one `exactly` request per result) and
+    /// write its allocation through `/status`. Returns its UID.
+    pub async fn allocate_claim(&self, namespace: &str, name: &str, results: &[(&str, &str, &str, &str)]) -> String {
+        let ns = serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": namespace } });
+        let (code, answer) = self.send("POST", "/api/v1/namespaces", Some(&ns)).await;
+        assert!(code == 201 || code == 409, "create Namespace {namespace}: {answer}");
+        let mut requests: Vec<&str> = results.iter().map(|(r, ..)| *r).collect();
+        requests.dedup();
+        let claim = serde_json::json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": namespace },
+            "spec": { "devices": { "requests": requests.iter().map(|r| serde_json::json!({
+                "name": r, "exactly": { "deviceClassName": "devplug", "allocationMode": "ExactCount", "count": 1 }
+            })).collect::<Vec<_>>() } },
+        });
+        let base = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
+        let (code, mut stored) = self.send("POST", &base, Some(&claim)).await;
+        assert_eq!(code, 201, "create ResourceClaim {namespace}/{name}: {stored}");
+        stored["status"] = serde_json::json!({ "allocation": { "devices": { "results": results.iter().map(|(request, driver, pool, device)| serde_json::json!({
+            "request": request, "driver": driver, "pool": pool, "device": device
+        })).collect::<Vec<_>>() } } });
+        let (code, answer) = self.send("PUT", &format!("{base}/{name}/status"), Some(&stored)).await;
+        assert_eq!(code, 200, "allocate ResourceClaim {namespace}/{name}: {answer}");
+        answer["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
+    }
+
+    /// A claim as stored.
+    pub async fn claim(&self, namespace: &str, name: &str) -> Value {
+        let (code, answer) = self
+            .send("GET", &format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"), None)
+            .await;
+        assert_eq!(code, 200, "{answer}");
+        answer
+    }
+}
