@@ -170,6 +170,63 @@ async fn nvidia_ctk_names_and_replicas_share_one_entry_per_gpu() {
     daemon.stop().await.unwrap();
 }
 
+/// Issue 43: a resource configured `write_cdi = false` gets no spec from any path of `run`, not
+/// even for a moment (its first serving wrote one, which the first sweep then removed): every
+/// file event in the CDI directory is watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_configured_without_cdi_gets_no_spec() {
+    let root = repo().join("tests/fixtures/sysfs/dgx-h100");
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(dir.path()).await;
+    let no_spec = devplug::config::ResourceSettings {
+        allocate: Some(vec![Strategy::DeviceSpecs]),
+        write_cdi: Some(false),
+        api: devplug::config::Api::DevicePlugin,
+    };
+    let cfg = Config {
+        kubelet_dir: dir.path().to_owned(),
+        registration: RegistrationMode::KubeletSocket,
+        sysfs_root: root.join("sys"),
+        dev_root: root.join("dev"),
+        proc_root: root.join("proc"),
+        dev_fixtures: true,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        cdi_dir: dir.path().join("cdi"),
+        cache_dir: Some(cache_dir()),
+        resources: [("nvidia.com/gpu".to_owned(), no_spec)].into(),
+        ..Config::default()
+    };
+    std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let log = seen.clone();
+    let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        if let Ok(e) = e {
+            log.lock().unwrap().extend(e.paths.iter().map(|p| p.display().to_string()));
+        }
+    })
+    .unwrap();
+    watcher.watch(&dir.path().join("cdi"), notify::RecursiveMode::NonRecursive).unwrap();
+    let daemon = Daemon::start(cfg);
+    kubelet.wait_devices("nvidia.com/gpu", T, |l| l.len() == 8).await.unwrap();
+    // Another resource of the same machine is served with its spec (so specs are on at all).
+    let others: Vec<String> = std::fs::read_dir(dir.path().join("cdi"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        others.iter().any(|f| f.contains("devplug.io_kvm")),
+        "no spec at all, the test would prove nothing: {others:?}"
+    );
+    daemon.stop().await.unwrap();
+    drop(watcher);
+    let touched = seen.lock().unwrap().clone();
+    assert!(
+        !touched.iter().any(|f| f.contains("nvidia.com_gpu")),
+        "a write_cdi = false resource's spec was written: {touched:?}"
+    );
+}
+
 /// Resource → device IDs, from `devplug discover`.
 fn discover_ids(root: &Path) -> BTreeMap<String, Vec<String>> {
     let out = on_machine(&["discover"], root, &cache_dir(), &["--format", "json"]);

@@ -423,3 +423,23 @@ fn try_help_lists_every_command() {
         assert!(out.contains(command), "{command} missing from try --help:\n{out}");
     }
 }
+
+/// Issue 43: flags are held to the config's rules: a poll interval the file could not set, or
+/// `--dra` for a resource the file keeps without CDI, is refused before anything starts, naming
+/// the rule.
+#[test]
+fn flags_are_validated_as_the_config_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubelet = dir.path().join("kubelet");
+    let k = kubelet.to_str().unwrap();
+    let (code, _, err) = support::binary::run(&["run", "--kubelet-dir", k, "--poll-interval", "10ms"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("poll_interval must be at least 100ms") && err.contains("flags"), "{err}");
+    let cfg = dir.path().join("devplug.toml");
+    std::fs::write(&cfg, "write_cdi = false\nallocate = [\"device-specs\"]\n").unwrap();
+    let c = cfg.to_str().unwrap();
+    let (code, _, err) = support::binary::run(&["run", "--config", c, "--kubelet-dir", k, "--dra", "devplug.io/kvm"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("api = \"dra\"") && err.contains("write_cdi"), "{err}");
+    assert!(!kubelet.join("devplug.sock").exists() && std::fs::read_dir(&kubelet).map_or(true, |d| d.count() == 0));
+}

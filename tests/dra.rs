@@ -61,15 +61,18 @@ impl devplug::gate::PciLookup for Fixture {
 }
 
 /// DRA, step 2: what the first-party backends discover on the real-hardware fixtures becomes
-/// pools of slices the recorded server's rules accept (device IDs such as PCI addresses renamed
-/// to DNS labels, attributes typed, at most 128 devices a slice).
-#[test]
-fn first_party_devices_on_the_fixtures_make_valid_pools() {
+/// pools of slices the server accepts (device IDs such as PCI addresses renamed to DNS labels,
+/// attributes typed, at most 128 devices a slice): every slice is sent to the API-server
+/// stand-in (upstream's validation, not devplug's) and, with `KUBEBUILDER_ASSETS`, to a real
+/// kube-apiserver, and each must be created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_party_devices_on_the_fixtures_make_valid_pools() {
     use devplug::model::{ContainerEdits, Device, Health, Resource};
     use support::hardware::{MACHINES, build};
     let root = tempfile::tempdir().unwrap();
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
     let mut pools = 0;
+    let mut slices = Vec::new();
     for machine in MACHINES {
         let m = root.path().join(machine);
         build(machine, &m);
@@ -128,9 +131,27 @@ fn first_party_devices_on_the_fixtures_make_valid_pools() {
                 .count();
             assert_eq!(standard, pci, "{machine}: {name}: every PCI device has pciBusID and pcieRoot");
             pools += 1;
+            for (i, mut slice) in pool.slices.into_iter().enumerate() {
+                slice["metadata"] = serde_json::json!({ "name": format!("{}-{}-{i}", machine.to_lowercase(), pools) });
+                slices.push((format!("{machine}: {name}"), slice));
+            }
         }
     }
     assert!(pools >= 10, "only {pools} pools");
+    let standin = support::apiserver::ApiServer::start(&["node-a"]).await;
+    let real = support::envtest::RealApiServer::from_env("first_party_devices_on_the_fixtures_make_valid_pools").await;
+    if let Some(real) = &real {
+        real.create_node("node-a").await;
+    }
+    for (what, slice) in &slices {
+        let path = "/apis/resource.k8s.io/v1/resourceslices";
+        let (code, answer) = standin.post(path, slice).await;
+        assert_eq!(code, 201, "{what}: the stand-in refused a slice: {}", answer["message"]);
+        if let Some(real) = &real {
+            let (code, answer) = real.send("POST", path, Some(slice)).await;
+            assert_eq!(code, 201, "{what}: a real kube-apiserver refused a slice: {}", answer["message"]);
+        }
+    }
 }
 
 /// What a backend and the API server would decide, for the plugin tests: a claim named `bad`

@@ -241,6 +241,15 @@ impl Config {
                 crate::gate::EnvGrant::new(pattern).map_err(|e| anyhow::anyhow!("backends.{name}.grant.env: {e}"))?;
             }
         }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The rules a config must keep, whichever way it was made: checked after a file is read
+    /// and again after the command line's flags are applied to it (`RunArgs::config`), so a
+    /// flag cannot give what the file could not.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let cfg = self;
         anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
         anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
         anyhow::ensure!(
@@ -283,7 +292,7 @@ impl Config {
             }
         }
         cfg.registry.validate().map_err(|e| anyhow::anyhow!("[registry]: {e:#}"))?;
-        Ok(cfg)
+        Ok(())
     }
 
     /// The pod resources socket.

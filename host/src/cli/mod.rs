@@ -318,6 +318,9 @@ impl RunArgs {
                 }
             }
         }
+        // The flags are held to the config's rules: `--poll-interval 10ms` or `--dra R` with
+        // `write_cdi = false` are refused as the same lines in the file would be.
+        c.validate().map_err(|e| anyhow::anyhow!("the config with this command line's flags: {e}"))?;
         Ok(c)
     }
 }

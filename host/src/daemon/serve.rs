@@ -24,10 +24,10 @@ impl Daemon {
                 continue;
             }
             // The spec first, so kubelet never sees a device the CDI directory does not name yet
-            // (a failure here is logged by the poll loop's sync).
+            // (a failure here is logged by the poll loop's sync); none for `write_cdi = false`.
             if let Some(specs) = &self.specs {
                 let snapshot = ready.devices.borrow().clone();
-                let _ = specs.sync(&snapshot);
+                let _ = super::specs::write(specs, &self.cfg, &snapshot);
             }
             let delivery = delivery(&self.cfg, &ready.name, self.specs.as_ref());
             let backend = ready.backend.clone();

@@ -35,10 +35,8 @@ pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook
     let errors: Mutex<HashMap<String, String>> = Mutex::default();
     let cfg = cfg.clone();
     Arc::new(move |r: &Resource| {
-        if !cfg.writes_cdi(&r.name) {
-            return;
-        }
-        let outcome = specs.sync(r).map_err(|e| e.to_string());
+        let Some(outcome) = write(&specs, &cfg, r) else { return };
+        let outcome = outcome.map_err(|e| e.to_string());
         let mut errors = errors.locked();
         match outcome {
             Ok(_) => {
@@ -54,6 +52,12 @@ pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook
             }
         }
     })
+}
+
+/// Write `r`'s spec, unless the config says `write_cdi = false` for it (`None`): the one place
+/// the run loop writes a resource's spec, so no path can skip the setting.
+pub fn write(specs: &SpecDir, cfg: &Config, r: &Resource) -> Option<anyhow::Result<()>> {
+    cfg.writes_cdi(&r.name).then(|| specs.sync(r).map(|_| ()).map_err(anyhow::Error::from))
 }
 
 /// After the first round of discovers: remove specs an earlier, killed devplug left for
