@@ -448,50 +448,50 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     n.dra.wait_plugin(DRIVER, T).await;
     assert_eq!(n.dra.plugin(DRIVER).unwrap().version, "v1.DRAPlugin", "kubelet 1.34+ picks v1");
     // `count = 2` shares of one node: through DRA one device two claims may hold at once.
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
     let slices = n.api.slices(NODE, Some(DRIVER));
     let slice = slices.values().next().unwrap();
     assert_eq!(slice["metadata"]["ownerReferences"][0]["uid"], "node-uid-node-a", "owned by the Node");
     assert_eq!(slice["metadata"]["labels"]["app.kubernetes.io/managed-by"], "devplug");
     let devices = n.api.devices(NODE, DRIVER);
-    let null = &devices["null"];
-    assert_eq!(null["attributes"]["resource"]["string"], n.resource.as_str());
-    assert_eq!(null["allowMultipleAllocations"], true, "{null}");
-    assert_eq!(null["capacity"]["shares"]["value"], "2", "{null}");
-    assert_eq!(null["capacity"]["shares"]["requestPolicy"]["default"], "1", "{null}");
+    // `count = 2`: two devices, as the Device Plugin API lists them and the scheduler counts
+    // them for the extended resource (issue 43), each naming the device it shares.
+    for (name, null) in &devices {
+        assert_eq!(null["attributes"]["resource"]["string"], n.resource.as_str());
+        assert_eq!(null["attributes"]["replicaOf"]["string"], "null", "{name}: {null}");
+        assert!(null["allowMultipleAllocations"].is_null() && null["capacity"].is_null(), "{null}");
+    }
+    let replicas: Vec<String> = devices.keys().cloned().collect();
+    assert_eq!(replicas.len(), 2);
     assert!(n.kubelet.plugin(&n.resource).await.is_none(), "never served through the Device Plugin API as well");
 
-    // Two claims share the device, each with the share ID the scheduler gave it.
-    const SHARE_A: &str = "4b9f2c1e-3a77-4d0e-9a3b-0c1d2e3f4a5b";
-    const SHARE_B: &str = "9e8d7c6b-5a49-4382-a1b0-f9e8d7c6b5a4";
-    n.api.allocate_shared_claim("ml", "train", "uid-train", &[("dev", DRIVER, NODE, "null", SHARE_A)]);
-    n.api.allocate_shared_claim("ml", "infer", "uid-infer", &[("dev", DRIVER, NODE, "null", SHARE_B)]);
+    // Two claims, one replica each.
+    n.api.allocate_claim("ml", "train", "uid-train", &[("dev", DRIVER, NODE, &replicas[0])]);
+    n.api.allocate_claim("ml", "infer", "uid-infer", &[("dev", DRIVER, NODE, &replicas[1])]);
     n.api.allocate_claim("ml", "ghost", "uid-ghost", &[("dev", DRIVER, NODE, "null-9")]);
     let claims = [("ml", "uid-train", "train"), ("ml", "uid-ghost", "ghost"), ("ml", "uid-infer", "infer")];
     let first = n.dra.prepare(DRIVER, &claims).await.unwrap();
     let train = &first["uid-train"];
     assert!(train.error.is_empty(), "{train:?}");
     let ids = train.devices[0].3.clone();
-    assert_eq!(ids, [format!("devplug.io/claim=uid-train-null-{SHARE_A}")], "a CDI device per share");
-    assert_eq!((train.devices[0].1.as_str(), train.devices[0].2.as_str()), (NODE, "null"));
-    assert_eq!(train.shares, [SHARE_A], "kubelet matches the answer to the allocation by its share ID");
+    assert_eq!(ids, [format!("devplug.io/claim=uid-train-{}", replicas[0])], "a CDI device per allocated device");
+    assert_eq!((train.devices[0].1.as_str(), train.devices[0].2.as_str()), (NODE, replicas[0].as_str()));
     let infer = &first["uid-infer"];
     assert!(infer.error.is_empty(), "{infer:?}");
-    assert_eq!(infer.shares, [SHARE_B]);
-    assert_eq!(infer.devices[0].3, [format!("devplug.io/claim=uid-infer-null-{SHARE_B}")]);
+    assert_eq!(infer.devices[0].3, [format!("devplug.io/claim=uid-infer-{}", replicas[1])]);
     assert!(first["uid-ghost"].error.contains("null-9"), "{:?}", first["uid-ghost"]);
     // KEP-4817: each prepared claim's device reported Ready in its status (server-side apply,
-    // which the stand-in takes only as the real server does), with its share.
-    for (claim, share) in [("train", SHARE_A), ("infer", SHARE_B)] {
+    // which the stand-in takes only as the real server does).
+    for (claim, device) in [("train", &replicas[0]), ("infer", &replicas[1])] {
         until("the claim's device status", || !n.api.claim_status_devices("ml", claim).is_empty()).await;
         let status = n.api.claim_status_devices("ml", claim);
         assert_eq!(status.len(), 1, "{status:?}");
         let d = &status[0];
         assert_eq!(
             (d["driver"].as_str(), d["pool"].as_str(), d["device"].as_str()),
-            (Some(DRIVER), Some(NODE), Some("null"))
+            (Some(DRIVER), Some(NODE), Some(device.as_str()))
         );
-        assert_eq!(d["shareID"], share);
+        assert!(d["shareID"].is_null());
         assert_eq!(
             (d["conditions"][0]["type"].as_str(), d["conditions"][0]["status"].as_str()),
             (Some("Ready"), Some("True"))
@@ -513,7 +513,7 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     let writes =
         n.api.log().iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).count();
     daemon.stop().await.unwrap();
-    assert_eq!(n.api.devices(NODE, DRIVER).len(), 1, "a stopping devplug leaves its pool in place");
+    assert_eq!(n.api.devices(NODE, DRIVER).len(), 2, "a stopping devplug leaves its pool in place");
     assert!(claim_spec.exists(), "a prepared claim's spec outlives devplug");
     let registered = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
     let lists = || n.api.log().iter().filter(|l| l.starts_with("LIST")).count();
@@ -535,7 +535,7 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
     let before = n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst);
     n.kubelet.restart().await;
     until("a new registration", || n.dra.registrations.load(std::sync::atomic::Ordering::SeqCst) > before).await;
-    until("the pool after a kubelet restart", || n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool after a kubelet restart", || n.api.devices(NODE, DRIVER).len() == 2).await;
 
     let un = n.dra.unprepare(DRIVER, &claims[..1]).await.unwrap();
     assert_eq!(un["uid-train"], "");
@@ -862,8 +862,8 @@ fn one_shot_commands_honour_the_configs_roots_and_switches() {
 /// `devplug dra slices` (issues 34 and 35): what a node would publish, printed from a fixture
 /// without a cluster. On the DGX A100 (three GPUs in MIG mode) every slice passes the recorded
 /// server's schema and rules; each GPU in MIG mode is there whole beside its instances, all on
-/// its counter set, which the whole GPU takes entirely; time-sliced GPUs are one shared device
-/// each. `discover` (the Device Plugin view) never lists a GPU in MIG mode whole.
+/// its counter set, which the whole GPU takes entirely; a time-sliced GPU is a device per
+/// replica, each naming its GPU. `discover` (the Device Plugin view) never lists a GPU in MIG mode whole.
 #[test]
 fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
     let root = tempfile::tempdir().unwrap();
@@ -944,7 +944,8 @@ fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
     let gpus = d["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
     assert_eq!(gpus["devices"].as_array().unwrap().len(), 5, "{gpus}");
 
-    // Time-slicing: each GPU one device for 4 claims at a time, not 4 devices.
+    // Time-slicing: 4 devices per GPU (what the scheduler counts for `nvidia.com/gpu: 2`), each
+    // naming its GPU, so a claim can ask for replicas of distinct GPUs.
     write("vendors = [\"nvidia\"]\n[sharing]\nreplicas = 4\n");
     let out =
         support::binary::on_machine(&["dra", "slices"], &m, &cache, &["--config", cfg_s, "--node-name", "node-a"]);
@@ -955,13 +956,15 @@ fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
         .iter()
         .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(devices.len(), 8, "one device per GPU");
+    assert_eq!(devices.len(), 8 * 4, "four devices per GPU");
+    let mut per_gpu: std::collections::BTreeMap<&str, usize> = Default::default();
     for d in &devices {
-        assert_eq!(d["allowMultipleAllocations"], true, "{d}");
-        assert_eq!(d["capacity"]["shares"]["value"], "4", "{d}");
-        assert_eq!(d["capacity"]["shares"]["requestPolicy"]["validRange"]["max"], "4", "{d}");
+        assert!(d["allowMultipleAllocations"].is_null() && d["capacity"]["shares"].is_null(), "{d}");
         assert!(d["attributes"]["replica_of"].is_null(), "{d}");
+        *per_gpu.entry(d["attributes"]["replicaOf"]["string"].as_str().unwrap()).or_default() += 1;
     }
+    assert_eq!(per_gpu.len(), 8, "{per_gpu:?}");
+    assert!(per_gpu.values().all(|n| *n == 4), "{per_gpu:?}");
 
     // A resource no backend serves is an error naming what is served.
     let (code, _, err) = support::binary::run(&[
@@ -1188,7 +1191,7 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
     let registrations = n.kubelet.registrations();
     n.cfg.resources.get_mut(&n.resource).unwrap().api = devplug::config::Api::Dra;
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
     n.dra.wait_plugin(DRIVER, T).await;
     assert_eq!(n.kubelet.registrations(), registrations, "not registered with the device manager again");
     let dp_sockets: Vec<_> = std::fs::read_dir(n.cfg.plugins_registry_dir.as_ref().unwrap())
@@ -1208,12 +1211,8 @@ async fn switching_a_resource_to_dra_keeps_the_allocated_pod() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("character special file 1:3"), "{}", text(&out));
 
     // New pods get it through DRA.
-    n.api.allocate_shared_claim(
-        "ml",
-        "new",
-        "uid-new",
-        &[("dev", DRIVER, NODE, "null", "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0")],
-    );
+    let replica = n.api.devices(NODE, DRIVER).into_keys().next().unwrap();
+    n.api.allocate_claim("ml", "new", "uid-new", &[("dev", DRIVER, NODE, &replica)]);
     let answer = n.dra.prepare(DRIVER, &[("ml", "uid-new", "new")]).await.unwrap();
     assert!(answer["uid-new"].error.is_empty(), "{:?}", answer["uid-new"]);
     let out = tokio::task::block_in_place(|| {
@@ -1434,7 +1433,7 @@ async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
     let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
     n.cfg.dra.resync = std::time::Duration::from_secs(3600);
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
     until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
     for _ in 0..3 {
         // The pool may be back before this thread looks again (that is the point): count the
@@ -1442,7 +1441,7 @@ async fn a_pool_deleted_under_devplug_is_put_back_at_once() {
         let posts = || n.api.log().iter().filter(|l| l.starts_with("POST")).count();
         let before = posts();
         assert!(n.api.wipe(NODE) > 0, "the wipe deleted the pool");
-        until("the pool back after a wipe", || posts() > before && n.api.devices(NODE, DRIVER).len() == 1).await;
+        until("the pool back after a wipe", || posts() > before && n.api.devices(NODE, DRIVER).len() == 2).await;
     }
     daemon.stop().await.unwrap();
 }
@@ -1457,7 +1456,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
     let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
     n.cfg.dra.resync = std::time::Duration::from_millis(100);
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
-    until("the pool", || n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
     until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
     let lists = || n.api.log().iter().filter(|l| l.starts_with("LIST resourceslices")).count();
     let listed = lists();
@@ -1472,7 +1471,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
     let posts = || n.api.log().iter().filter(|l| l.starts_with("POST")).count();
     let before = posts();
     assert!(n.api.wipe(NODE) > 0);
-    until("the pool back", || posts() > before && n.api.devices(NODE, DRIVER).len() == 1).await;
+    until("the pool back", || posts() > before && n.api.devices(NODE, DRIVER).len() == 2).await;
     assert_eq!(lists(), listed, "the view came from the watch, not a LIST");
     daemon.stop().await.unwrap();
 }
@@ -2228,4 +2227,92 @@ async fn the_real_api_server_gives_the_recorded_verdicts() {
     } else {
         assert!(wrong.is_empty(), "{} verdicts changed:\n{}", wrong.len(), wrong.join("\n"));
     }
+}
+
+/// Issue 43, item 5: pods asking a shared resource through its DeviceClass's
+/// `extendedResourceName` (KEP-5004) are scheduled by kube-scheduler's own allocator: with
+/// `count = 2` published as two devices, a pod asking 2 gets both, and a pod asking 1 more
+/// waits. Needs `kube-apiserver`, `etcd` and `kube-scheduler` in `KUBEBUILDER_ASSETS`; with
+/// the stand-in only, it checks the published shape the scheduler counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_resource_requests_above_one_are_scheduled_on_shared_devices() {
+    const TEST: &str = "extended_resource_requests_above_one_are_scheduled_on_shared_devices";
+    let system = tempfile::tempdir().unwrap();
+    let mut n = dra_node(system.path(), devplug::config::Api::Dra).await;
+    let Some(mut real) = support::envtest::RealApiServer::from_env(TEST).await else {
+        let daemon = support::daemon::Daemon::start(n.cfg.clone());
+        until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
+        assert!(n.api.devices(NODE, DRIVER).values().all(|d| d["allowMultipleAllocations"].is_null()));
+        daemon.stop().await.unwrap();
+        return;
+    };
+    if !real.start_scheduler(TEST) {
+        return;
+    }
+    real.create_node(NODE).await;
+    real.make_node_ready(NODE).await;
+    let kubeconfig = n.dir.path().join("kubeconfig-real");
+    real.write_kubeconfig(&kubeconfig);
+    n.cfg.dra.kubeconfig = Some(kubeconfig);
+    let class = devplug::dra::classes::device_class(&n.resource, DRIVER);
+    let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(&class)).await;
+    assert_eq!(code, 201, "{answer}");
+    let extended = class["spec"]["extendedResourceName"].as_str().unwrap().to_owned();
+    let daemon = support::daemon::Daemon::start(n.cfg.clone());
+    let end = std::time::Instant::now() + T;
+    while real
+        .slices(NODE, DRIVER)
+        .await
+        .iter()
+        .map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len))
+        .sum::<usize>()
+        != 2
+    {
+        assert!(std::time::Instant::now() < end, "the pool never reached the real server");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let pod = |name: &str, quantity: &str| {
+        serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": "default" },
+            "spec": { "containers": [{ "name": "c", "image": "busybox", "resources": {
+                "requests": { extended.as_str(): quantity }, "limits": { extended.as_str(): quantity } } }] } })
+    };
+    for (name, quantity) in [("two", "2"), ("one-more", "1")] {
+        let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod(name, quantity))).await;
+        assert_eq!(code, 201, "{answer}");
+        // One at a time, so which one waits is certain.
+        let end = std::time::Instant::now() + T;
+        loop {
+            let (_, p) = real.send("GET", &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
+            let scheduled =
+                p["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "PodScheduled");
+            if let Some(c) = scheduled {
+                let bound = p["spec"]["nodeName"] == NODE;
+                match name {
+                    "two" if bound => {
+                        let claim = p["status"]["extendedResourceClaimStatus"]["resourceClaimName"].as_str().unwrap();
+                        let c = real.claim("default", claim).await;
+                        let mut got: Vec<&str> = c["status"]["allocation"]["devices"]["results"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|r| r["device"].as_str().unwrap())
+                            .collect();
+                        got.sort();
+                        got.dedup();
+                        assert_eq!(got.len(), 2, "two distinct devices for `{extended}: 2`: {c}");
+                        break;
+                    }
+                    "one-more" if c["status"] == "False" => {
+                        assert!(!bound);
+                        assert!(c["message"].as_str().unwrap_or("").contains("cannot allocate"), "{c}");
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            assert!(std::time::Instant::now() < end, "{name}: not scheduled as expected: {p}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    daemon.stop().await.unwrap();
 }

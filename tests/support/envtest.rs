@@ -20,6 +20,8 @@ pub const ASSETS: &str = "KUBEBUILDER_ASSETS";
 pub struct RealApiServer {
     etcd: Child,
     apiserver: Child,
+    scheduler: Option<Child>,
+    assets: PathBuf,
     dir: tempfile::TempDir,
     pub url: String,
     pub token: String,
@@ -27,7 +29,7 @@ pub struct RealApiServer {
 
 impl Drop for RealApiServer {
     fn drop(&mut self) {
-        for child in [&mut self.apiserver, &mut self.etcd] {
+        for child in self.scheduler.iter_mut().chain([&mut self.apiserver, &mut self.etcd]) {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -106,14 +108,24 @@ impl RealApiServer {
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", key.display()))
-            .arg("--disable-admission-plugins=ServiceAccount")
+            // No controller-manager: nothing would make service accounts or lift a new Node's
+            // not-ready taint.
+            .arg("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition")
             .args(["--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false"])
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("apiserver.log")).expect("apiserver log"))
             .spawn()
             .expect("start kube-apiserver");
-        RealApiServer { etcd, apiserver, url: format!("https://127.0.0.1:{secure}"), token, dir }
+        RealApiServer {
+            etcd,
+            apiserver,
+            scheduler: None,
+            assets: assets.to_owned(),
+            url: format!("https://127.0.0.1:{secure}"),
+            token,
+            dir,
+        }
     }
 
     fn ca(&self) -> PathBuf {
@@ -184,6 +196,42 @@ impl RealApiServer {
         let code = resp.status().as_u16();
         let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.expect("body").to_bytes();
         (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Start kube-scheduler (`kube-scheduler` beside the other assets, which
+    /// scripts/kube-assets/build makes too) against this server; `false` (with one line
+    /// saying so) when the assets have none.
+    pub fn start_scheduler(&mut self, test: &str) -> bool {
+        let bin = self.assets.join("kube-scheduler");
+        if !bin.is_file() {
+            eprintln!("{test}: no kube-scheduler in {ASSETS}; the scheduler's part did not run");
+            return false;
+        }
+        let kubeconfig = self.dir.path().join("scheduler.kubeconfig");
+        self.write_kubeconfig(&kubeconfig);
+        let child = Command::new(bin)
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(["--leader-elect=false", "--secure-port=0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join("scheduler.log")).expect("scheduler log"))
+            .spawn()
+            .expect("start kube-scheduler");
+        self.scheduler = Some(child);
+        true
+    }
+
+    /// What kubelet reports of a node the scheduler may use: Ready, room for pods.
+    pub async fn make_node_ready(&self, name: &str) {
+        let path = format!("/api/v1/nodes/{name}");
+        let (_, mut node) = self.send("GET", &path, None).await;
+        node["status"] = serde_json::json!({
+            "capacity": { "cpu": "8", "memory": "16Gi", "pods": "110" },
+            "allocatable": { "cpu": "8", "memory": "16Gi", "pods": "110" },
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "ready",
+                "lastHeartbeatTime": "2026-11-28T00:00:00Z", "lastTransitionTime": "2026-11-28T00:00:00Z" }],
+        });
+        let (code, answer) = self.send("PUT", &format!("{path}/status"), Some(&node)).await;
+        assert_eq!(code, 200, "{answer}");
     }
 
     /// A Node named `name` (what kubelet registers).

@@ -88,14 +88,16 @@ pub fn device_name(id: &str) -> String {
 /// SDK's `Sharing::expand`, the generic backend's `count` shares).
 pub const REPLICA_OF: &str = "replica-of";
 
-/// The capacity a shared device offers its claims: one share each unless a claim asks for more.
-pub const SHARES: &str = "shares";
+/// The attribute a replica is published with: the DRA name of the device it shares, so a claim
+/// can ask for replicas of distinct devices (`distinctAttribute`) or of one (`matchAttribute`).
+pub const REPLICA_OF_ATTRIBUTE: &str = "replicaOf";
 
-/// The pool device `d` is published as: its own, or for a replica the device it replicates.
-/// Replicas are the Device Plugin API's way to share a device (one ID per slot kubelet
-/// counts); DRA shares a device itself (`allowMultipleAllocations` and a `shares` capacity).
+/// The pool device `d` is published as. Every replica is a device of its own, as in the Device
+/// Plugin API: the scheduler counts devices, so a pod asking `devplug.io/fuse: 2` through the
+/// DeviceClass's `extendedResourceName` (KEP-5004) gets two replicas, which kube-scheduler 1.36
+/// cannot do with one shared device (it never picks a device twice for one request).
 pub fn pool_device_name(d: &Device) -> String {
-    device_name(replica_of(d).unwrap_or(&d.id))
+    device_name(&d.id)
 }
 
 fn replica_of(d: &Device) -> Option<&str> {
@@ -105,7 +107,7 @@ fn replica_of(d: &Device) -> Option<&str> {
 /// One device of resource `r` as the API writes it, named `name`: discover's attributes as
 /// strings, a WIT 0.3.0 description's typed ones, the host's own (`resource`, `numa`, the
 /// standard names where there is room), capacities, counters, sharing and its taint.
-fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str, shares: Option<u64>) -> Value {
+fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str) -> Value {
     let mut attributes = serde_json::Map::new();
     for (k, v) in d
         .attributes
@@ -113,6 +115,9 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
         .filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY && k != crate::model::SHARED_NODE)
     {
         attributes.insert(attribute_name(k), json!({ "string": v }));
+    }
+    if let Some(of) = replica_of(d) {
+        attributes.insert(REPLICA_OF_ATTRIBUTE.into(), json!({ "string": device_name(of) }));
     }
     // A WIT 0.3.0 backend's own description: typed values under its own names (a name
     // the API server refuses refuses the pool, naming the device and field).
@@ -135,14 +140,14 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
     };
     // Kubernetes' standard names, where the device has room for them (the server takes
     // 32 attributes and capacities a device).
-    let capacities = described.map_or(0, |x| x.capacity.len()) + usize::from(shares.is_some());
+    let capacities = described.map_or(0, |x| x.capacity.len());
     for (k, v) in super::standard::attributes(sysfs, d.vetted.pci.as_ref(), &d.numa_nodes) {
         if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
             attributes.insert(k, v);
         }
     }
     let mut device = json!({ "name": name, "attributes": attributes });
-    let mut capacity: serde_json::Map<String, Value> =
+    let capacity: serde_json::Map<String, Value> =
         described.iter().flat_map(|x| x.capacity.iter()).map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
     if let Some(x) = described {
         if !x.consumes.is_empty() {
@@ -151,16 +156,6 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
         if x.allow_multiple_allocations {
             device["allowMultipleAllocations"] = json!(true);
         }
-    }
-    // A shared device: as many claims as it had replicas, one share each by default
-    // (KEP-5075 consumable capacity; the scheduler gives each allocation a share ID).
-    if let Some(n) = shares {
-        device["allowMultipleAllocations"] = json!(true);
-        capacity.insert(
-            SHARES.into(),
-            json!({ "value": n.to_string(), "requestPolicy": {
-                "default": "1", "validRange": { "min": "1", "max": n.to_string() } } }),
-        );
     }
     if !capacity.is_empty() {
         device["capacity"] = Value::Object(capacity);
@@ -208,25 +203,12 @@ pub fn pool_on(
     let mut devices = Vec::new();
     let mut bytes = 0usize;
     for r in resources {
-        // Replicas of one device: published once, shared (the first replica stands for it).
-        let mut replicas: BTreeMap<&str, u64> = BTreeMap::new();
         for d in &r.devices {
-            if let Some(of) = replica_of(d) {
-                *replicas.entry(of).or_default() += 1;
-            }
-        }
-        let mut seen_shared: std::collections::BTreeSet<&str> = Default::default();
-        for d in &r.devices {
-            let shares = match replica_of(d) {
-                Some(of) if !seen_shared.insert(of) => continue,
-                Some(of) => replicas.get(of).copied(),
-                None => None,
-            };
             let name = pool_device_name(d);
             if let Some((other, _)) = ids.insert(name.clone(), (d.id.clone(), r.name.clone())) {
                 return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
             }
-            let device = device_json(sysfs, r, d, &name, shares);
+            let device = device_json(sysfs, r, d, &name);
             bytes += json_len(&device);
             if bytes > MAX_POOL_BYTES {
                 return Err(fail(
@@ -322,7 +304,7 @@ mod tests {
     /// capacity, one each by default); the way back names the first replica; a `dra-only`
     /// marker and `replica-of` are the host's, never published.
     #[test]
-    fn replicas_are_one_shared_device() {
+    fn replicas_are_devices_of_their_own() {
         let replicas: Vec<Device> = (0..3)
             .map(|i| device(&format!("kvm-{i}"), Health::Healthy, &[("replica-of", "kvm"), ("paths", "/dev/kvm")]))
             .collect();
@@ -338,14 +320,16 @@ mod tests {
         )
         .unwrap();
         let devices = p.slices[0]["spec"]["devices"].as_array().unwrap();
-        assert_eq!(devices.len(), 2, "{devices:?}");
-        let kvm = &devices[0];
-        assert_eq!(kvm["name"], "kvm");
-        assert_eq!(kvm["allowMultipleAllocations"], true);
-        assert_eq!(kvm["capacity"]["shares"]["value"], "3");
-        assert_eq!(kvm["capacity"]["shares"]["requestPolicy"]["validRange"]["max"], "3");
-        assert!(kvm["attributes"]["replica_of"].is_null() && devices[1]["attributes"]["dra_only"].is_null());
-        assert_eq!(p.ids["kvm"], ("kvm-0".to_owned(), "devplug.io/kvm".to_owned()));
+        let names: Vec<&str> = devices.iter().map(|d| d["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["kvm-0", "kvm-1", "kvm-2", "tun"]);
+        for kvm in &devices[..3] {
+            // What the scheduler counts for an extended resource: one device per replica.
+            assert!(kvm["allowMultipleAllocations"].is_null() && kvm["capacity"]["shares"].is_null(), "{kvm}");
+            assert_eq!(kvm["attributes"]["replicaOf"]["string"], "kvm");
+            assert!(kvm["attributes"]["replica_of"].is_null());
+        }
+        assert!(devices[3]["attributes"]["dra_only"].is_null() && devices[3]["attributes"]["replicaOf"].is_null());
+        assert_eq!(p.ids["kvm-1"], ("kvm-1".to_owned(), "devplug.io/kvm".to_owned()));
         assert!(slice_rules::problems(&p.slices[0]).is_empty());
     }
 
