@@ -145,18 +145,9 @@ async fn nvidia_ctk_names_and_replicas_share_one_entry_per_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::start(dir.path()).await;
     let cfg = Config {
-        kubelet_dir: dir.path().to_owned(),
-        registration: RegistrationMode::KubeletSocket,
-        sysfs_root: root.join("sys"),
-        dev_root: root.join("dev"),
-        proc_root: root.join("proc"),
-        dev_fixtures: true,
-        metrics_addr: "127.0.0.1:0".parse().unwrap(),
-        cdi_dir: dir.path().join("cdi"),
         allocate: vec![Strategy::CdiCri],
-        cache_dir: Some(cache_dir()),
         backends: [("gpu".to_owned(), BackendSettings { config: gpu.into(), ..Default::default() })].into(),
-        ..Config::default()
+        ..fixture_config(dir.path(), &root)
     };
     let daemon = Daemon::start(cfg);
     let plugin = kubelet.wait_plugin("nvidia.com/gpu", T).await.unwrap();
@@ -183,19 +174,8 @@ async fn a_resource_configured_without_cdi_gets_no_spec() {
         write_cdi: Some(false),
         api: devplug::config::Api::DevicePlugin,
     };
-    let cfg = Config {
-        kubelet_dir: dir.path().to_owned(),
-        registration: RegistrationMode::KubeletSocket,
-        sysfs_root: root.join("sys"),
-        dev_root: root.join("dev"),
-        proc_root: root.join("proc"),
-        dev_fixtures: true,
-        metrics_addr: "127.0.0.1:0".parse().unwrap(),
-        cdi_dir: dir.path().join("cdi"),
-        cache_dir: Some(cache_dir()),
-        resources: [("nvidia.com/gpu".to_owned(), no_spec)].into(),
-        ..Config::default()
-    };
+    let cfg =
+        Config { resources: [("nvidia.com/gpu".to_owned(), no_spec)].into(), ..fixture_config(dir.path(), &root) };
     std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
     let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let log = seen.clone();
@@ -225,6 +205,22 @@ async fn a_resource_configured_without_cdi_gets_no_spec() {
         !touched.iter().any(|f| f.contains("nvidia.com_gpu")),
         "a write_cdi = false resource's spec was written: {touched:?}"
     );
+}
+
+/// `run` on the fixture machine `root`, its kubelet and CDI dir in `dir`.
+fn fixture_config(dir: &Path, root: &Path) -> Config {
+    Config {
+        kubelet_dir: dir.to_owned(),
+        registration: RegistrationMode::KubeletSocket,
+        sysfs_root: root.join("sys"),
+        dev_root: root.join("dev"),
+        proc_root: root.join("proc"),
+        dev_fixtures: true,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        cdi_dir: dir.join("cdi"),
+        cache_dir: Some(cache_dir()),
+        ..Config::default()
+    }
 }
 
 /// Resource → device IDs, from `devplug discover`.

@@ -2184,19 +2184,14 @@ async fn the_real_api_server_gives_the_recorded_verdicts() {
     };
     let mut wrong = Vec::new();
     let mut lines = Vec::new();
-    let mut all: Vec<(String, serde_json::Value, Option<&serde_json::Value>)> =
-        recorded("resourceslice-verdicts.jsonl")
-            .iter()
-            .map(|c| (c["name"].as_str().unwrap().to_owned(), c["object"].clone(), None))
-            .collect();
-    let first = all.len();
+    // (name, object, what was recorded): the first corpus, then the boundary cases.
     let first_corpus = recorded("resourceslice-verdicts.jsonl");
-    for (i, c) in first_corpus.iter().enumerate() {
-        all[i].2 = Some(c);
-    }
-    for (i, (name, object)) in boundaries.into_iter().enumerate() {
-        all.push((name, object, kept.get(i)));
-    }
+    let first = first_corpus.len();
+    let all: Vec<(String, serde_json::Value, Option<&serde_json::Value>)> = first_corpus
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap().to_owned(), c["object"].clone(), Some(c)))
+        .chain(boundaries.into_iter().enumerate().map(|(i, (name, object))| (name, object, kept.get(i))))
+        .collect();
     for (i, (name, object, want)) in all.iter().enumerate() {
         let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/resourceslices", Some(object)).await;
         let causes: Vec<serde_json::Value> =

@@ -64,7 +64,9 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
                 .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
         );
         let kubeconfig = scratch.path().join("kubeconfig");
-        api.try_write_kubeconfig(&kubeconfig)
+        // The token is a secret: written `0600`, never through a link (devplug's own state files).
+        devplug::durable::StateDir::open(scratch.path())
+            .and_then(|d| d.write("kubeconfig", api.kubeconfig().as_bytes(), false))
             .map_err(|e| anyhow::anyhow!("write the local kubeconfig {}: {e}", kubeconfig.display()))?;
         cfg.dra.kubeconfig = Some(kubeconfig);
         cfg.dra.node_name = Some(NODE.into());

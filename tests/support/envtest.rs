@@ -2,7 +2,7 @@
 //! `KUBEBUILDER_ASSETS` names a directory holding `kube-apiserver` and `etcd` (build them once
 //! with `scripts/kube-assets/build`), [`RealApiServer::from_env`] starts both on free loopback
 //! ports with a serving certificate the server makes itself, a token of its own and the flags a
-//! bare test cluster needs (../shared/k8s/README.md, "A real kube-apiserver for tests"). Without
+//! bare test cluster needs (scripts/kube-assets/build says how they were found). Without
 //! it, it says in one line that the test ran against the stand-in only.
 //!
 //! Both processes die with this value (and with the test process: they are in its group).
@@ -22,6 +22,8 @@ pub struct RealApiServer {
     apiserver: Child,
     scheduler: Option<Child>,
     assets: PathBuf,
+    /// A client of this server, made once it is ready.
+    client: Option<kube::Client>,
     dir: tempfile::TempDir,
     pub url: String,
     pub token: String,
@@ -54,8 +56,9 @@ impl RealApiServer {
         for bin in ["kube-apiserver", "etcd"] {
             assert!(assets.join(bin).is_file(), "{ASSETS}={} holds no {bin}", assets.display());
         }
-        let server = Self::start(&assets);
+        let mut server = Self::start(&assets);
         server.wait_ready().await;
+        server.client = Some(server.try_client().await.expect("a client of the real API server"));
         eprintln!("{test}: runs against the stand-in and a real kube-apiserver ({}/kube-apiserver)", assets.display());
         Some(server)
     }
@@ -122,6 +125,7 @@ impl RealApiServer {
             apiserver,
             scheduler: None,
             assets: assets.to_owned(),
+            client: None,
             url: format!("https://127.0.0.1:{secure}"),
             token,
             dir,
@@ -177,13 +181,13 @@ impl RealApiServer {
         kube::Client::try_from(cfg)
     }
 
-    pub async fn client(&self) -> kube::Client {
-        self.try_client().await.expect("a client of the real API server")
+    pub fn client(&self) -> kube::Client {
+        self.client.clone().expect("made when the server was ready")
     }
 
     /// `method path` with a JSON body; (status, answer).
     pub async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let client = self.client().await;
+        let client = self.client();
         let req = http::Request::builder()
             .method(method)
             .uri(path)

@@ -56,8 +56,8 @@ pub fn writer(specs: Arc<SpecDir>, cfg: &Config) -> crate::backends::PublishHook
 
 /// Write `r`'s spec, unless the config says `write_cdi = false` for it (`None`): the one place
 /// the run loop writes a resource's spec, so no path can skip the setting.
-pub fn write(specs: &SpecDir, cfg: &Config, r: &Resource) -> Option<anyhow::Result<()>> {
-    cfg.writes_cdi(&r.name).then(|| specs.sync(r).map(|_| ()).map_err(anyhow::Error::from))
+pub fn write(specs: &SpecDir, cfg: &Config, r: &Resource) -> Option<Result<bool, crate::cdi::CdiError>> {
+    cfg.writes_cdi(&r.name).then(|| specs.sync(r))
 }
 
 /// After the first round of discovers: remove specs an earlier, killed devplug left for

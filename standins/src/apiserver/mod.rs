@@ -202,7 +202,7 @@ fn authorized(s: &Shared, h: &HeaderMap) -> Result<(), Failure> {
 
 /// The server's verdict on a slice created (`old` = `None`) or replacing `old`: decode errors
 /// 400, validation 422 with every cause (as the recorded server).
-fn validate(slice: &Value, old: Option<&Value>) -> Result<(), Failure> {
+fn validate(slice: &mut Value, old: Option<&Value>) -> Result<(), Failure> {
     match validation::resource_slice(slice, old) {
         Ok(()) => Ok(()),
         Err(validation::Refusal::Decode(why)) => Err(status(
@@ -349,7 +349,7 @@ async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTre
 
 async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Json<Value>) -> Reply {
     authorized(&s, &h)?;
-    validate(&slice, None)?;
+    validate(&mut slice, None)?;
     if slice["metadata"]["name"].as_str().is_none_or(str::is_empty)
         && let Some(prefix) = slice["metadata"]["generateName"].as_str()
     {
@@ -370,7 +370,6 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
         ));
     }
     let rv = st.next_version();
-    validation::drop_disabled_fields(&mut slice);
     server_defaults(&mut slice, None);
     slice["metadata"]["resourceVersion"] = json!(rv);
     slice["metadata"]["uid"] = json!(format!("slice-uid-{rv}"));
@@ -397,7 +396,7 @@ async fn replace_slice(
     authorized(&s, &h)?;
     let old = lock(&s).slices.get(&name).cloned();
     if let Some(old) = &old {
-        validate(&slice, Some(old))?;
+        validate(&mut slice, Some(old))?;
     }
     let mut st = lock(&s);
     st.log.push(format!("PUT resourceslice {name}"));
@@ -417,7 +416,6 @@ async fn replace_slice(
     }
     slice["metadata"]["uid"] = old["metadata"]["uid"].clone();
     let old = old.clone();
-    validation::drop_disabled_fields(&mut slice);
     server_defaults(&mut slice, Some(&old));
     let rv = st.next_version();
     slice["metadata"]["resourceVersion"] = json!(rv);
@@ -717,19 +715,12 @@ impl ApiServer {
         )
     }
 
-    /// [`kubeconfig`](Self::kubeconfig) written to `path` (private: it holds the token).
+    /// [`kubeconfig`](Self::kubeconfig) written to `path`, for tests (which give it a
+    /// private temporary directory; `devplug try` writes it through its own state files).
     pub fn write_kubeconfig(&self, path: &Path) {
-        if let Err(e) = self.try_write_kubeconfig(path) {
+        if let Err(e) = std::fs::write(path, self.kubeconfig()) {
             panic!("write kubeconfig {}: {e}", path.display());
         }
-    }
-
-    /// [`write_kubeconfig`](Self::write_kubeconfig), saying why it could not.
-    pub fn try_write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-        f.write_all(self.kubeconfig().as_bytes())
     }
 
     /// The slices of `node` (and `driver`, when given), by name.

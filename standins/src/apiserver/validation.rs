@@ -36,21 +36,42 @@ const DISCRETE_MAX_OPTIONS: usize = 10;
 const KEY_PATH_MAX: usize = 63 + 1 + 32;
 const TAINT_EFFECTS: [&str; 3] = ["NoExecute", "NoSchedule", "None"];
 
+/// Why the body does not decode as a ResourceSlice (worded as Go's decoders word it).
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// A field of the wrong JSON type (`encoding/json`'s `UnmarshalTypeError`).
+    WrongType { field: &'static str, found: &'static str, go: &'static str },
+    /// A quantity `resource.ParseQuantity` refuses.
+    Quantity,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::WrongType { field, found, go } => {
+                write!(f, "json: cannot unmarshal {found} into Go struct field {field} of type {go}")
+            }
+            DecodeError::Quantity => f.write_str(formats::QUANTITY_FORMAT),
+        }
+    }
+}
+
 /// Why the server did not take an object.
 #[derive(Debug)]
 pub enum Refusal {
-    /// The body does not decode as the type (400 BadRequest), with the decoder's words.
-    Decode(String),
+    /// The body does not decode as the type (400 BadRequest).
+    Decode(DecodeError),
     /// It decodes but breaks a rule (422 Invalid), every error in the server's order.
     Invalid(Errors),
 }
 
-/// The server's verdict on a ResourceSlice being created (`old` = `None`) or replacing `old`.
-pub fn resource_slice(slice: &Value, old: Option<&Value>) -> Result<(), Refusal> {
+/// What the server does with a ResourceSlice being created (`old` = `None`) or replacing
+/// `old`, in its order: decode, drop the fields of disabled features (so `slice` is then what
+/// it would store), validate.
+pub fn resource_slice(slice: &mut Value, old: Option<&Value>) -> Result<(), Refusal> {
     decode(slice).map_err(Refusal::Decode)?;
-    let mut slice = slice.clone();
-    drop_disabled_fields(&mut slice);
-    let slice = &slice;
+    drop_disabled_fields(slice);
+    let slice = &*slice;
     let mut errs = Errors::default();
     object_meta(&slice["metadata"], &mut errs);
     spec(&slice["spec"], old.map(|o| &o["spec"]), &mut errs);
@@ -77,14 +98,10 @@ pub fn drop_disabled_fields(slice: &mut Value) {
 
 // ----- decoding -----
 
-fn decode(slice: &Value) -> Result<(), String> {
+fn decode(slice: &Value) -> Result<(), DecodeError> {
     let spec = &slice["spec"];
-    let want = |v: &Value, ok: fn(&Value) -> bool, field: &str, go: &str| -> Result<(), String> {
-        if v.is_null() || ok(v) {
-            Ok(())
-        } else {
-            Err(format!("json: cannot unmarshal {} into Go struct field {field} of type {go}", json_kind(v)))
-        }
+    let want = |v: &Value, ok: fn(&Value) -> bool, field: &'static str, go: &'static str| {
+        if v.is_null() || ok(v) { Ok(()) } else { Err(DecodeError::WrongType { field, found: json_kind(v), go }) }
     };
     let int = |v: &Value| v.as_i64().is_some();
     let string = |v: &Value| v.is_string();
@@ -103,15 +120,15 @@ fn decode(slice: &Value) -> Result<(), String> {
     want(&spec["pool"]["resourceSliceCount"], int, "ResourcePool.spec.pool.resourceSliceCount", "int64")?;
     want(&spec["devices"], array, "ResourceSliceSpec.spec.devices", "[]v1.Device")?;
     want(&spec["sharedCounters"], array, "ResourceSliceSpec.spec.sharedCounters", "[]v1.CounterSet")?;
-    let quantity = |v: &Value| -> Result<(), String> {
+    let quantity = |v: &Value| -> Result<(), DecodeError> {
         match v {
             Value::Null => Ok(()),
             Value::String(s) if formats::quantity(s).is_some() => Ok(()),
             Value::Number(n) if n.is_i64() || n.is_f64() => Ok(()),
-            _ => Err(formats::QUANTITY_FORMAT.to_owned()),
+            _ => Err(DecodeError::Quantity),
         }
     };
-    let counters = |m: &Value| -> Result<(), String> {
+    let counters = |m: &Value| -> Result<(), DecodeError> {
         for c in m.as_object().into_iter().flat_map(Map::values) {
             quantity(&c["value"])?;
         }
