@@ -1782,7 +1782,7 @@ async fn a_refused_generation_leaves_the_previous_pool_whole() {
 /// kube-apiserver too when `KUBEBUILDER_ASSETS` names one (tests/support/envtest.rs).
 enum Server {
     StandIn,
-    Real(support::envtest::RealApiServer),
+    Real(Box<support::envtest::RealApiServer>),
 }
 
 impl Server {
@@ -1791,7 +1791,7 @@ impl Server {
         let mut out = vec![Server::StandIn];
         if let Some(real) = support::envtest::RealApiServer::from_env(test).await {
             real.create_node(NODE).await;
-            out.push(Server::Real(real));
+            out.push(Server::Real(Box::new(real)));
         }
         out
     }
