@@ -188,7 +188,9 @@ async fn a_resource_configured_without_cdi_gets_no_spec() {
     watcher.watch(&dir.path().join("cdi"), notify::RecursiveMode::NonRecursive).unwrap();
     let daemon = Daemon::start(cfg);
     kubelet.wait_devices("nvidia.com/gpu", T, |l| l.len() == 8).await.unwrap();
-    // Another resource of the same machine is served with its spec (so specs are on at all).
+    // Another resource of the same machine is served with its spec (so specs are on at all);
+    // its spec is renamed into place before it registers, so once kubelet lists it, it is there.
+    kubelet.wait_devices("devplug.io/kvm", T, |l| !l.is_empty()).await.unwrap();
     let others: Vec<String> = std::fs::read_dir(dir.path().join("cdi"))
         .unwrap()
         .flatten()
