@@ -7,7 +7,9 @@ mod support;
 
 use std::path::PathBuf;
 
-use devplug::dra::slice_rules::problems;
+use devplug::dra::plugin::PreparedClaim;
+use devplug::dra::publish::rules::problems;
+use devplug::dra::{DraError, PoolId};
 use devplug_standins::proto::deviceplugin as pb;
 
 fn corpus() -> PathBuf {
@@ -113,9 +115,13 @@ async fn first_party_devices_on_the_fixtures_make_valid_pools() {
             let resource = Resource { name: name.into(), devices, ..Default::default() };
             let pci: usize = resource.devices.iter().filter(|d| d.attributes.iter().any(|(k, _)| k == "pci")).count();
             let sys = m.join("sys");
-            let pool =
-                devplug::dra::slices::pool_on(Some(&sys), "fixture", "devplug.io", "node-a", "node-a", 1, &[resource])
-                    .unwrap_or_else(|e| panic!("{machine}: {name}: {e}"));
+            let pool = devplug::dra::publish::pool_on(
+                Some(&sys),
+                "fixture",
+                &PoolId::new("devplug.io", "node-a"),
+                &[resource],
+            )
+            .unwrap_or_else(|e| panic!("{machine}: {name}: {e}"));
             assert!(!pool.slices.is_empty());
             // Issue 35: every PCI device carries Kubernetes' standard attributes, its PCIe root
             // read from the fixture's sysfs links (as upstream's deviceattribute package reads it).
@@ -165,35 +171,32 @@ struct CountingPreparer {
 
 #[async_trait::async_trait]
 impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
-    async fn prepare(
-        &self,
-        claim: &devplug::dra::checkpoint::ClaimRef,
-    ) -> Result<Vec<devplug::dra::checkpoint::PreparedDevice>, String> {
+    async fn prepare(&self, claim: &devplug::dra::plugin::checkpoint::ClaimRef) -> Result<PreparedClaim, DraError> {
         self.prepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if claim.name == "bad" {
-            return Err("no device fits claim bad".into());
+            return Err(DraError::Claim("no device fits claim bad".into()));
         }
-        Ok(vec![devplug::dra::checkpoint::PreparedDevice {
+        Ok(PreparedClaim::devices(vec![devplug::dra::plugin::checkpoint::PreparedDevice {
             request_names: vec!["gpu".into()],
             pool_name: "node-a".into(),
             device_name: "gpu-0".into(),
             cdi_device_ids: vec![format!("devplug.io/gpu={}", claim.name)],
             share_id: None,
-        }])
+        }]))
     }
 
-    fn intact(&self, _: &devplug::dra::checkpoint::ClaimRef) -> bool {
+    fn intact(&self, _: &devplug::dra::plugin::checkpoint::ClaimRef) -> bool {
         true
     }
 
     async fn unprepare(
         &self,
-        claim: &devplug::dra::checkpoint::ClaimRef,
-        _: &[devplug::dra::checkpoint::PreparedDevice],
-    ) -> Result<(), String> {
+        claim: &devplug::dra::plugin::checkpoint::ClaimRef,
+        _: &[devplug::dra::plugin::checkpoint::PreparedDevice],
+    ) -> Result<(), DraError> {
         self.unprepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if claim.name == "stuck" {
-            return Err("backend chaos: cannot let go of the device".into());
+            return Err(DraError::backend("chaos", None, "cannot let go of the device"));
         }
         Ok(())
     }
@@ -205,8 +208,8 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
 /// restart of the plugin, and unprepare is idempotent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_restart() {
-    use devplug::dra::checkpoint::Checkpoint;
-    use devplug::dra::plugin::{DraPlugin, serve};
+    use devplug::dra::plugin::checkpoint::Checkpoint;
+    use devplug::dra::plugin::{DraPlugin, service::serve};
     use devplug_standins::proto::dra::{v1, v1beta1};
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
@@ -268,9 +271,9 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
 /// binary) ends it at kubelet's next retry without the backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_released_by_the_operator() {
-    use devplug::dra::checkpoint::{Checkpoint, ClaimRef};
-    use devplug::dra::claims::ClaimBoard;
     use devplug::dra::plugin::DraPlugin;
+    use devplug::dra::plugin::checkpoint::{Checkpoint, ClaimRef};
+    use devplug::dra::plugin::claims::ClaimBoard;
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
     let plugins = tempfile::tempdir().unwrap();
@@ -284,11 +287,13 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     assert!(plugin.prepare(vec![claim.clone()]).await["uid-stuck"].is_ok());
     assert_eq!(board.all()[0].state, "prepared");
     for _ in 0..3 {
-        let e = plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].clone().unwrap_err();
+        let e = plugin.unprepare(vec![claim.clone()]).await.remove("uid-stuck").unwrap().unwrap_err().to_string();
         assert!(e.contains("cannot let go"), "{e}");
     }
     assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 1, "the backend is asked once");
-    let again = plugin.unprepare(vec![claim.clone()]).await["uid-stuck"].clone().unwrap_err();
+    let again = plugin.unprepare(vec![claim.clone()]).await.remove("uid-stuck").unwrap().unwrap_err();
+    assert!(matches!(again, DraError::Stuck(_)), "{again:?}");
+    let again = again.to_string();
     assert!(again.contains("devplug dra release --driver chaos.devplug.io uid-stuck"), "{again}");
     let shown = board.all();
     assert_eq!((shown[0].state, shown[0].retries), ("stuck", Some(3)), "{shown:?}");
@@ -659,7 +664,7 @@ async fn a_killed_devplug_loses_no_prepared_claim_and_leaves_no_spec_without_its
                 acknowledged.push((uid, p));
             }
         }
-        let record = devplug::dra::checkpoint::Checkpoint::open(&checkpoint_dir).unwrap();
+        let record = devplug::dra::plugin::checkpoint::Checkpoint::open(&checkpoint_dir).unwrap();
         for (uid, _) in &acknowledged {
             assert!(record.get(uid).is_some(), "round {round}: claim {uid} was answered prepared but is not recorded");
         }
@@ -904,7 +909,7 @@ fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
     for slice in &slices {
         let problems: Vec<String> = v.iter_errors(slice).map(|e| format!("{e} at {}", e.instance_path())).collect();
         assert!(problems.is_empty(), "{problems:?}");
-        assert!(devplug::dra::slice_rules::problems(slice).is_empty(), "{slice}");
+        assert!(devplug::dra::publish::rules::problems(slice).is_empty(), "{slice}");
         assert_eq!(slice["spec"]["nodeName"], "node-a");
     }
     let devices: Vec<&serde_json::Value> =
@@ -1244,7 +1249,9 @@ async fn device_health_streams_to_kubelet_and_taints_the_slice() {
     assert_eq!(of(&first, "widget-0"), Some(HealthStatus::Healthy as i32), "{first:?}");
     assert_eq!(of(&first, "widget-1"), Some(HealthStatus::Unhealthy as i32), "{first:?}");
     assert!(first.devices.iter().all(|d| d.device.as_ref().unwrap().pool_name == NODE && d.last_updated_time > 0));
-    assert!(first.devices.iter().all(|d| d.health_check_timeout_seconds == devplug::dra::health::TIMEOUT_SECONDS));
+    assert!(
+        first.devices.iter().all(|d| d.health_check_timeout_seconds == devplug::dra::plugin::health::TIMEOUT_SECONDS)
+    );
     let sick = first.devices.iter().find(|d| d.device.as_ref().unwrap().device_name == "widget-1").unwrap();
     assert!(!sick.message.is_empty(), "the reason reaches kubelet: {sick:?}");
     // churn drops or restores widget-2 on every poll: the stream follows with complete lists.
@@ -1482,7 +1489,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
 /// and an Unhealthy device's reason is in every report's `message`.
 #[tokio::test(start_paused = true)]
 async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
-    use devplug::dra::health::{HealthService, V1alpha1};
+    use devplug::dra::plugin::health::{HealthService, V1alpha1};
     use devplug::dra::served::{Served, ServedResource};
     use devplug::model::{Device, Health, Resource};
     use devplug::proto::dra_health::v1alpha1 as h;
@@ -1492,18 +1499,18 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
     struct NoCalls;
     #[async_trait::async_trait]
     impl devplug::dra::DeviceCalls for NoCalls {
-        async fn allocate(&self, _: Vec<String>) -> Result<devplug::model::ContainerEdits, String> {
-            Err("not in this test".into())
+        async fn allocate(&self, _: Vec<String>) -> Result<devplug::model::ContainerEdits, DraError> {
+            Err(DraError::backend("gpu", None, "not in this test"))
         }
         async fn prepare(
             &self,
             _: String,
             _: Vec<devplug::model::dra::ClaimDevice>,
             _: Vec<String>,
-        ) -> Result<Option<devplug::model::ContainerEdits>, String> {
+        ) -> Result<Option<devplug::model::ContainerEdits>, DraError> {
             Ok(None)
         }
-        async fn unprepare(&self, _: String) -> Result<(), String> {
+        async fn unprepare(&self, _: String) -> Result<(), DraError> {
             Ok(())
         }
     }
@@ -1523,7 +1530,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         ..Default::default()
     };
     let (_keep, devices) = tokio::sync::watch::channel(std::sync::Arc::new(list));
-    let served = std::sync::Arc::new(Served::default());
+    let served = std::sync::Arc::new(Served::new(PoolId::new("gpu.devplug.io", NODE), None));
     served.add(ServedResource {
         name: "devplug.io/gpu".into(),
         backend: "gpu".into(),
@@ -1531,7 +1538,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         calls: std::sync::Arc::new(NoCalls),
     });
     let (_changes_tx, changes) = tokio::sync::watch::channel(0u64);
-    let svc = HealthService { served, pool: NODE.into(), changes, stop: tokio_util::sync::CancellationToken::new() };
+    let svc = HealthService { served, changes, stop: tokio_util::sync::CancellationToken::new() };
     let mut stream = V1alpha1(svc)
         .node_watch_resources(tonic::Request::new(h::NodeWatchResourcesRequest {}))
         .await
@@ -1551,9 +1558,10 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         assert_eq!(kubelet.health()["gpu-1"], "Unhealthy");
         assert_eq!(kubelet.message("gpu-1"), Some("Xid 79: GPU has fallen off the bus"));
     }
-    assert!(reports >= 300 / devplug::dra::health::RESEND.as_secs(), "{reports} reports in five minutes");
+    assert!(reports >= 300 / devplug::dra::plugin::health::RESEND.as_secs(), "{reports} reports in five minutes");
     // The rule itself: a stream that stops is Unknown after the timeout.
-    tokio::time::advance(std::time::Duration::from_secs(devplug::dra::health::TIMEOUT_SECONDS as u64 + 1)).await;
+    tokio::time::advance(std::time::Duration::from_secs(devplug::dra::plugin::health::TIMEOUT_SECONDS as u64 + 1))
+        .await;
     assert!(kubelet.health().values().all(|h| *h == "Unknown"));
 }
 
@@ -1562,7 +1570,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
 /// answered from the record; a claim of this boot with its spec in place is answered from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
-    use devplug::dra::checkpoint::{Checkpoint, ClaimRef};
+    use devplug::dra::plugin::checkpoint::{Checkpoint, ClaimRef};
     use devplug::dra::plugin::{ClaimPreparer, DraPlugin};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -1574,22 +1582,26 @@ async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
     }
     #[async_trait::async_trait]
     impl ClaimPreparer for SpecPreparer {
-        async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<devplug::dra::checkpoint::PreparedDevice>, String> {
+        async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError> {
             assert!(!self.boom.load(Ordering::SeqCst), "prepared again although nothing was lost");
             self.prepares.fetch_add(1, Ordering::SeqCst);
             std::fs::write(self.cdi.join(&claim.uid), b"spec").unwrap();
-            Ok(vec![devplug::dra::checkpoint::PreparedDevice {
+            Ok(PreparedClaim::devices(vec![devplug::dra::plugin::checkpoint::PreparedDevice {
                 request_names: vec!["gpu".into()],
                 pool_name: NODE.into(),
                 device_name: "gpu-0".into(),
                 cdi_device_ids: vec![format!("devplug.io/claim={}-gpu-0", claim.uid)],
                 share_id: None,
-            }])
+            }]))
         }
         fn intact(&self, claim: &ClaimRef) -> bool {
             self.cdi.join(&claim.uid).exists()
         }
-        async fn unprepare(&self, _: &ClaimRef, _: &[devplug::dra::checkpoint::PreparedDevice]) -> Result<(), String> {
+        async fn unprepare(
+            &self,
+            _: &ClaimRef,
+            _: &[devplug::dra::plugin::checkpoint::PreparedDevice],
+        ) -> Result<(), DraError> {
             Ok(())
         }
     }
@@ -1658,8 +1670,8 @@ async fn a_pool_with_tainted_devices_is_written_once() {
 /// reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subrequest_is_reported_under_its_base_request() {
-    assert_eq!(devplug::dra::prepare::base_request("gpu/large"), "gpu");
-    assert_eq!(devplug::dra::prepare::base_request("gpu"), "gpu");
+    assert_eq!(devplug::dra::plugin::prepare::base_request("gpu/large"), "gpu");
+    assert_eq!(devplug::dra::plugin::prepare::base_request("gpu"), "gpu");
     let m = support::fixtures::Machine::generic_box();
     let node = support::dra_node::chaos_node(&m, "devices=2", "").await;
     let (api, dra) = (node.api.clone(), node.dra.clone());
@@ -1679,12 +1691,12 @@ async fn a_subrequest_is_reported_under_its_base_request() {
 /// each written once, however often they are synced, and written again when they change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
-    use devplug::dra::api::PoolWriter;
+    use devplug::dra::publish::PoolWriter;
     use devplug::model::{Device, Health, Resource};
     let api = support::apiserver::ApiServer::start(&[NODE]).await;
     let dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(&dir.path().join("kubeconfig"));
-    let client = devplug::dra::api::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
+    let client = devplug::dra::client::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
     let writes = |api: &support::apiserver::ApiServer| {
         api.log().iter().filter(|l| l.starts_with("POST") || l.starts_with("PUT") || l.starts_with("DELETE")).count()
     };
@@ -1701,19 +1713,18 @@ async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
         vec![device("gpu-0", Health::Healthy), device("gpu-1", Health::Unhealthy)],
         vec![device("gpu-0", Health::Healthy), device("gpu-1", Health::Healthy)],
     ];
-    let mut writer = PoolWriter::new(client, NODE, "gpu.devplug.io");
+    let id = PoolId::new("gpu.devplug.io", NODE);
+    let mut writer = PoolWriter::new(client, id.clone());
     for devices in lists {
         let resources = [Resource { name: "devplug.io/gpu".into(), devices, ..Default::default() }];
-        let build = |generation| {
-            devplug::dra::slices::pool("gpu", "gpu.devplug.io", NODE, NODE, generation, &resources).map(|p| p.slices)
-        };
+        let pool = devplug::dra::publish::pool("gpu", &id, &resources).unwrap();
         let before = writes(&api);
-        let first = writer.sync(build).await.unwrap();
+        let first = writer.sync(&pool).await.unwrap();
         assert!(first.changed(), "a new pool is written");
         let after_first = writes(&api);
         assert!(after_first > before);
         for _ in 0..10 {
-            let again = writer.sync(build).await.unwrap();
+            let again = writer.sync(&pool).await.unwrap();
             assert!(!again.changed(), "{again:?}");
         }
         assert_eq!(writes(&api), after_first, "synced ten times more, written no more: {:?}", api.log());
@@ -1729,12 +1740,12 @@ async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
 /// stays".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_generation_leaves_the_previous_pool_whole() {
-    use devplug::dra::api::PoolWriter;
+    use devplug::dra::publish::PoolWriter;
     use devplug::model::{Device, Health, Resource};
     let api = support::apiserver::ApiServer::start(&[NODE]).await;
     let dir = tempfile::tempdir().unwrap();
     api.write_kubeconfig(&dir.path().join("kubeconfig"));
-    let client = devplug::dra::api::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
+    let client = devplug::dra::client::connect(Some(&dir.path().join("kubeconfig"))).await.unwrap();
     // 130 devices: two slices (at most 128 a slice).
     let devices = |model: &str| -> Vec<Device> {
         (0..130)
@@ -1748,13 +1759,12 @@ async fn a_refused_generation_leaves_the_previous_pool_whole() {
             })
             .collect()
     };
-    let mut writer = PoolWriter::new(client, NODE, "gpu.devplug.io");
+    let id = PoolId::new("gpu.devplug.io", NODE);
+    let mut writer = PoolWriter::new(client, id.clone());
     let sync = async |writer: &mut PoolWriter, model: &str| {
         let resources = [Resource { name: "devplug.io/gpu".into(), devices: devices(model), ..Default::default() }];
-        let build = |generation| {
-            devplug::dra::slices::pool("gpu", "gpu.devplug.io", NODE, NODE, generation, &resources).map(|p| p.slices)
-        };
-        writer.sync(build).await
+        let pool = devplug::dra::publish::pool("gpu", &PoolId::new("gpu.devplug.io", NODE), &resources).unwrap();
+        writer.sync(&pool).await
     };
     sync(&mut writer, "a100").await.unwrap();
     let before = api.slices(NODE, Some("gpu.devplug.io"));
@@ -2249,7 +2259,7 @@ async fn extended_resource_requests_above_one_are_scheduled_on_shared_devices() 
     let kubeconfig = n.dir.path().join("kubeconfig-real");
     real.write_kubeconfig(&kubeconfig);
     n.cfg.dra.kubeconfig = Some(kubeconfig);
-    let class = devplug::dra::classes::device_class(&n.resource, DRIVER);
+    let class = devplug::dra::publish::classes::device_class(&n.resource, DRIVER);
     let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(&class)).await;
     assert_eq!(code, 201, "{answer}");
     let extended = class["spec"]["extendedResourceName"].as_str().unwrap().to_owned();

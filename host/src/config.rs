@@ -270,7 +270,7 @@ impl Config {
             cfg.write_cdi || !cfg.all_strategies().any(Strategy::is_cdi),
             "a cdi-* allocate strategy needs write_cdi = true"
         );
-        if let Some(name) = cfg.resources.iter().find(|(_, r)| r.api == Api::Dra).map(|(n, _)| n) {
+        if let Some(name) = cfg.dra_resources().first() {
             anyhow::ensure!(
                 cfg.write_cdi,
                 "resources.{name:?}: api = \"dra\" hands devices to the runtime through CDI; it needs write_cdi = true"
@@ -279,7 +279,7 @@ impl Config {
         anyhow::ensure!(cfg.dra.resync >= Duration::from_secs(1), "dra.resync must be at least 1s");
         for (name, b) in &cfg.backends {
             if let Some(d) = &b.dra_driver
-                && let Some(why) = crate::dra::slice_rules::subdomain_problem(d)
+                && let Some(why) = crate::dra::publish::rules::subdomain_problem(d)
             {
                 anyhow::bail!("backends.{name}.dra_driver {d:?} is not a DNS subdomain: {why}");
             }
@@ -321,9 +321,14 @@ impl Config {
         self.resources.get(resource).map(|r| r.api).unwrap_or_default()
     }
 
+    /// The resources served through DRA, in name order: [`Config::api`] decides, nothing else.
+    pub fn dra_resources(&self) -> Vec<String> {
+        self.resources.keys().filter(|n| self.api(n) == Api::Dra).cloned().collect()
+    }
+
     /// Whether any resource is served through DRA (then devplug needs the API server).
     pub fn uses_dra(&self) -> bool {
-        self.resources.values().any(|r| r.api == Api::Dra)
+        !self.dra_resources().is_empty()
     }
 
     /// Kubelet's plugins dir (`plugins` beside the device-plugins dir unless set).
@@ -348,7 +353,7 @@ impl Config {
         self.backends
             .get(backend)
             .and_then(|b| b.dra_driver.clone())
-            .unwrap_or_else(|| format!("{}.devplug.io", crate::dra::slices::device_name(backend)))
+            .unwrap_or_else(|| format!("{}.devplug.io", crate::dra::publish::pool::device_name(backend)))
     }
 
     /// `plugins_registry` beside the device-plugins dir unless set.

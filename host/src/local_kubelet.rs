@@ -56,7 +56,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     // local API server (the test suite's stand-in, which validates slices and claim status as
     // kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's
     // plugin watcher, as on a real node.
-    let dra_on = cfg.resources.values().any(|r| r.api == devplug::config::Api::Dra);
+    let dra_on = cfg.uses_dra();
     let (kubelet, dra) = if dra_on {
         let api = Arc::new(
             apiserver::ApiServer::try_start(&[NODE])

@@ -62,7 +62,8 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         Command::Dra(DraCommand::Deviceclasses(args)) => print_json(&cli::device_classes(args).await?),
         Command::Dra(DraCommand::Slices(args)) => print_json(&cli::dra_slices(args).await?),
         Command::Dra(DraCommand::Release(args)) => {
-            let marker = devplug::dra::claims::request_release(&args.dra_plugins_dir.join(&args.driver), &args.uid)?;
+            let marker =
+                devplug::dra::plugin::claims::request_release(&args.dra_plugins_dir.join(&args.driver), &args.uid)?;
             println!(
                 "release of claim {} asked ({}); if the claim is stuck (its backend's unprepare failed), devplug drops it at kubelet's next unprepare; a claim that is not stuck is unprepared by its backend and the request is ignored (devplug logs a WARN)",
                 args.uid,

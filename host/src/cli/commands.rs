@@ -72,7 +72,7 @@ async fn load_and_poll_as(
     let roots = args.roots(&cfg);
     let loaded = Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant);
     let loaded = Arc::new(match dra {
-        DraView::Configured => loaded.with_dra_resources(dra_resources(&cfg)),
+        DraView::Configured => loaded.with_dra_resources(cfg.dra_resources()),
         DraView::Only(names) => loaded.with_dra_resources(names),
         DraView::All => loaded.with_all_dra(),
     });
@@ -272,18 +272,13 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
-/// The resources `cfg` serves through DRA.
-fn dra_resources(cfg: &Config) -> Vec<String> {
-    cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect()
-}
-
 /// `devplug dra slices`: the DeviceClasses and ResourceSlices this node would publish, one
 /// List, built by the code `run` publishes with (one pool per driver, named after the node)
 /// and checked with the API server's rules. Load errors and a pool that breaks a rule fail the
 /// command, naming backend, device and field.
 pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     let cfg = args.source.load_config()?;
-    let configured = dra_resources(&cfg);
+    let configured = cfg.dra_resources();
     let view = if !args.resources.is_empty() {
         DraView::Only(args.resources.clone())
     } else if !configured.is_empty() {
@@ -305,7 +300,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
             .into_string()
             .map_err(|_| anyhow::anyhow!("the host name is not UTF-8: give --node-name"))?,
     };
-    if let Some(why) = crate::dra::slice_rules::subdomain_problem(&node) {
+    if let Some(why) = crate::dra::publish::rules::subdomain_problem(&node) {
         anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give --node-name");
     }
     let sysfs = args.source.roots(&cfg).sys;
@@ -315,7 +310,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     let mut classes = Vec::new();
     for r in ready.iter().filter(|r| wanted.as_ref().is_none_or(|w| w.contains(&r.name))) {
         let driver = cfg.dra_driver(&r.backend);
-        classes.push(crate::dra::classes::device_class(&r.name, &driver));
+        classes.push(crate::dra::publish::classes::device_class(&r.name, &driver));
         let resource = r.devices.borrow().as_ref().clone();
         by_driver.entry(driver).or_insert_with(|| (r.backend.clone(), Vec::new())).1.push(resource);
     }
@@ -330,12 +325,14 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     }
     let mut items = classes;
     for (driver, (backend, resources)) in by_driver {
-        let pool = crate::dra::slices::pool_on(Some(&sysfs), &backend, &driver, &node, &node, 1, &resources)
+        let id = crate::dra::PoolId::new(&driver, &node);
+        let pool = crate::dra::publish::pool_on(Some(&sysfs), &backend, &id, &resources)
             .map_err(|e| anyhow::anyhow!("driver {driver}: nothing of its pool would be published: {e}"))?;
-        items.extend(pool.slices);
+        // As its first write would publish it.
+        items.extend(pool.at(1));
     }
     drop(loaded);
-    Ok(crate::dra::classes::list(items))
+    Ok(crate::dra::publish::classes::list(items))
 }
 
 /// `devplug dra deviceclasses`: the backends are loaded (as `discover` does) to learn which one
@@ -346,7 +343,7 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
         Some(p) => Config::from_file(p)?,
         None => Config::default(),
     };
-    let wanted = dra_resources(&cfg);
+    let wanted = cfg.dra_resources();
     anyhow::ensure!(
         !wanted.is_empty(),
         "the config serves no resource through DRA: add api = \"dra\" to a [resources.\"NAME\"] table"
@@ -360,8 +357,9 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
         let Some(r) = ready.iter().find(|r| &r.name == name) else {
             anyhow::bail!("resource {name} is configured api = \"dra\", but no backend serves it on this machine");
         };
-        classes.push(crate::dra::classes::device_class(name, &cfg.dra_driver(&r.backend)));
-        let (now, before) = (crate::dra::classes::class_name(name), crate::dra::classes::class_name_before_0_3(name));
+        classes.push(crate::dra::publish::classes::device_class(name, &cfg.dra_driver(&r.backend)));
+        let (now, before) =
+            (crate::dra::publish::classes::class_name(name), crate::dra::publish::classes::class_name_before_0_3(name));
         if now != before {
             tracing::warn!(
                 "{name}: its DeviceClass is now {now} (devplug 0.2 named it {before}, which can be a vendor driver's); \
@@ -370,5 +368,5 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
             );
         }
     }
-    Ok(crate::dra::classes::list(classes))
+    Ok(crate::dra::publish::classes::list(classes))
 }

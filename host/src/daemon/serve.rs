@@ -10,7 +10,7 @@ use super::Daemon;
 use super::specs::delivery;
 use crate::backends::{ReadyResource, ResourceCalls, Retired};
 use crate::config::Api;
-use crate::dra::{DeviceCalls, ServedResource};
+use crate::dra::{DeviceCalls, DraError, ServedResource};
 use crate::kubelet::{Delivery, KubeletMetrics, OpError, ResourceHandle, ResourceOps};
 use crate::model::ContainerEdits;
 use crate::runtime::CallError;
@@ -70,7 +70,11 @@ impl Daemon {
             name: ready.name.clone(),
             backend: ready.backend.clone(),
             devices: ready.devices,
-            calls: Arc::new(DraCalls(ready.calls)),
+            calls: Arc::new(DraCalls {
+                calls: ready.calls,
+                backend: ready.backend.clone(),
+                resource: ready.name.clone(),
+            }),
         };
         match dra.add(&driver, served).await {
             Ok(()) => {
@@ -81,13 +85,23 @@ impl Daemon {
     }
 }
 
-/// A backend's calls as the DRA side asks them.
-struct DraCalls(Arc<ResourceCalls>);
+/// A backend's calls as the DRA side asks them, its failures named by backend and resource.
+struct DraCalls {
+    calls: Arc<ResourceCalls>,
+    backend: String,
+    resource: String,
+}
+
+impl DraCalls {
+    fn failed(&self, e: CallError) -> DraError {
+        DraError::backend(&self.backend, Some(&self.resource), e.to_string())
+    }
+}
 
 #[async_trait::async_trait]
 impl DeviceCalls for DraCalls {
-    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, String> {
-        self.0.allocate(ids).await.map_err(|e| e.to_string())
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, DraError> {
+        self.calls.allocate(ids).await.map_err(|e| self.failed(e))
     }
 
     async fn prepare(
@@ -95,12 +109,12 @@ impl DeviceCalls for DraCalls {
         claim: String,
         devices: Vec<crate::model::dra::ClaimDevice>,
         config: Vec<String>,
-    ) -> Result<Option<ContainerEdits>, String> {
-        self.0.prepare(claim, devices, config).await.map_err(|e| e.to_string())
+    ) -> Result<Option<ContainerEdits>, DraError> {
+        self.calls.prepare(claim, devices, config).await.map_err(|e| self.failed(e))
     }
 
-    async fn unprepare(&self, claim: String) -> Result<(), String> {
-        self.0.unprepare(claim).await.map_err(|e| e.to_string())
+    async fn unprepare(&self, claim: String) -> Result<(), DraError> {
+        self.calls.unprepare(claim).await.map_err(|e| self.failed(e))
     }
 }
 

@@ -30,8 +30,7 @@ impl Daemon {
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
         let metrics = Arc::new(observe::Metrics::new());
-        let dra_resources =
-            cfg.resources.iter().filter(|(_, r)| r.api == crate::config::Api::Dra).map(|(n, _)| n.clone()).collect();
+        let dra_resources = cfg.dra_resources();
         let mut loaded = Loaded::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant)
             .with_metrics(metrics.clone())
             .with_dra_resources(dra_resources);
@@ -49,7 +48,7 @@ impl Daemon {
             plugins_registry_dir: cfg.plugins_registry_dir(),
         };
         let endpoints = Arc::new(Endpoints::new(paths, cfg.registration)?.with_patience(cfg.registration_timeout));
-        let claims = Arc::new(crate::dra::claims::ClaimBoard::default());
+        let claims = Arc::new(crate::dra::plugin::claims::ClaimBoard::default());
         let dra = connect_dra(&cfg, specs.as_ref(), endpoints.board(), claims.clone()).await;
         let stop = CancellationToken::new();
         let served = loaded.clone();
@@ -192,7 +191,7 @@ async fn connect_dra(
     cfg: &Config,
     specs: Option<&Arc<crate::cdi::SpecDir>>,
     board: Arc<crate::plugin_socket::registration::Board>,
-    claims: Arc<crate::dra::claims::ClaimBoard>,
+    claims: Arc<crate::dra::plugin::claims::ClaimBoard>,
 ) -> Option<Arc<crate::dra::DraNode>> {
     if !cfg.uses_dra() {
         return None;

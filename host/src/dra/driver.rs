@@ -18,14 +18,12 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::api::PoolWriter;
-use super::checkpoint::Checkpoint;
-use super::health::HealthService;
-use super::plugin::DraPlugin;
-use super::prepare::Preparer;
-use super::registration;
+use super::plugin::health::HealthService;
+use super::plugin::prepare::Preparer;
+use super::plugin::{Checkpoint, DraPlugin, registration};
+use super::pool_id::PoolId;
+use super::publish::PoolWriter;
 use super::served::{Served, ServedResource};
-use super::slices;
 use crate::cdi::SpecDir;
 use crate::plugin_socket::registration::{Board, RegistrationState, alarm};
 use crate::plugin_socket::{Registration, Stage};
@@ -46,7 +44,7 @@ pub struct DriverSetup {
     /// How long kubelet may take to register the driver before an ERROR.
     pub patience: Duration,
     /// Where the driver's claims show (prepared, stuck).
-    pub claims: Arc<super::claims::ClaimBoard>,
+    pub claims: Arc<super::plugin::claims::ClaimBoard>,
     /// This machine's sysfs, where PCIe roots are read (`standard.rs`).
     pub sysfs_root: PathBuf,
 }
@@ -74,15 +72,13 @@ impl Driver {
     pub fn start(setup: DriverSetup) -> anyhow::Result<Driver> {
         let dir = setup.plugins_dir.join(&setup.driver);
         let checkpoint = Checkpoint::open(&dir)?;
-        let served = Arc::new(Served::default());
+        let id = PoolId::new(&setup.driver, &setup.node);
+        let served = Arc::new(Served::new(id, Some(setup.sysfs_root.clone())));
         let preparer = Arc::new(Preparer {
-            driver: setup.driver.clone(),
-            pool: setup.node.clone(),
             client: setup.client.clone(),
             served: served.clone(),
             specs: setup.specs.clone(),
-            pending: Default::default(),
-            status: super::status::Reporter::new(setup.client.clone(), setup.driver.clone()),
+            status: super::plugin::status::Reporter::new(setup.client.clone(), setup.driver.clone()),
         });
         let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
         let wake = Arc::new(Notify::new());
@@ -97,7 +93,7 @@ impl Driver {
         setup.board.show(shown.clone());
         let warn = tokio::spawn(alarm(shown, setup.patience));
         let sockets = Sockets {
-            health: HealthService { served: served.clone(), pool: setup.node.clone(), changes, stop: stop.clone() },
+            health: HealthService { served: served.clone(), changes, stop: stop.clone() },
             plugin,
             dra: registration::plugin_socket(&setup.plugins_dir, &setup.driver),
             reg: reg_path,
@@ -134,7 +130,7 @@ impl Driver {
 
     /// The backend whose resources this driver serves (none yet: any).
     pub fn backend(&self) -> Option<String> {
-        self.served.resources().first().map(|r| r.backend.clone())
+        self.served.backend()
     }
 
     /// Whether this driver serves `resource`.
@@ -198,7 +194,7 @@ impl Sockets {
             return;
         }
         let t = self.stop.child_token();
-        match super::plugin::serve(self.plugin.clone(), Some(self.health.clone()), &self.dra, t.clone()) {
+        match super::plugin::service::serve(self.plugin.clone(), Some(self.health.clone()), &self.dra, t.clone()) {
             Ok(h) => self.servers.push((t, h)),
             Err(e) => {
                 tracing::error!(driver = %self.driver, socket = %self.dra.display(), "cannot serve the DRA plugin: {e}");
@@ -243,7 +239,7 @@ async fn keep(
     stop: CancellationToken,
     retire: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let mut writer = PoolWriter::new(setup.client.clone(), &setup.node, &setup.driver);
+    let mut writer = PoolWriter::new(setup.client.clone(), served.id.clone());
     let watching = writer.watch(wake.clone(), stop.clone());
     let mut resync = tokio::time::interval(setup.resync);
     let mut last_error: Option<String> = None;
@@ -260,14 +256,13 @@ async fn keep(
         if served.resources().is_empty() {
             continue;
         }
-        let resources: Vec<crate::model::Resource> = served.snapshot().iter().map(|r| (**r).clone()).collect();
-        let backend = served.resources().first().map(|r| r.backend.clone()).unwrap_or_default();
-        let build = |generation| {
-            let sysfs = Some(setup.sysfs_root.as_path());
-            slices::pool_on(sysfs, &backend, &setup.driver, &setup.node, &setup.node, generation, &resources)
-                .map(|p| p.slices)
+        // Built once per change of the lists (a resync or a watch event reuses it).
+        let pool = served.pool();
+        let written = match pool.as_ref() {
+            Ok(pool) => writer.sync(pool).await,
+            Err(e) => Err(anyhow::anyhow!("{e}; nothing was written: the pool stays as it was")),
         };
-        match writer.sync(build).await {
+        match written {
             Ok(w) => {
                 if last_error.take().is_some() {
                     tracing::info!(driver = %setup.driver, "ResourceSlices published again");

@@ -23,7 +23,7 @@ pub struct NodeSettings<'a> {
     /// How long kubelet may take to register a driver before an ERROR.
     pub patience: Duration,
     /// Where every driver's claims show.
-    pub claims: Arc<super::claims::ClaimBoard>,
+    pub claims: Arc<super::plugin::claims::ClaimBoard>,
     /// This machine's sysfs (PCIe roots for the standard attributes).
     pub sysfs_root: PathBuf,
 }
@@ -44,10 +44,10 @@ impl DraNode {
                 .and_then(|h| h.into_string().ok())
                 .ok_or_else(|| anyhow::anyhow!("no node name: set NODE_NAME (the downward API) or --node-name"))?,
         };
-        if let Some(why) = super::slice_rules::subdomain_problem(&node) {
+        if let Some(why) = super::publish::rules::subdomain_problem(&node) {
             anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): set NODE_NAME or --node-name");
         }
-        let client = super::api::connect(s.kubeconfig).await?;
+        let client = super::client::connect(s.kubeconfig).await?;
         let setup = DriverSetup {
             driver: String::new(),
             node,

@@ -1,12 +1,15 @@
 //! What one DRA driver serves right now: each of its resources' device list and calls, handed
-//! over by the daemon as resources come and go, and read by the slice publisher and the
-//! preparer alike.
+//! over by the daemon as resources come and go, and the pool built from them, once per change
+//! of the lists, for the slice writer, the preparer and the health stream alike.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use super::error::DraError;
+use super::pool_id::PoolId;
+use super::publish::{Pool, PoolError};
 use crate::model::{ContainerEdits, Resource};
 use crate::sync::Locked;
 
@@ -14,7 +17,7 @@ use crate::sync::Locked;
 #[async_trait::async_trait]
 pub trait DeviceCalls: Send + Sync + 'static {
     /// The backend's edits for handing devices `ids` to one container, checked against its grants.
-    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, String>;
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, DraError>;
 
     /// The backend's edits for a claim's devices (WIT 0.3.0 `prepare`), checked against its
     /// grants; `Ok(None)` when it leaves that to `allocate`.
@@ -23,10 +26,10 @@ pub trait DeviceCalls: Send + Sync + 'static {
         claim: String,
         devices: Vec<crate::model::dra::ClaimDevice>,
         config: Vec<String>,
-    ) -> Result<Option<ContainerEdits>, String>;
+    ) -> Result<Option<ContainerEdits>, DraError>;
 
     /// Undo the backend's `prepare` of a claim.
-    async fn unprepare(&self, claim: String) -> Result<(), String>;
+    async fn unprepare(&self, claim: String) -> Result<(), DraError>;
 }
 
 /// One resource served through DRA.
@@ -38,13 +41,25 @@ pub struct ServedResource {
     pub calls: Arc<dyn DeviceCalls>,
 }
 
-/// A driver's resources, by name.
-#[derive(Default)]
+/// A driver's resources, by name, and the pool built from their lists.
 pub struct Served {
+    pub id: PoolId,
+    /// This machine's sysfs, where the standard attributes are read.
+    sysfs: Option<std::path::PathBuf>,
     resources: Mutex<BTreeMap<String, ServedResource>>,
+    /// The pool and the lists it was built from: built again only when one of them is no
+    /// longer the list a resource holds (a new `Arc`), or a resource came or went.
+    built: Mutex<Option<(Vec<Arc<Resource>>, Built)>>,
 }
 
+/// A pool built from the lists of the moment, or why none could be.
+pub type Built = Arc<Result<Pool, PoolError>>;
+
 impl Served {
+    pub fn new(id: PoolId, sysfs: Option<std::path::PathBuf>) -> Self {
+        Served { id, sysfs, resources: Mutex::default(), built: Mutex::default() }
+    }
+
     pub fn add(&self, r: ServedResource) {
         self.resources.locked().insert(r.name.clone(), r);
     }
@@ -64,21 +79,38 @@ impl Served {
         self.resources.locked().get(name).cloned()
     }
 
+    /// The backend whose resources these are (none yet: any).
+    pub fn backend(&self) -> Option<String> {
+        self.resources.locked().values().next().map(|r| r.backend.clone())
+    }
+
     /// The current device lists, in name order (what the pool is built from).
     pub fn snapshot(&self) -> Vec<Arc<Resource>> {
         self.resources.locked().values().map(|r| r.devices.borrow().clone()).collect()
     }
 
-    /// The resource and device a pool device name stands for now: the way back from what the
-    /// scheduler allocated to what the backend knows (computed from the current lists, so it
-    /// also holds before the first pool of a restarted devplug is written).
+    /// The pool of the current lists: the one built before when they have not changed since.
+    pub fn pool(&self) -> Built {
+        let lists = self.snapshot();
+        let mut built = self.built.locked();
+        if let Some((from, pool)) = &*built
+            && from.len() == lists.len()
+            && from.iter().zip(&lists).all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return pool.clone();
+        }
+        let backend = self.backend().unwrap_or_default();
+        let resources: Vec<Resource> = lists.iter().map(|r| (**r).clone()).collect();
+        let pool = Arc::new(super::publish::pool_on(self.sysfs.as_deref(), &backend, &self.id, &resources));
+        *built = Some((lists, pool.clone()));
+        pool
+    }
+
+    /// The resource and device a pool device name stands for in the current pool: the way back
+    /// from what the scheduler allocated to what the backend knows.
     pub fn lookup(&self, device_name: &str) -> Option<(ServedResource, String)> {
-        let all = self.resources.locked();
-        all.values().find_map(|r| {
-            let list = r.devices.borrow();
-            // A shared device's replicas all stand for it: the first answers for them.
-            let id = list.devices.iter().find(|d| super::slices::pool_device_name(d) == device_name)?.id.clone();
-            Some((r.clone(), id))
-        })
+        let pool = self.pool();
+        let (id, resource) = pool.as_ref().as_ref().ok()?.ids.get(device_name)?;
+        Some((self.resource(resource)?, id.clone()))
     }
 }

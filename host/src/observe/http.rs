@@ -37,7 +37,7 @@ pub struct Probes {
     /// The backends from registries: reference, digest, signature, last check and error.
     pub sources: Arc<Statuses>,
     /// The DRA claims this node holds: prepared, or stuck and how to release them.
-    pub claims: Arc<crate::dra::claims::ClaimBoard>,
+    pub claims: Arc<crate::dra::plugin::claims::ClaimBoard>,
     /// Permits for building `/status/devices` pages.
     pub device_pages: Arc<tokio::sync::Semaphore>,
 }

@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::served::Served;
-use super::slices::pool_device_name;
+use crate::dra::publish::pool::pool_device_name;
+use crate::dra::served::Served;
 use crate::model::Health;
 use crate::proto::dra_health::{v1, v1alpha1};
 
@@ -43,8 +43,8 @@ pub struct Report {
 /// The service for one driver.
 #[derive(Clone)]
 pub struct HealthService {
+    /// The driver's resources, and its pool's identity.
     pub served: Arc<Served>,
-    pub pool: String,
     /// Bumped whenever one of the driver's device lists changes.
     pub changes: watch::Receiver<u64>,
     /// Ends every stream (the server is stopping).
@@ -61,7 +61,8 @@ impl HealthService {
             let list = r.devices.borrow().clone();
             let mut named = std::collections::HashSet::new();
             for d in &list.devices {
-                // A shared device's replicas are one pool device: reported once.
+                // Two IDs never share a pool name (`device_name` hashes), but a backend's list
+                // may name one device twice: it is reported once.
                 let device = pool_device_name(d);
                 if !named.insert(device.clone()) {
                     continue;
@@ -75,7 +76,7 @@ impl HealthService {
                         None => format!("backend {} reports it Unhealthy (no reason given)", r.backend),
                     }
                 };
-                out.push(Report { pool: self.pool.clone(), device, healthy, message, at: now });
+                out.push(Report { pool: self.served.id.pool().to_owned(), device, healthy, message, at: now });
             }
         }
         out

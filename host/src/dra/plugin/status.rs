@@ -13,10 +13,12 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::checkpoint::ClaimRef;
+use crate::dra::PoolId;
 use crate::model::Device;
 
-/// One device's entry in `status.devices`: `Ready`, prepared on `node`.
-pub fn entry(driver: &str, pool: &str, name: &str, share_id: Option<&str>, device: &Device, node: &str) -> Value {
+/// One device's entry in `status.devices` of pool `id`: `Ready`, prepared on its node.
+pub fn entry(id: &PoolId, name: &str, share_id: Option<&str>, device: &Device) -> Value {
+    let (driver, pool, node) = (&id.driver, id.pool(), &id.node);
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut v = json!({
         "driver": driver,
@@ -116,14 +118,14 @@ mod tests {
                 ..Default::default()
             },
         };
-        let e = entry("nic.devplug.io", "node-a", "vf-0", Some("s-1"), &d, "node-a");
+        let e = entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", Some("s-1"), &d);
         assert_eq!(e["conditions"][0]["type"], "Ready");
         assert_eq!(e["conditions"][0]["status"], "True");
         assert!(e["conditions"][0]["lastTransitionTime"].as_str().unwrap().ends_with('Z'));
         assert_eq!(e["shareID"], "s-1");
         assert_eq!(e["networkData"]["interfaceName"], "ens1f0np0v0");
         let plain = Device { attributes: vec![], vetted: Default::default(), ..d };
-        let e = entry("nic.devplug.io", "node-a", "vf-0", None, &plain, "node-a");
+        let e = entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", None, &plain);
         assert!(e["shareID"].is_null() && e["networkData"].is_null());
         assert_eq!(field_manager(&"d".repeat(300)).len(), 128);
     }

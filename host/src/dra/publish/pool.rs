@@ -3,14 +3,21 @@
 //! `0000:07:00.0` is not one), stably and distinctly, with the way back kept in [`Pool::ids`];
 //! attributes are typed strings (what a WIT 0.1/0.2 backend says), plus the device-plugin
 //! resource name and NUMA node; an Unhealthy device carries a `NoSchedule` taint with the reason.
-//! Every slice is checked with [`super::slice_rules`] before it is handed out: one bad device
+//! Every slice is checked with [`super::rules`] before it is handed out: one bad device
 //! refuses the whole pool, naming backend, device and field, so a pool is never half-published.
+//!
+//! A pool is built once per change of its device lists (see `dra::served`), at no generation:
+//! the writer stamps the generation when it writes, and compares what the server holds by the
+//! [`SPEC_HASH`] each slice carries, computed here once.
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use super::slice_rules;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::rules;
+use crate::dra::PoolId;
 use crate::model::dra::{AttributeValue, CounterSet, attribute_name};
 use crate::model::{Device, Health, Resource};
 
@@ -47,11 +54,36 @@ fn json_len(v: &Value) -> usize {
 /// The taint an Unhealthy device carries.
 pub const UNHEALTHY_TAINT: &str = "devplug.io/unhealthy";
 
-/// A pool ready to publish: its slices and, by device name, the ID each name stands for.
+/// The annotation with the SHA-256 of the spec devplug built for a slice (generation left out).
+pub const SPEC_HASH: &str = "devplug.io/spec-sha256";
+
+/// The hash [`SPEC_HASH`] carries for `slice`: its spec as devplug serialises it, at generation 0.
+pub fn spec_hash(slice: &ResourceSlice) -> String {
+    use sha2::{Digest, Sha256};
+    let mut spec = slice.spec.clone();
+    spec.pool.generation = 0;
+    hex::encode(Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()))
+}
+
+/// A pool ready to publish: its slices at generation 0, the same as the API server's typed
+/// objects with their [`SPEC_HASH`]es, and by device name the device and resource each name
+/// stands for (the way back from what the scheduler allocated).
 #[derive(Debug)]
 pub struct Pool {
     pub slices: Vec<Value>,
+    pub typed: std::collections::BTreeMap<String, (ResourceSlice, String)>,
     pub ids: BTreeMap<String, (String, String)>,
+}
+
+impl Pool {
+    /// The slices as written at `generation`.
+    pub fn at(&self, generation: i64) -> Vec<Value> {
+        let mut slices = self.slices.clone();
+        for s in &mut slices {
+            s["spec"]["pool"]["generation"] = json!(generation);
+        }
+        slices
+    }
 }
 
 /// Why a pool was not built: the backend, device and field, and what the API server's rule says.
@@ -68,7 +100,7 @@ pub struct PoolError {
 /// and digits lowercased with everything else as `-`, and a short hash of the ID so two IDs
 /// never share a name.
 pub fn device_name(id: &str) -> String {
-    if slice_rules::label_problem(id).is_none() {
+    if rules::label_problem(id).is_none() {
         return id.to_owned();
     }
     let mut base: String =
@@ -142,7 +174,7 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
     // 32 attributes and capacities a device).
     let capacities = described.map_or(0, |x| x.capacity.len());
     for (k, v) in super::standard::attributes(sysfs, d.vetted.pci.as_ref(), &d.numa_nodes) {
-        if attributes.len() + capacities < slice_rules::MAX_ATTRIBUTES_AND_CAPACITIES {
+        if attributes.len() + capacities < rules::MAX_ATTRIBUTES_AND_CAPACITIES {
             attributes.insert(k, v);
         }
     }
@@ -169,30 +201,20 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
     device
 }
 
-/// The slices of `backend`'s pool `pool` on node `node` for driver `driver`, from the device
-/// lists of the `resources` it serves through DRA, at `generation`, without PCIe roots (see
-/// [`pool_on`]).
-pub fn pool(
-    backend: &str,
-    driver: &str,
-    node: &str,
-    pool: &str,
-    generation: i64,
-    resources: &[Resource],
-) -> Result<Pool, PoolError> {
-    pool_on(None, backend, driver, node, pool, generation, resources)
+/// The slices of `backend`'s pool `id`, from the device lists of the `resources` it serves
+/// through DRA, without PCIe roots (see [`pool_on`]).
+pub fn pool(backend: &str, id: &PoolId, resources: &[Resource]) -> Result<Pool, PoolError> {
+    pool_on(None, backend, id, resources)
 }
 
 /// [`pool`] on a machine whose sysfs is at `sysfs`: PCI devices get their standard `pcieRoot`.
 pub fn pool_on(
     sysfs: Option<&std::path::Path>,
     backend: &str,
-    driver: &str,
-    node: &str,
-    pool: &str,
-    generation: i64,
+    id: &PoolId,
     resources: &[Resource],
 ) -> Result<Pool, PoolError> {
+    let (driver, node, pool, generation) = (&id.driver, &id.node, id.pool(), 0);
     let fail = |device: &str, field: String, message: String| PoolError {
         backend: backend.to_owned(),
         device: device.to_owned(),
@@ -231,7 +253,7 @@ pub fn pool_on(
             sets.push(set);
         }
     }
-    let per_slice = if tainted { slice_rules::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { slice_rules::MAX_DEVICES };
+    let per_slice = if tainted { rules::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { rules::MAX_DEVICES };
     let chunks: Vec<&[(String, Value)]> =
         if devices.is_empty() { vec![&devices[..]] } else { devices.chunks(per_slice).collect() };
     let count = chunks.len() + usize::from(!sets.is_empty());
@@ -248,7 +270,7 @@ pub fn pool_on(
                 "sharedCounters": sets,
             },
         });
-        if let Some(p) = slice_rules::problems(&slice).into_iter().next() {
+        if let Some(p) = rules::problems(&slice).into_iter().next() {
             return Err(fail("(counter sets)", p.field, p.message));
         }
         slices.push(slice);
@@ -265,7 +287,7 @@ pub fn pool_on(
                 "devices": chunk.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>(),
             },
         });
-        if let Some(p) = slice_rules::problems(&slice).into_iter().next() {
+        if let Some(p) = rules::problems(&slice).into_iter().next() {
             // Name the device the field is about, when it is about one.
             let device = p
                 .field
@@ -277,13 +299,26 @@ pub fn pool_on(
         }
         slices.push(slice);
     }
-    Ok(Pool { slices, ids })
+    let typed = slices
+        .iter()
+        .map(|v| {
+            let s: ResourceSlice = serde_json::from_value(v.clone())
+                .map_err(|e| fail("(the pool)", "spec".into(), format!("not a ResourceSlice: {e}")))?;
+            let hash = spec_hash(&s);
+            Ok((s.metadata.name.clone().unwrap_or_default(), (s, hash)))
+        })
+        .collect::<Result<_, PoolError>>()?;
+    Ok(Pool { slices, typed, ids })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{ContainerEdits, Device};
+
+    fn id(driver: &str) -> PoolId {
+        PoolId::new(driver, "node-a")
+    }
 
     fn device(id: &str, health: Health, attrs: &[(&str, &str)]) -> Device {
         Device {
@@ -312,10 +347,7 @@ mod tests {
         lone.numa_nodes.clear();
         let p = pool(
             "generic",
-            "generic.devplug.io",
-            "node-a",
-            "node-a",
-            1,
+            &id("generic.devplug.io"),
             &[resource("devplug.io/kvm", replicas), resource("devplug.io/tun", vec![lone])],
         )
         .unwrap();
@@ -330,7 +362,7 @@ mod tests {
         }
         assert!(devices[3]["attributes"]["dra_only"].is_null() && devices[3]["attributes"]["replicaOf"].is_null());
         assert_eq!(p.ids["kvm-1"], ("kvm-1".to_owned(), "devplug.io/kvm".to_owned()));
-        assert!(slice_rules::problems(&p.slices[0]).is_empty());
+        assert!(rules::problems(&p.slices[0]).is_empty());
     }
 
     /// Issue 33: what a pool publishes is bounded as a whole (8,192 devices × 32 legal
@@ -340,7 +372,7 @@ mod tests {
         let attrs: Vec<(String, String)> = (0..32).map(|a| (format!("a{a:02}"), format!("{a:064}"))).collect();
         let attrs: Vec<(&str, &str)> = attrs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let devices = (0..8192).map(|i| device(&format!("d{i}"), Health::Healthy, &attrs)).collect();
-        let e = pool("b", "b.devplug.io", "node-a", "node-a", 1, &[resource("x.io/w", devices)]).unwrap_err();
+        let e = pool("b", &id("b.devplug.io"), &[resource("x.io/w", devices)]).unwrap_err();
         assert_eq!(e.field, "size", "{e}");
         assert!(e.message.contains(&MAX_POOL_BYTES.to_string()), "{e}");
     }
@@ -358,7 +390,7 @@ mod tests {
             ..Default::default()
         };
         r.described.insert("d0".into(), typed);
-        let p = pool("b", "b.devplug.io", "node-a", "node-a", 1, &[r]).unwrap();
+        let p = pool("b", &id("b.devplug.io"), &[r]).unwrap();
         let attrs = &p.slices[0]["spec"]["devices"][0]["attributes"];
         assert_eq!(attrs["resource"]["string"], "x.io/w", "{attrs}");
         assert!(attrs["numa"].is_null(), "no NUMA node known, none published: {attrs}");
@@ -369,13 +401,13 @@ mod tests {
         assert_eq!(device_name("kvm-0"), "kvm-0", "a label stays itself");
         let a = device_name("0000:07:00.0");
         let b = device_name("0000:07:00.1");
-        assert!(slice_rules::label_problem(&a).is_none() && slice_rules::label_problem(&b).is_none(), "{a} {b}");
+        assert!(rules::label_problem(&a).is_none() && rules::label_problem(&b).is_none(), "{a} {b}");
         assert_ne!(a, b);
         assert_eq!(a, device_name("0000:07:00.0"), "the same ID always gets the same name");
         assert!(a.starts_with("0000-07-00-0-"), "{a}");
         let long = device_name(&"GPU_".repeat(40));
-        assert!(long.len() <= 63 && slice_rules::label_problem(&long).is_none(), "{long}");
-        assert!(slice_rules::label_problem(&device_name("::")).is_none());
+        assert!(long.len() <= 63 && rules::label_problem(&long).is_none(), "{long}");
+        assert!(rules::label_problem(&device_name("::")).is_none());
     }
 
     #[test]
@@ -383,7 +415,9 @@ mod tests {
         let many: Vec<Device> = (0..300)
             .map(|i| device(&format!("0000:{:02x}:00.{}", i / 8, i % 8), Health::Healthy, &[("model", "A100")]))
             .collect();
-        let p = pool("gpu", "gpu.devplug.io", "node-a", "node-a", 3, &[resource("nvidia.com/gpu", many)]).unwrap();
+        let p = pool("gpu", &id("gpu.devplug.io"), &[resource("nvidia.com/gpu", many)]).unwrap();
+        assert!(p.slices.iter().all(|s| s["spec"]["pool"]["generation"] == 0), "built at no generation");
+        let p = Pool { slices: p.at(3), ..p };
         let sizes: Vec<usize> = p.slices.iter().map(|s| s["spec"]["devices"].as_array().unwrap().len()).collect();
         assert_eq!(sizes, [128, 128, 44]);
         assert!(
@@ -398,7 +432,7 @@ mod tests {
         // One Unhealthy device: a taint with the reason, and 64 devices a slice.
         let mut some = (0..100).map(|i| device(&format!("d{i}"), Health::Healthy, &[])).collect::<Vec<_>>();
         some[7] = device("d7", Health::Unhealthy, &[("unhealthy", "AER: 3 fatal errors")]);
-        let p = pool("gpu", "gpu.devplug.io", "node-a", "node-a", 1, &[resource("nvidia.com/gpu", some)]).unwrap();
+        let p = pool("gpu", &id("gpu.devplug.io"), &[resource("nvidia.com/gpu", some)]).unwrap();
         assert_eq!(p.slices.len(), 2);
         let taint = &p.slices[0]["spec"]["devices"][7]["taints"][0];
         assert_eq!(taint["key"], UNHEALTHY_TAINT);
@@ -411,8 +445,7 @@ mod tests {
             device("ok", Health::Healthy, &[]),
             device("talkative", Health::Healthy, &[("paths", &"/dev/x,".repeat(20))]),
         ];
-        let e = pool("generic", "generic.devplug.io", "node-a", "node-a", 1, &[resource("devplug.io/x", devices)])
-            .unwrap_err();
+        let e = pool("generic", &id("generic.devplug.io"), &[resource("devplug.io/x", devices)]).unwrap_err();
         assert_eq!((e.backend.as_str(), e.device.as_str()), ("generic", "talkative"));
         assert_eq!(e.field, "spec.devices[1].attributes[paths].string");
         assert!(e.to_string().contains("64 bytes"), "{e}");

@@ -8,7 +8,8 @@
 //! never prepared and unprepared at once; unrelated claims never wait for each other), and
 //! recorded together: one checkpoint flush per call. The record comes before the claim's CDI
 //! spec is written, so a crash at any point leaves no spec without its record; a record without
-//! its spec is prepared again when kubelet asks (`ClaimPreparer::intact`).
+//! its spec is prepared again when kubelet asks (`ClaimPreparer::intact`). What a claim's
+//! preparing decided travels as a [`PreparedClaim`] from `prepare` to `commit`, never parked.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,27 +21,50 @@ use tonic::service::Routes;
 
 use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
 use super::claims::ClaimBoard;
+use crate::dra::DraError;
 use crate::proto::dra::{v1, v1beta1};
+
+/// What preparing a claim decided, before anything is written: the devices kubelet is told,
+/// and what the node gets once the claim is recorded (its CDI spec, its devices' status).
+#[derive(Debug, Default)]
+pub struct PreparedClaim {
+    pub devices: Vec<PreparedDevice>,
+    pub spec: Option<crate::cdi::Spec>,
+    pub status: Vec<serde_json::Value>,
+}
+
+impl PreparedClaim {
+    /// A claim whose preparing leaves nothing on the node but kubelet's answer.
+    pub fn devices(devices: Vec<PreparedDevice>) -> Self {
+        PreparedClaim { devices, ..Default::default() }
+    }
+}
 
 /// What preparing a claim means for this node: the backend decides the devices' CDI edits for
 /// the claim's allocation, the host writes them. Unpreparing undoes that.
 #[async_trait::async_trait]
 pub trait ClaimPreparer: Send + Sync + 'static {
     /// Decide the claim's devices and edits; nothing is written yet (see [`ClaimPreparer::commit`]).
-    async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String>;
-    /// Write what `prepare` decided for `claim` (its CDI spec), once the claim is recorded;
-    /// with `keep` false, forget it instead (the record could not be written).
-    fn commit(&self, _claim: &ClaimRef, _keep: bool) -> Result<(), String> {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError>;
+    /// Write what `prepare` decided for `claim` (its CDI spec), once the claim is recorded.
+    fn commit(&self, _claim: &ClaimRef, _prepared: PreparedClaim) -> Result<(), DraError> {
         Ok(())
     }
     /// Whether what `prepare` left on the node for `claim` is still there (its CDI spec).
     fn intact(&self, claim: &ClaimRef) -> bool;
-    async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String>;
+    async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), DraError>;
     /// Drop what `prepare` left on the node for `claim` without the backend (the operator
     /// released a claim its backend could not unprepare).
-    fn release(&self, _claim: &ClaimRef) -> Result<(), String> {
+    fn release(&self, _claim: &ClaimRef) -> Result<(), DraError> {
         Ok(())
     }
+}
+
+/// One claim's outcome: answered from the record, or prepared afresh (to be recorded, then
+/// committed).
+enum Outcome {
+    Recorded(Vec<PreparedDevice>),
+    Fresh(PreparedClaim),
 }
 
 /// Claim locks per plugin.
@@ -99,8 +123,8 @@ impl DraPlugin {
         guards
     }
 
-    /// One claim: from the record, or prepared afresh (`true`: to be recorded and committed).
-    async fn prepare_one(&self, claim: &ClaimRef) -> Result<(Vec<PreparedDevice>, bool), String> {
+    /// One claim: from the record, or prepared afresh.
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Outcome, DraError> {
         // A claim prepared before is answered from the record, unless what it left on the node
         // is gone (a reboot empties /var/run/cdi): then it is prepared again, and answers the
         // same CDI IDs (they are made from the claim's UID and devices).
@@ -112,8 +136,8 @@ impl DraPlugin {
             !lost
         });
         match recorded {
-            Some((_, devices)) => Ok((devices, false)),
-            None => self.preparer.prepare(claim).await.map(|d| (d, true)),
+            Some((_, devices)) => Ok(Outcome::Recorded(devices)),
+            None => self.preparer.prepare(claim).await.map(Outcome::Fresh),
         }
     }
 
@@ -152,7 +176,7 @@ impl DraPlugin {
     /// Unprepare one held claim (its record is forgotten by the caller): the backend once;
     /// after it failed, its error again until the operator releases the claim or devplug
     /// restarts.
-    async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), String> {
+    async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), DraError> {
         let shown = format!("{}/{}", held.namespace, held.name);
         let stuck = self.board.retry(&self.driver, &held.uid);
         let asked = self.release_marker(&held.uid);
@@ -168,10 +192,10 @@ impl DraPlugin {
             tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "devplug dra release asked for a claim that is not stuck: its backend unprepares it; the release applies only if that fails");
         }
         if let Some(error) = stuck {
-            return Err(format!(
+            return Err(DraError::Stuck(format!(
                 "{error} (not retried: the backend is asked once; restart devplug to ask it again, or `devplug dra release --driver {} {}` to drop the claim)",
                 self.driver, held.uid
-            ));
+            )));
         }
         match self.preparer.unprepare(held, devices).await {
             Ok(()) => {
@@ -186,18 +210,18 @@ impl DraPlugin {
                     claim = %shown,
                     uid = %held.uid,
                     "claim could not be unprepared: {}. Its CDI spec and record stay; kubelet's retries get this error without the backend being asked again. Fix the backend and restart devplug, or release the claim: devplug dra release --driver {} {}",
-                    crate::gate::clip(&e),
+                    crate::gate::clip(&e.to_string()),
                     self.driver,
                     held.uid
                 );
-                self.board.stuck(&self.driver, held, &e);
+                self.board.stuck(&self.driver, held, &e.to_string());
                 Err(e)
             }
         }
     }
 
     /// Prepare each claim (or answer from the checkpoint); by claim UID.
-    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<Vec<PreparedDevice>, String>> {
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<Vec<PreparedDevice>, DraError>> {
         let _held = self.lock(&claims).await;
         let outcomes = futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
         // Everything prepared afresh in this call is recorded at once: one flush.
@@ -205,7 +229,7 @@ impl DraPlugin {
             .iter()
             .zip(&outcomes)
             .filter_map(|(c, o)| match o {
-                Ok((devices, true)) => Some((c.clone(), devices.clone())),
+                Ok(Outcome::Fresh(p)) => Some((c.clone(), p.devices.clone())),
                 _ => None,
             })
             .collect();
@@ -213,17 +237,17 @@ impl DraPlugin {
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
             let answer = match (outcome, &recorded) {
-                (Ok((devices, false)), _) => Ok(devices),
-                (Ok((devices, true)), Ok(())) => match self.preparer.commit(&claim, true) {
-                    Ok(()) => {
+                (Ok(Outcome::Recorded(devices)), _) => Ok(devices),
+                (Ok(Outcome::Fresh(prepared)), Ok(())) => {
+                    let devices = prepared.devices.clone();
+                    self.preparer.commit(&claim, prepared).map(|()| {
                         self.board.prepared(&self.driver, &claim);
-                        Ok(devices)
-                    }
-                    Err(e) => Err(e),
-                },
-                (Ok((_, true)), Err(e)) => {
-                    let _ = self.preparer.commit(&claim, false);
-                    Err(format!("prepared, but the checkpoint could not be written: {e}"))
+                        devices
+                    })
+                }
+                // What was decided is dropped unwritten: no spec without its record.
+                (Ok(Outcome::Fresh(_)), Err(e)) => {
+                    Err(DraError::Checkpoint(format!("prepared, but the checkpoint could not be written: {e}")))
                 }
                 (Err(e), _) => Err(e),
             };
@@ -237,7 +261,7 @@ impl DraPlugin {
 
     /// Unprepare each claim this node holds (a claim it does not hold is already unprepared);
     /// the claims let go of are forgotten together (one flush).
-    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), String>> {
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), DraError>> {
         let _held = self.lock(&claims).await;
         let outcomes = futures::future::join_all(claims.iter().map(|claim| async move {
             match self.checkpoint.get(&claim.uid) {
@@ -252,7 +276,7 @@ impl DraPlugin {
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
             let answer = match (outcome, &forgotten) {
-                (Ok(true), Err(e)) => Err(format!("checkpoint: {e}")),
+                (Ok(true), Err(e)) => Err(DraError::Checkpoint(format!("checkpoint: {e}"))),
                 (Ok(true), Ok(_)) => {
                     self.board.gone(&self.driver, &claim.uid);
                     Ok(())
@@ -322,7 +346,7 @@ macro_rules! version {
                                 devices: devices.into_iter().map($m::Device::from).collect(),
                                 error: String::new(),
                             },
-                            Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: e },
+                            Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: e.to_string() },
                         };
                         (uid, entry)
                     })
@@ -340,7 +364,14 @@ macro_rules! version {
                     .unprepare(claims)
                     .await
                     .into_iter()
-                    .map(|(uid, r)| (uid, $m::NodeUnprepareResourceResponse { error: r.err().unwrap_or_default() }))
+                    .map(|(uid, r)| {
+                        (
+                            uid,
+                            $m::NodeUnprepareResourceResponse {
+                                error: r.err().map(|e| e.to_string()).unwrap_or_default(),
+                            },
+                        )
+                    })
                     .collect();
                 Ok(tonic::Response::new($m::NodeUnprepareResourcesResponse { claims }))
             }

@@ -9,13 +9,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
 use super::checkpoint::{ClaimRef, PreparedDevice};
-use super::plugin::ClaimPreparer;
-use super::served::{Served, ServedResource};
+use super::service::{ClaimPreparer, PreparedClaim};
 use crate::cdi::{Kind, SpecDir};
+use crate::dra::served::{Served, ServedResource};
+use crate::dra::{DraError, PoolId};
 use crate::model::dra::ClaimDevice;
 use crate::model::{ContainerEdits, Device, Health, Resource};
-use crate::sync::Locked;
 
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
@@ -33,17 +35,20 @@ fn cdi_safe(s: &str) -> String {
     s.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "_.:-".contains(c) { c } else { '_' }).collect()
 }
 
+/// The claim `namespace/name` as the API server has it.
+async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<ResourceClaim, DraError> {
+    kube::Api::<ResourceClaim>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|e| DraError::Api(format!("reading ResourceClaim {namespace}/{name}: {e}")))
+}
+
 /// One driver's preparer.
 pub struct Preparer {
-    pub driver: String,
-    /// This node's pool (the node name).
-    pub pool: String,
     pub client: kube::Client,
+    /// The driver's resources and pool on this node.
     pub served: Arc<Served>,
     pub specs: Arc<SpecDir>,
-    /// Specs `prepare` decided, with the claim's device status entries, until `commit` writes
-    /// them (after the claim is recorded).
-    pub pending: std::sync::Mutex<std::collections::HashMap<String, (crate::cdi::spec::Spec, Vec<serde_json::Value>)>>,
     /// Reports a committed claim's devices Ready in its status.
     pub status: Arc<super::status::Reporter>,
 }
@@ -63,17 +68,21 @@ type Groups = BTreeMap<String, (ServedResource, Vec<Picked>)>;
 
 impl Preparer {
     /// The devices of this driver the claim was allocated, grouped by resource.
-    async fn allocated(&self, claim: &ClaimRef) -> Result<(Groups, Vec<String>), String> {
-        let rc = super::api::claim(&self.client, &claim.namespace, &claim.name).await.map_err(|e| format!("{e:#}"))?;
+    fn id(&self) -> &PoolId {
+        &self.served.id
+    }
+
+    async fn allocated(&self, claim: &ClaimRef) -> Result<(Groups, Vec<String>), DraError> {
+        let rc = self::claim(&self.client, &claim.namespace, &claim.name).await?;
         let uid = rc.metadata.uid.clone().unwrap_or_default();
         if uid != claim.uid {
-            return Err(format!(
+            return Err(DraError::Claim(format!(
                 "ResourceClaim {}/{} has UID {uid:?}, kubelet asked for {:?}: it was deleted and created again",
                 claim.namespace, claim.name, claim.uid
-            ));
+            )));
         }
         let Some(allocation) = rc.status.and_then(|s| s.allocation) else {
-            return Err(format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name));
+            return Err(DraError::Claim(format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name)));
         };
         let devices = allocation.devices.unwrap_or_default();
         // The opaque parameters of this driver's configuration (class's first, then the claim's),
@@ -82,23 +91,28 @@ impl Preparer {
             .config
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|c| c.opaque.filter(|o| o.driver == self.driver))
+            .filter_map(|c| c.opaque.filter(|o| o.driver == self.id().driver))
             .map(|o| o.parameters.0.to_string())
             .collect();
         let results = devices.results.unwrap_or_default();
         let mut groups: BTreeMap<String, (ServedResource, Vec<Picked>)> = BTreeMap::new();
-        for r in results.into_iter().filter(|r| r.driver == self.driver) {
-            if r.pool != self.pool {
-                return Err(format!(
+        for r in results.into_iter().filter(|r| r.driver == self.id().driver) {
+            if r.pool != self.id().pool() {
+                return Err(DraError::Claim(format!(
                     "device {} (request {}) is in pool {}, not this node's pool {}",
-                    r.device, r.request, r.pool, self.pool
-                ));
+                    r.device,
+                    r.request,
+                    r.pool,
+                    self.id().pool()
+                )));
             }
             let Some((resource, id)) = self.served.lookup(&r.device) else {
-                return Err(format!(
+                return Err(DraError::Claim(format!(
                     "device {} (request {}) is not among driver {}'s devices on this node now (gone since the scheduler allocated it)",
-                    r.device, r.request, self.driver
-                ));
+                    r.device,
+                    r.request,
+                    self.id().driver
+                )));
             };
             groups.entry(resource.name.clone()).or_insert_with(|| (resource, Vec::new())).1.push(Picked {
                 request: r.request,
@@ -113,9 +127,9 @@ impl Preparer {
 
 #[async_trait::async_trait]
 impl ClaimPreparer for Preparer {
-    async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError> {
         let (groups, config) = self.allocated(claim).await?;
-        let kind = Kind::for_resource(CLAIM_KIND)?;
+        let kind = Kind::for_resource(CLAIM_KIND).map_err(|e| DraError::Claim(format!("the claims' CDI kind: {e}")))?;
         let mut spec_devices = Vec::new();
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
@@ -133,11 +147,7 @@ impl ClaimPreparer for Preparer {
             })
             .collect();
         let whole = match groups.values().next() {
-            Some((served, _)) => served
-                .calls
-                .prepare(claim.uid.clone(), claim_devices, config)
-                .await
-                .map_err(|e| format!("backend {}: {e}", served.backend))?,
+            Some((served, _)) => served.calls.prepare(claim.uid.clone(), claim_devices, config).await?,
             None => None,
         };
         if let Some(edits) = &whole {
@@ -147,29 +157,27 @@ impl ClaimPreparer for Preparer {
             let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
             let list = served.devices.borrow().clone();
             if whole.is_none() {
-                let extra = served
-                    .calls
-                    .allocate(ids.clone())
-                    .await
-                    .map_err(|e| format!("backend {}, resource {resource}: {e}", served.backend))?;
+                let extra = served.calls.allocate(ids.clone()).await?;
                 common.merge(&extra);
             }
             common.merge(&list.common_edits);
             // A claim's spec carries its own devices' nodes and nodes no device owns, never a
             // neighbour's (the rule Allocate's answers follow too).
             if let Some(why) = list.foreign_node(&ids, &common) {
-                return Err(format!("backend {}, resource {resource}: answer refused: {why}", served.backend));
+                return Err(DraError::backend(&served.backend, Some(&resource), format!("answer refused: {why}")));
             }
             for Picked { request, name, id, share_id } in picked {
                 let Some(d) = list.device(&id) else {
-                    return Err(format!("device {name} ({resource} {id}) went away while the claim was prepared"));
+                    return Err(DraError::Claim(format!(
+                        "device {name} ({resource} {id}) went away while the claim was prepared"
+                    )));
                 };
                 // A CDI device per share: one claim may hold two shares of a shared device.
                 let cdi_name = match &share_id {
                     Some(share) => format!("{}-{name}-{}", claim.uid, cdi_safe(share)),
                     None => format!("{}-{name}", claim.uid),
                 };
-                status.push(super::status::entry(&self.driver, &self.pool, &name, share_id.as_deref(), d, &self.pool));
+                status.push(super::status::entry(self.id(), &name, share_id.as_deref(), d));
                 spec_devices.push(Device {
                     id: cdi_name.clone(),
                     health: Health::Healthy,
@@ -180,7 +188,7 @@ impl ClaimPreparer for Preparer {
                 });
                 out.push(PreparedDevice {
                     request_names: vec![base_request(&request).to_owned()],
-                    pool_name: self.pool.clone(),
+                    pool_name: self.id().pool().to_owned(),
                     device_name: name,
                     cdi_device_ids: vec![kind.qualified_name(&cdi_name)],
                     share_id,
@@ -188,24 +196,20 @@ impl ClaimPreparer for Preparer {
             }
         }
         if out.is_empty() {
-            return Ok(out);
+            return Ok(PreparedClaim::devices(out));
         }
         let claim_list =
             Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common, ..Default::default() };
         let spec = crate::cdi::spec::build(&claim_list, &kind);
-        self.pending.locked().insert(claim.uid.clone(), (spec, status));
-        Ok(out)
+        Ok(PreparedClaim { devices: out, spec: Some(spec), status })
     }
 
-    fn commit(&self, claim: &ClaimRef, keep: bool) -> Result<(), String> {
-        let Some((spec, status)) = self.pending.locked().remove(&claim.uid) else { return Ok(()) };
-        if !keep {
-            return Ok(());
-        }
+    fn commit(&self, claim: &ClaimRef, prepared: PreparedClaim) -> Result<(), DraError> {
+        let Some(spec) = prepared.spec else { return Ok(()) };
         self.specs
             .write_claim_unflushed(&claim.uid, &spec)
-            .map_err(|e| format!("writing the claim's CDI spec: {e}"))?;
-        self.status.report(claim.clone(), status);
+            .map_err(|source| DraError::Spec { doing: "writing", source })?;
+        self.status.report(claim.clone(), prepared.status);
         Ok(())
     }
 
@@ -213,16 +217,16 @@ impl ClaimPreparer for Preparer {
         self.specs.has_claim(&claim.uid)
     }
 
-    fn release(&self, claim: &ClaimRef) -> Result<(), String> {
-        self.specs.remove_claim(&claim.uid).map_err(|e| format!("removing the claim's CDI spec: {e}"))
+    fn release(&self, claim: &ClaimRef) -> Result<(), DraError> {
+        self.specs.remove_claim(&claim.uid).map_err(|source| DraError::Spec { doing: "removing", source })
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), String> {
+    async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), DraError> {
         // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
         // stays) so kubelet's retry finds it as it was.
         if let Some(r) = self.served.resources().first() {
-            r.calls.unprepare(claim.uid.clone()).await.map_err(|e| format!("backend {}: {e}", r.backend))?;
+            r.calls.unprepare(claim.uid.clone()).await?;
         }
-        self.specs.remove_claim(&claim.uid).map_err(|e| format!("removing the claim's CDI spec: {e}"))
+        self.release(claim)
     }
 }

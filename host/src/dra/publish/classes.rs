@@ -54,7 +54,7 @@ pub fn device_class(resource: &str, driver: &str) -> Value {
         "kind": "DeviceClass",
         "metadata": {
             "name": class_name(resource),
-            "labels": { super::api::MANAGED_BY.0: super::api::MANAGED_BY.1 },
+            "labels": { super::writer::MANAGED_BY.0: super::writer::MANAGED_BY.1 },
         },
         "spec": {
             "selectors": [{ "cel": { "expression": expression } }],
@@ -81,7 +81,7 @@ mod tests {
         let long = format!("{}.io/{}", "v".repeat(250), "c".repeat(63));
         for r in ["devplug.io/fuse", "nvidia.com/mig-1g.10gb", "x.io/-a_", long.as_str()] {
             let name = class_name(r);
-            assert!(super::super::slice_rules::subdomain_problem(&name).is_none(), "{r}: {name}");
+            assert!(super::super::rules::subdomain_problem(&name).is_none(), "{r}: {name}");
             assert!(name.ends_with(".devplug.io"), "{name}");
         }
         let c = device_class("devplug.io/fuse", "generic.devplug.io");

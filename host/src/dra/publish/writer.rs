@@ -1,6 +1,5 @@
-//! devplug's side of the API server: connecting (a kubeconfig, or the pod's service account),
-//! keeping one driver's pool of ResourceSlices equal to what its backends describe, and reading
-//! the ResourceClaims kubelet asks a driver to prepare.
+//! Keeping one driver's pool of ResourceSlices on the API server equal to the pool devplug
+//! built (upstream's `resourceslice` controller, for one node-local pool).
 //!
 //! A pool is replaced whole: every slice of the new generation is written before the slices it
 //! no longer needs are deleted, so the scheduler (which ignores a pool whose slices disagree on
@@ -13,158 +12,27 @@
 //! watch, and write again). Each slice carries the SHA-256 of the spec devplug built
 //! ([`SPEC_HASH`]); equal hashes, names and one generation mean nothing to write.
 //!
-//! What the server holds is known from a watch, as upstream's `resourceslice` controller knows
-//! it from an informer: one LIST when the watch starts (and again only when the server says the
-//! watch's resource version is too old), then the watch's events keep a [`PoolView`]. A sync
-//! compares against that view, so a resync or a device change costs no request unless something
-//! must be written, and devplug's own writes (whose echoes come back as watch events) wake
-//! nothing.
+//! What the server holds is known from a watch ([`PoolView`]): a sync compares against that
+//! view, so a resync or a device change costs no request unless something must be written.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use serde_json::Value;
+
+use super::pool::{Pool, SPEC_HASH};
+use super::view::PoolView;
+use crate::dra::PoolId;
 
 /// The label every slice devplug publishes carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devplug");
-/// The annotation with the SHA-256 of the spec devplug built for a slice (generation left out).
-pub const SPEC_HASH: &str = "devplug.io/spec-sha256";
-
-/// The hash [`SPEC_HASH`] carries for `slice`: its spec as devplug serialises it, at generation 0.
-pub fn spec_hash(slice: &ResourceSlice) -> String {
-    use sha2::{Digest, Sha256};
-    let mut spec = slice.spec.clone();
-    spec.pool.generation = 0;
-    hex::encode(Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()))
-}
-
-/// A client for the API server: from `kubeconfig`, else the in-cluster service account (or
-/// `$KUBECONFIG`, as kubectl reads it).
-pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| anyhow::anyhow!("kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            anyhow::anyhow!("no API server: {e} (run in a pod with a service account, or pass --kubeconfig)")
-        })?,
-    };
-    kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("API client: {e}"))
-}
-
-/// The pool as the server holds it, kept by [`PoolWriter::watch`].
-#[derive(Default)]
-pub struct PoolView(std::sync::Mutex<ViewState>);
-
-#[derive(Default)]
-struct ViewState {
-    slices: BTreeMap<String, ResourceSlice>,
-    /// Filled by a LIST and kept by the watch since: the view can be trusted.
-    synced: bool,
-    /// Resource versions devplug's own writes returned: their watch events are echoes.
-    ours: std::collections::HashSet<String>,
-    /// devplug's writes so far, and by slice name the last one (the slice as written, or `None`
-    /// for a delete): a LIST asked before a write may answer after it, and must not undo it.
-    writes: u64,
-    recent: BTreeMap<String, (u64, Option<ResourceSlice>)>,
-}
-
-impl PoolView {
-    fn state(&self) -> std::sync::MutexGuard<'_, ViewState> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The pool, if the view is in step with the server.
-    fn snapshot(&self) -> Option<BTreeMap<String, ResourceSlice>> {
-        let st = self.state();
-        st.synced.then(|| st.slices.clone())
-    }
-
-    /// Where devplug's writes stand before a LIST is asked (see [`PoolView::reset`]).
-    fn mark(&self) -> u64 {
-        self.state().writes
-    }
-
-    /// What a LIST asked at `mark` returned: the whole pool, except that devplug's own writes
-    /// made after `mark` stand (the LIST may not have seen them; their echoes come later).
-    fn reset(&self, items: Vec<ResourceSlice>, mark: u64) {
-        let mut st = self.state();
-        st.slices = items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
-        let later: Vec<(String, Option<ResourceSlice>)> =
-            st.recent.iter().filter(|(_, (at, _))| *at > mark).map(|(n, (_, s))| (n.clone(), s.clone())).collect();
-        // Echoes still to come are of those later writes only.
-        let pending: std::collections::HashSet<String> =
-            later.iter().filter_map(|(_, s)| s.as_ref()?.metadata.resource_version.clone()).collect();
-        for (name, slice) in later {
-            match slice {
-                Some(s) => st.slices.insert(name, s),
-                None => st.slices.remove(&name),
-            };
-        }
-        st.recent.clear();
-        st.ours = pending;
-        st.synced = true;
-    }
-
-    /// Not to be trusted until the next LIST (a write found it stale).
-    fn invalidate(&self) {
-        self.state().synced = false;
-    }
-
-    /// A slice devplug wrote, as the server answered.
-    fn wrote(&self, slice: ResourceSlice) {
-        let mut st = self.state();
-        if let Some(rv) = slice.metadata.resource_version.clone() {
-            st.ours.insert(rv);
-        }
-        if let Some(name) = slice.metadata.name.clone() {
-            st.writes += 1;
-            let at = st.writes;
-            st.recent.insert(name.clone(), (at, Some(slice.clone())));
-            st.slices.insert(name, slice);
-        }
-    }
-
-    /// A slice devplug deleted.
-    fn removed(&self, name: &str) {
-        let mut st = self.state();
-        st.writes += 1;
-        let at = st.writes;
-        st.recent.insert(name.to_owned(), (at, None));
-        st.slices.remove(name);
-    }
-
-    /// A slice the watch saw deleted.
-    fn deleted(&self, name: &str) {
-        self.state().slices.remove(name);
-    }
-
-    /// A watch event's slice, added or modified; whether it is someone else's change (not the
-    /// echo of devplug's own write).
-    fn seen(&self, slice: ResourceSlice) -> bool {
-        let mut st = self.state();
-        let echo = slice.metadata.resource_version.as_ref().is_some_and(|rv| st.ours.remove(rv));
-        if let Some(name) = slice.metadata.name.clone() {
-            st.slices.insert(name, slice);
-        }
-        !echo
-    }
-}
-
 /// One driver's pool on one node, as the API server holds it.
 pub struct PoolWriter {
     slices: Api<ResourceSlice>,
     nodes: Api<Node>,
-    pub node: String,
-    pub driver: String,
+    pub id: PoolId,
     owner: Option<OwnerReference>,
     /// The generation last written (the next write uses a higher one).
     generation: i64,
@@ -188,12 +56,11 @@ impl Written {
 }
 
 impl PoolWriter {
-    pub fn new(client: kube::Client, node: &str, driver: &str) -> Self {
+    pub fn new(client: kube::Client, id: PoolId) -> Self {
         PoolWriter {
             slices: Api::all(client.clone()),
             nodes: Api::all(client),
-            node: node.to_owned(),
-            driver: driver.to_owned(),
+            id,
             owner: None,
             generation: 0,
             view: Default::default(),
@@ -201,7 +68,7 @@ impl PoolWriter {
     }
 
     fn selector(&self) -> ListParams {
-        ListParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.node, self.driver))
+        ListParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.id.node, self.id.driver))
     }
 
     /// The slices of this pool the server has now, by name.
@@ -211,21 +78,14 @@ impl PoolWriter {
         Ok(list.items.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect())
     }
 
-    /// Make the server's pool what `build(generation)` returns, unless it already is (then
-    /// nothing is written). `build` is called with generation 0 to compare, and again with the
-    /// generation to write.
-    pub async fn sync<E: std::fmt::Display>(
-        &mut self,
-        build: impl Fn(i64) -> Result<Vec<Value>, E>,
-    ) -> anyhow::Result<Written> {
+    /// Make the server's pool `pool`, unless it already is (then nothing is written).
+    pub async fn sync(&mut self, pool: &Pool) -> anyhow::Result<Written> {
         // The watch's view when it is in step; a LIST only before the watch has one.
         let current = match self.view.snapshot() {
             Some(view) => view,
             None => self.current().await?,
         };
-        let wanted =
-            typed(build(0).map_err(|e| anyhow::anyhow!("{e}; nothing was written: the pool stays as it was"))?)?;
-        if same_pool(&current, &wanted) {
+        if same_pool(&current, pool) {
             let generation = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
             self.generation = self.generation.max(generation);
             return Ok(Written { generation, ..Written::default() });
@@ -235,16 +95,17 @@ impl PoolWriter {
         }
         let newest = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let generation = self.generation.max(newest) + 1;
-        let wanted = typed(build(generation).map_err(|e| anyhow::anyhow!("{e}"))?)?;
+        let wanted = &pool.typed;
         let mut out = Written { generation, ..Written::default() };
         // What this sync changed, to undo if a later slice of the generation is refused: the
         // name, the slice it replaced (none: created) and the resource version written.
         let mut done: Vec<(String, Option<ResourceSlice>, Option<String>)> = Vec::new();
-        for (name, slice) in &wanted {
+        for (name, (slice, hash)) in wanted {
             let mut slice = slice.clone();
+            slice.spec.pool.generation = generation;
             slice.metadata.owner_references = self.owner.clone().map(|o| vec![o]);
             slice.metadata.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())]));
-            slice.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), spec_hash(&slice))]));
+            slice.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), hash.clone())]));
             let old = current.get(name);
             let written = match old {
                 Some(old) => {
@@ -345,8 +206,9 @@ impl PoolWriter {
         let api = self.slices.clone();
         let list = self.selector();
         // Bookmarks are on by default: the version to resume from stays fresh on a quiet pool.
-        let params = WatchParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.node, self.driver));
-        let (driver, view) = (self.driver.clone(), self.view.clone());
+        let params =
+            WatchParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.id.node, self.id.driver));
+        let (driver, view) = (self.id.driver.clone(), self.view.clone());
         tokio::spawn(async move {
             const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
             const LONG_WATCH: std::time::Duration = std::time::Duration::from_secs(10);
@@ -437,79 +299,69 @@ impl PoolWriter {
     /// The Node as the slices' owner, so they go with it; `None` (logged) when it cannot be
     /// read: slices are published all the same, and kubelet deletes them when the node goes.
     async fn node_owner(&self) -> Option<OwnerReference> {
-        match self.nodes.get(&self.node).await {
+        match self.nodes.get(&self.id.node).await {
             Ok(n) => Some(OwnerReference {
                 api_version: "v1".into(),
                 kind: "Node".into(),
-                name: self.node.clone(),
+                name: self.id.node.clone(),
                 uid: n.metadata.uid?,
                 controller: Some(true),
                 ..OwnerReference::default()
             }),
             Err(e) => {
-                tracing::warn!(node = %self.node, driver = %self.driver, "cannot read the Node for the slices' owner: {e}");
+                tracing::warn!(node = %self.id.node, driver = %self.id.driver, "cannot read the Node for the slices' owner: {e}");
                 None
             }
         }
     }
 }
 
-/// Slices as the typed objects the server speaks, by name.
-fn typed(slices: Vec<Value>) -> anyhow::Result<BTreeMap<String, ResourceSlice>> {
-    slices
-        .into_iter()
-        .map(|v| {
-            let s: ResourceSlice = serde_json::from_value(v).map_err(|e| anyhow::anyhow!("a built slice: {e}"))?;
-            Ok((s.metadata.name.clone().unwrap_or_default(), s))
-        })
-        .collect()
-}
-
 /// Whether the server's pool holds exactly the wanted slices (the same names, each stored from
 /// the spec devplug wants now, by [`SPEC_HASH`]), all at one generation: then nothing needs
 /// writing. What the server added or dropped when it stored them does not count.
-fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &BTreeMap<String, ResourceSlice>) -> bool {
+fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &Pool) -> bool {
     let generations: std::collections::BTreeSet<i64> = current.values().map(|s| s.spec.pool.generation).collect();
-    current.len() == wanted.len()
+    current.len() == wanted.typed.len()
         && generations.len() <= 1
-        && wanted.iter().all(|(name, w)| {
+        && wanted.typed.iter().all(|(name, (_, hash))| {
             current
                 .get(name)
-                .is_some_and(|c| c.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH)) == Some(&spec_hash(w)))
+                .is_some_and(|c| c.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH)) == Some(hash))
         })
-}
-
-/// The claim `namespace/name` as the API server has it.
-pub async fn claim(client: &kube::Client, namespace: &str, name: &str) -> anyhow::Result<ResourceClaim> {
-    Api::<ResourceClaim>::namespaced(client.clone(), namespace)
-        .get(name)
-        .await
-        .map_err(|e| anyhow::anyhow!("reading ResourceClaim {namespace}/{name}: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dra::publish::pool::spec_hash;
 
-    fn pool(counters: &str) -> BTreeMap<String, ResourceSlice> {
-        let slice = serde_json::json!({
+    /// A built pool of the one slice `v` (what `pool::pool_on` hands the writer).
+    fn built(v: serde_json::Value) -> Pool {
+        let s: ResourceSlice = serde_json::from_value(v.clone()).unwrap();
+        let hash = spec_hash(&s);
+        Pool {
+            slices: vec![v],
+            typed: BTreeMap::from([(s.metadata.name.clone().unwrap(), (s, hash))]),
+            ids: BTreeMap::new(),
+        }
+    }
+
+    fn pool(counters: &str) -> Pool {
+        built(serde_json::json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
-            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 },
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 0, "resourceSliceCount": 1 },
                       "sharedCounters": [{ "name": "gpu-0", "counters": { "memory": { "value": counters } } }] },
-        });
-        typed(vec![slice]).unwrap()
+        }))
     }
 
     /// `wanted` as the server stores it: annotated by devplug, then changed by the server.
-    fn stored(
-        wanted: &BTreeMap<String, ResourceSlice>,
-        server: impl Fn(&mut ResourceSlice),
-    ) -> BTreeMap<String, ResourceSlice> {
+    fn stored(wanted: &Pool, server: impl Fn(&mut ResourceSlice)) -> BTreeMap<String, ResourceSlice> {
         wanted
+            .typed
             .iter()
-            .map(|(n, s)| {
+            .map(|(n, (s, hash))| {
                 let mut s = s.clone();
-                s.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), spec_hash(&s))]));
+                s.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), hash.clone())]));
                 s.spec.pool.generation = 7;
                 server(&mut s);
                 (n.clone(), s)
@@ -517,45 +369,23 @@ mod tests {
             .collect()
     }
 
-    /// A LIST asked before devplug's own create and answered after it must not undo it (the
-    /// next sync would create the slice again and meet `AlreadyExists`); one asked after it
-    /// stands as the server answered.
-    #[test]
-    fn a_list_older_than_devplugs_own_write_does_not_undo_it() {
-        let view = PoolView::default();
-        let mut slice = pool("1")["s-0"].clone();
-        slice.metadata.resource_version = Some("7".into());
-        let before = view.mark();
-        view.wrote(slice.clone());
-        view.reset(vec![], before);
-        assert!(view.snapshot().unwrap().contains_key("s-0"), "the create stands");
-        assert!(!view.seen(slice.clone()), "its echo is still an echo");
-        let after = view.mark();
-        view.reset(vec![], after);
-        assert!(view.snapshot().unwrap().is_empty(), "a LIST after the write is the server's word");
-        view.reset(vec![slice.clone()], view.mark());
-        let before = view.mark();
-        view.removed("s-0");
-        view.reset(vec![slice], before);
-        assert!(view.snapshot().unwrap().is_empty(), "a delete stands too");
-    }
-
     #[test]
     fn a_pool_differs_when_only_its_counter_sets_do() {
         assert!(same_pool(&stored(&pool("8"), |_| {}), &pool("8")));
         assert!(!same_pool(&stored(&pool("8"), |_| {}), &pool("7")), "a changed counter set is written");
         assert!(!same_pool(&BTreeMap::new(), &pool("8")), "a missing slice is written");
-        assert!(!same_pool(&pool("8"), &pool("8")), "a slice devplug did not annotate is written once");
+        let unannotated: BTreeMap<String, ResourceSlice> =
+            pool("8").typed.into_iter().map(|(n, (s, _))| (n, s)).collect();
+        assert!(!same_pool(&unannotated, &pool("8")), "a slice devplug did not annotate is written once");
     }
 
     #[test]
     fn what_the_server_adds_or_drops_is_not_a_difference() {
-        let wanted = typed(vec![serde_json::json!({
+        let wanted = built(serde_json::json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
-            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 },
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 0, "resourceSliceCount": 1 },
                       "devices": [{ "name": "d0", "taints": [{ "key": "devplug.io/unhealthy", "effect": "NoSchedule" }] }] },
-        })])
-        .unwrap();
+        }));
         let server = |s: &mut ResourceSlice| {
             for d in s.spec.devices.iter_mut().flatten() {
                 for t in d.taints.iter_mut().flatten() {
@@ -564,11 +394,10 @@ mod tests {
             }
         };
         assert!(same_pool(&stored(&wanted, server), &wanted), "a taint's timeAdded is the server's");
-        let empty = typed(vec![serde_json::json!({
+        let empty = built(serde_json::json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": "s-0" },
-            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 1, "resourceSliceCount": 1 }, "devices": [] },
-        })])
-        .unwrap();
+            "spec": { "driver": "d.io", "nodeName": "n", "pool": { "name": "n", "generation": 0, "resourceSliceCount": 1 }, "devices": [] },
+        }));
         assert!(same_pool(&stored(&empty, |s| s.spec.devices = None), &empty), "an empty list the server dropped");
     }
 }
