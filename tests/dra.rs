@@ -434,6 +434,8 @@ async fn dra_node(cdi: &std::path::Path, api: devplug::config::Api) -> DraNode {
     cfg.dra.node_name = Some(NODE.into());
     cfg.dra.plugins_dir = Some(dir.path().join("plugins"));
     cfg.dra.resync = std::time::Duration::from_secs(1);
+    // Every device's status, so the tests see it (the default reports network devices only).
+    cfg.dra.claim_status = devplug::dra::plugin::status::StatusPolicy::All;
     DraNode { dir, api: api_server, kubelet, dra, resource, cfg }
 }
 
@@ -1874,6 +1876,7 @@ async fn a_pool_is_published_and_a_claim_prepared_against_each_api_server() {
         let kubeconfig = node.root.path().join("kubeconfig-under-test");
         server.write_kubeconfig(&api, &kubeconfig);
         cfg.dra.kubeconfig = Some(kubeconfig);
+        cfg.dra.claim_status = devplug::dra::plugin::status::StatusPolicy::All;
         let daemon = support::daemon::Daemon::start(cfg);
         node.dra.wait_plugin(driver, T).await;
         let end = std::time::Instant::now() + T;

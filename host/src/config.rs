@@ -94,11 +94,20 @@ pub struct DraSettings {
     /// node's slices when it starts; they are put back at the latest after this long).
     #[serde(with = "humantime_serde")]
     pub resync: Duration,
+    /// Which prepared devices get a `status.devices` entry in their claim: `network` (devices
+    /// with an interface name), `all`, or `off`.
+    pub claim_status: crate::dra::plugin::status::StatusPolicy,
 }
 
 impl Default for DraSettings {
     fn default() -> Self {
-        DraSettings { kubeconfig: None, node_name: None, plugins_dir: None, resync: Duration::from_secs(30) }
+        DraSettings {
+            kubeconfig: None,
+            node_name: None,
+            plugins_dir: None,
+            resync: Duration::from_secs(30),
+            claim_status: Default::default(),
+        }
     }
 }
 
@@ -477,6 +486,15 @@ mod tests {
             }
         }
         assert!(missing.is_empty(), "keys with no line in config_reference.toml: {missing:?}");
+    }
+
+    #[test]
+    fn claim_status_defaults_to_network_and_an_unknown_value_names_the_choices() {
+        assert_eq!(Config::parse("").unwrap().dra.claim_status, crate::dra::plugin::status::StatusPolicy::Network);
+        let all = Config::parse("[dra]\nclaim_status = \"all\"\n").unwrap();
+        assert_eq!(all.dra.claim_status, crate::dra::plugin::status::StatusPolicy::All);
+        let e = format!("{:#}", Config::parse("[dra]\nclaim_status = \"ready\"\n").unwrap_err());
+        assert!(e.contains("claim_status") && e.contains("network") && e.contains("off"), "{e}");
     }
 
     #[test]

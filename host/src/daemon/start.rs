@@ -208,6 +208,7 @@ async fn connect_dra(
         registry_dir: cfg.plugins_registry_dir(),
         plugins_dir: cfg.dra_plugins_dir(),
         resync: cfg.dra.resync,
+        claim_status: cfg.dra.claim_status,
         board,
         patience: cfg.registration_timeout,
         claims,

@@ -39,6 +39,8 @@ pub struct DriverSetup {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub resync: Duration,
+    /// Which prepared devices get a claim status entry.
+    pub claim_status: super::plugin::status::StatusPolicy,
     /// Where the driver's registration with kubelet shows (`/readyz`, `/status`).
     pub board: Arc<Board>,
     /// How long kubelet may take to register the driver before an ERROR.
@@ -78,7 +80,11 @@ impl Driver {
             client: setup.client.clone(),
             served: served.clone(),
             specs: setup.specs.clone(),
-            status: super::plugin::status::Reporter::new(setup.client.clone(), setup.driver.clone()),
+            status: super::plugin::status::Reporter::new(
+                setup.client.clone(),
+                setup.driver.clone(),
+                setup.claim_status,
+            ),
         });
         let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
         let wake = Arc::new(Notify::new());

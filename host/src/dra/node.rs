@@ -18,6 +18,8 @@ pub struct NodeSettings<'a> {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub resync: Duration,
+    /// Which prepared devices get a claim status entry.
+    pub claim_status: super::plugin::status::StatusPolicy,
     /// Where each driver's registration with kubelet shows.
     pub board: Arc<crate::plugin_socket::registration::Board>,
     /// How long kubelet may take to register a driver before an ERROR.
@@ -56,6 +58,7 @@ impl DraNode {
             registry_dir: s.registry_dir,
             plugins_dir: s.plugins_dir,
             resync: s.resync,
+            claim_status: s.claim_status,
             board: s.board,
             patience: s.patience,
             claims: s.claims,

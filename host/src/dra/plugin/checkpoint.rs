@@ -3,7 +3,8 @@
 //!
 //! Two files in the driver's directory: `dra-claims.json`, a snapshot (replaced atomically),
 //! and `dra-claims.journal`, the changes since (one JSON record a line, [`super::journal`]). A
-//! call's prepared claims are one journal append and one flush; the snapshot is rewritten (and
+//! call's prepared claims are one journal append (a `write`, no flush: see the journal for why
+//! a flush would buy nothing); the snapshot is rewritten (and
 //! the journal emptied) only when the journal has grown past a few times the claims it
 //! describes. Reading replays the journal over the snapshot; damage to either costs only the
 //! records it touched.
@@ -160,13 +161,13 @@ impl Checkpoint {
         self.saved.locked().claims.keys().cloned().collect()
     }
 
-    /// Remember `claim` as prepared with `devices`, on disk before this returns.
+    /// Remember `claim` as prepared with `devices`, written before this returns.
     pub fn put(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> std::io::Result<()> {
         self.put_many(&[(claim.clone(), devices.to_vec())])
     }
 
-    /// Remember each claim as prepared with its devices: one journal append, one flush, on
-    /// disk before this returns.
+    /// Remember each claim as prepared with its devices: one journal append, written before
+    /// this returns.
     pub fn put_many(&self, claims: &[(ClaimRef, Vec<PreparedDevice>)]) -> std::io::Result<()> {
         let changes: Vec<Change> = claims
             .iter()
@@ -179,12 +180,12 @@ impl Checkpoint {
         self.record(changes)
     }
 
-    /// Forget claim `uid`, on disk before this returns; whether it was there.
+    /// Forget claim `uid`, written before this returns; whether it was there.
     pub fn remove(&self, uid: &str) -> std::io::Result<bool> {
         Ok(self.remove_many(&[uid.to_owned()])? == 1)
     }
 
-    /// Forget these claims (one flush); how many were there.
+    /// Forget these claims (one append); how many were there.
     pub fn remove_many(&self, uids: &[String]) -> std::io::Result<usize> {
         let held: Vec<Change> = {
             let saved = self.saved.locked();
@@ -200,7 +201,7 @@ impl Checkpoint {
     /// On disk first, then in memory: a change that could not be recorded is not made.
     fn record(&self, changes: Vec<Change>) -> std::io::Result<()> {
         // Folding happens on the way out (a removal), never in a prepare: a prepare's cost is
-        // its one flush.
+        // its one append.
         let removal = changes.iter().any(|c| matches!(c, Change::Remove { .. }));
         self.journal.append(&changes)?;
         let claims = {
@@ -429,18 +430,18 @@ mod tests {
         assert!(e.contains("newer") && e.contains("move the file away"), "{e}");
     }
 
-    /// A call's claims are one flush; the journal is folded into the snapshot as it grows; a
+    /// A call's claims are one append, and no flush; the journal is folded into the snapshot as it grows; a
     /// record cut short at the journal's end (a crash mid-append) costs only itself; and what is
     /// read back after all that is exactly what was recorded.
     #[test]
-    fn claims_are_journaled_one_flush_a_batch_and_survive_compaction_and_a_torn_append() {
+    fn claims_are_journaled_one_write_a_batch_and_survive_compaction_and_a_torn_append() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(dir.path()).unwrap();
         let batch: Vec<_> = (0..8).map(|i| claim(&format!("c{i}"))).collect();
         cp.put_many(&batch).unwrap();
-        assert_eq!(cp.journal.flushes(), 1, "eight claims, one flush");
+        assert_eq!(cp.journal.appends(), 1, "eight claims, one write");
         assert_eq!(cp.remove_many(&["c0".into(), "c1".into(), "nobody".into()]).unwrap(), 2);
-        assert_eq!(cp.journal.flushes(), 2);
+        assert_eq!(cp.journal.appends(), 2);
         for i in 0..300 {
             let (c, d) = claim(&format!("x{i}"));
             cp.put(&c, &d).unwrap();

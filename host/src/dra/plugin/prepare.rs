@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use tracing::Instrument;
 
 use super::checkpoint::{ClaimRef, PreparedDevice};
 use super::service::{ClaimPreparer, PreparedClaim};
@@ -39,6 +40,7 @@ fn cdi_safe(s: &str) -> String {
 async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<ResourceClaim, DraError> {
     kube::Api::<ResourceClaim>::namespaced(client.clone(), namespace)
         .get(name)
+        .instrument(tracing::debug_span!("dra.claim_get"))
         .await
         .map_err(|e| DraError::Api(format!("reading ResourceClaim {namespace}/{name}: {e}")))
 }
@@ -147,7 +149,13 @@ impl ClaimPreparer for Preparer {
             })
             .collect();
         let whole = match groups.values().next() {
-            Some((served, _)) => served.calls.prepare(claim.uid.clone(), claim_devices, config).await?,
+            Some((served, _)) => {
+                served
+                    .calls
+                    .prepare(claim.uid.clone(), claim_devices, config)
+                    .instrument(tracing::debug_span!("dra.backend_call"))
+                    .await?
+            }
             None => None,
         };
         if let Some(edits) = &whole {
@@ -157,7 +165,8 @@ impl ClaimPreparer for Preparer {
             let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
             let list = served.devices.borrow().clone();
             if whole.is_none() {
-                let extra = served.calls.allocate(ids.clone()).await?;
+                let extra =
+                    served.calls.allocate(ids.clone()).instrument(tracing::debug_span!("dra.backend_call")).await?;
                 common.merge(&extra);
             }
             common.merge(&list.common_edits);
@@ -206,8 +215,8 @@ impl ClaimPreparer for Preparer {
 
     fn commit(&self, claim: &ClaimRef, prepared: PreparedClaim) -> Result<(), DraError> {
         let Some(spec) = prepared.spec else { return Ok(()) };
-        self.specs
-            .write_claim_unflushed(&claim.uid, &spec)
+        tracing::debug_span!("dra.spec_write")
+            .in_scope(|| self.specs.write_claim_unflushed(&claim.uid, &spec))
             .map_err(|source| DraError::Spec { doing: "writing", source })?;
         self.status.report(claim.clone(), prepared.status);
         Ok(())
@@ -218,14 +227,16 @@ impl ClaimPreparer for Preparer {
     }
 
     fn release(&self, claim: &ClaimRef) -> Result<(), DraError> {
-        self.specs.remove_claim(&claim.uid).map_err(|source| DraError::Spec { doing: "removing", source })
+        tracing::debug_span!("dra.spec_remove")
+            .in_scope(|| self.specs.remove_claim(&claim.uid))
+            .map_err(|source| DraError::Spec { doing: "removing", source })
     }
 
     async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), DraError> {
         // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
         // stays) so kubelet's retry finds it as it was.
         if let Some(r) = self.served.resources().first() {
-            r.calls.unprepare(claim.uid.clone()).await?;
+            r.calls.unprepare(claim.uid.clone()).instrument(tracing::debug_span!("dra.backend_call")).await?;
         }
         self.release(claim)
     }

@@ -6,7 +6,7 @@
 //!
 //! The claims of one call are prepared concurrently, each under a lock of its own (a claim is
 //! never prepared and unprepared at once; unrelated claims never wait for each other), and
-//! recorded together: one checkpoint flush per call. The record comes before the claim's CDI
+//! recorded together: one checkpoint write per call. The record comes before the claim's CDI
 //! spec is written, so a crash at any point leaves no spec without its record; a record without
 //! its spec is prepared again when kubelet asks (`ClaimPreparer::intact`). What a claim's
 //! preparing decided travels as a [`PreparedClaim`] from `prepare` to `commit`, never parked.
@@ -224,7 +224,7 @@ impl DraPlugin {
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<Vec<PreparedDevice>, DraError>> {
         let _held = self.lock(&claims).await;
         let outcomes = futures::future::join_all(claims.iter().map(|c| self.prepare_one(c))).await;
-        // Everything prepared afresh in this call is recorded at once: one flush.
+        // Everything prepared afresh in this call is recorded at once: one write.
         let fresh: Vec<(ClaimRef, Vec<PreparedDevice>)> = claims
             .iter()
             .zip(&outcomes)
@@ -233,7 +233,11 @@ impl DraPlugin {
                 _ => None,
             })
             .collect();
-        let recorded = if fresh.is_empty() { Ok(()) } else { self.checkpoint.put_many(&fresh) };
+        let recorded = if fresh.is_empty() {
+            Ok(())
+        } else {
+            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.put_many(&fresh))
+        };
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
             let answer = match (outcome, &recorded) {
@@ -260,7 +264,7 @@ impl DraPlugin {
     }
 
     /// Unprepare each claim this node holds (a claim it does not hold is already unprepared);
-    /// the claims let go of are forgotten together (one flush).
+    /// the claims let go of are forgotten together (one write).
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> BTreeMap<String, Result<(), DraError>> {
         let _held = self.lock(&claims).await;
         let outcomes = futures::future::join_all(claims.iter().map(|claim| async move {
@@ -272,7 +276,11 @@ impl DraPlugin {
         .await;
         let done: Vec<String> =
             claims.iter().zip(&outcomes).filter(|(_, o)| matches!(o, Ok(true))).map(|(c, _)| c.uid.clone()).collect();
-        let forgotten = if done.is_empty() { Ok(0) } else { self.checkpoint.remove_many(&done) };
+        let forgotten = if done.is_empty() {
+            Ok(0)
+        } else {
+            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.remove_many(&done))
+        };
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
             let answer = match (outcome, &forgotten) {
