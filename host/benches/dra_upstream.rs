@@ -59,6 +59,16 @@ impl SpanTimes {
     }
 }
 
+/// utime + stime of process `pid` (`self` for this one), in clock ticks.
+fn cpu_ticks(pid: &str) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
 /// Children killed when the bench ends, however it ends.
 struct Reaped(Vec<Child>);
 
@@ -99,6 +109,8 @@ fn main() -> anyhow::Result<()> {
         server.write_kubeconfig(&kubeconfig);
         let mut cfg = node.cfg.clone();
         cfg.dra.kubeconfig = Some(kubeconfig.clone());
+        // devplug's defaults, not the test suite's 100 ms health poll.
+        cfg.poll_interval = devplug::config::Config::default().poll_interval;
         // devplug in a runtime and threads of its own, as in its own process.
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let devplug = std::thread::spawn(move || {
@@ -185,6 +197,25 @@ fn main() -> anyhow::Result<()> {
             if !v.is_empty() {
                 report(&format!("devplug span {name}"), v);
             }
+        }
+        // Idle: the hogs stopped, nothing asked of either driver; CPU over a minute after a
+        // warm-up. This process is devplug plus the idle kubelet stand-in and client.
+        for mut hog in children.0.drain(1..) {
+            let _ = hog.kill();
+            let _ = hog.wait();
+        }
+        let go_pid = children.0[0].id();
+        let (warm_up, window) = if quick { (5, 20) } else { (15, 60) };
+        tokio::time::sleep(Duration::from_secs(warm_up)).await;
+        let (d0, g0) = (cpu_ticks("self"), cpu_ticks(&go_pid.to_string()));
+        tokio::time::sleep(Duration::from_secs(window)).await;
+        let (d1, g1) = (cpu_ticks("self"), cpu_ticks(&go_pid.to_string()));
+        let tick = 100.0; // USER_HZ
+        for (who, ticks) in [("devplug (with the idle stand-ins)", d1 - d0), ("Go test driver", g1 - g0)] {
+            println!(
+                "idle {who}: {ticks} ticks in {window} s = {:.3} % of a core",
+                ticks as f64 / tick / window as f64 * 100.0
+            );
         }
         let _ = stop_tx.send(());
         drop(children);

@@ -225,7 +225,9 @@ impl Checkpoint {
     /// replays a journal whose changes the snapshot already holds: the same set.
     fn compact(&self) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(&*self.saved.locked()).map_err(std::io::Error::other)?;
-        self.state.write(FILE, &bytes, true)?;
+        // Replaced atomically, not flushed, as the journal is written: flushing here put three
+        // disk flushes into every ~128th unprepare (its p99 under load, docs/BENCHMARKS.md).
+        self.state.write(FILE, &bytes, false)?;
         self.journal.reset()
     }
 

@@ -92,7 +92,6 @@ impl Journal {
         let mut f = self.file.locked();
         f.0.set_len(0)?;
         f.0.seek(SeekFrom::Start(0))?;
-        crate::durable::sync_data(&f.0)?;
         f.1 = 0;
         Ok(())
     }
