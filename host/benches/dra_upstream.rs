@@ -69,6 +69,18 @@ fn cpu_ticks(pid: &str) -> u64 {
         + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
 }
 
+/// Nanoseconds on a CPU of process `pid`'s threads whose name starts with `prefix`
+/// (`/proc/PID/task/*/schedstat`, exact where ticks are 10 ms).
+fn cpu_ns(pid: &str, prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Children killed when the bench ends, however it ends.
 struct Reaped(Vec<Child>);
 
@@ -114,7 +126,12 @@ fn main() -> anyhow::Result<()> {
         // devplug in a runtime and threads of its own, as in its own process.
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let devplug = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("devplug-rt")
+                .enable_all()
+                .build()
+                .expect("rt");
             rt.block_on(devplug::daemon::run(cfg, async move {
                 let _ = stop_rx.await;
             }))
@@ -204,17 +221,22 @@ fn main() -> anyhow::Result<()> {
             let _ = hog.kill();
             let _ = hog.wait();
         }
-        let go_pid = children.0[0].id();
+        let go_pid = children.0[0].id().to_string();
         let (warm_up, window) = if quick { (5, 20) } else { (15, 60) };
         tokio::time::sleep(Duration::from_secs(warm_up)).await;
-        let (d0, g0) = (cpu_ticks("self"), cpu_ticks(&go_pid.to_string()));
+        let (d0, g0) = (cpu_ns("self", "devplug"), cpu_ns(&go_pid, ""));
+        let (dt0, gt0) = (cpu_ticks("self"), cpu_ticks(&go_pid));
         tokio::time::sleep(Duration::from_secs(window)).await;
-        let (d1, g1) = (cpu_ticks("self"), cpu_ticks(&go_pid.to_string()));
-        let tick = 100.0; // USER_HZ
-        for (who, ticks) in [("devplug (with the idle stand-ins)", d1 - d0), ("Go test driver", g1 - g0)] {
+        let (d1, g1) = (cpu_ns("self", "devplug"), cpu_ns(&go_pid, ""));
+        let (dt1, gt1) = (cpu_ticks("self"), cpu_ticks(&go_pid));
+        for (who, ns, ticks) in [
+            ("devplug (its threads; ticks: the whole bench process)", d1 - d0, dt1 - dt0),
+            ("Go test driver", g1 - g0, gt1 - gt0),
+        ] {
             println!(
-                "idle {who}: {ticks} ticks in {window} s = {:.3} % of a core",
-                ticks as f64 / tick / window as f64 * 100.0
+                "idle {who}: {:.1} ms CPU in {window} s = {:.4} % of a core ({ticks} ticks)",
+                ns as f64 / 1e6,
+                ns as f64 / 1e9 / window as f64 * 100.0
             );
         }
         let _ = stop_tx.send(());
