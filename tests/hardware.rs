@@ -598,7 +598,14 @@ async fn a_listing_entry_the_grant_hides_shows_in_log_status_and_exit_code() {
         entry["grant"].as_str().unwrap(),
         "[backends.gpu.grant] sysfs = [\"bus/pci/devices/*\"] (or in its manifest's [requests])"
     );
-    assert!(err.contains(&format!("backend gpu was refused sysfs.list-dir {hidden}")), "{err}");
+    // Issue 42: the entries one wildcard allows are one piece of advice, not one per entry.
+    let same_grant = refused.iter().filter(|r| r["grant"] == entry["grant"]).count();
+    assert!(same_grant >= 7, "{refused:?}");
+    let advice: Vec<&str> =
+        err.lines().filter(|l| l.contains("backend gpu was refused sysfs.list-dir bus/pci/devices/")).collect();
+    assert_eq!(advice.len(), 1, "{err}");
+    assert!(advice[0].contains(&format!("and {} more the same grant allows", same_grant - 1)), "{err}");
+    assert!(advice[0].contains("sysfs = [\"bus/pci/devices/*\"]"), "{err}");
     let gpus = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
     assert_eq!(gpus["devices"].as_array().unwrap().len(), 1, "the grant hides seven of the eight");
 
@@ -645,6 +652,75 @@ fn requests_learned_without_switches_serve_a_machine_with_them() {
     assert!(full.to_string().contains("pcie-switch"), "the DGX's GPUs are behind switches: {full}");
     let with_learned = gpus(&learned.replace("[requests]", "[backends.gpu.grant]"));
     assert_eq!(with_learned, full, "requests learned on the flat machine see less on the DGX");
+}
+
+/// The AMD GPUs discover finds on `m` with `grant` as the whole config, and what it refused.
+fn amd_gpus_granted(m: &Path, grant: &str) -> (serde_json::Value, serde_json::Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("devplug.toml");
+    std::fs::write(&file, grant).unwrap();
+    let (_, out, _) = support::binary::run_on_machine(
+        &["discover"],
+        m,
+        &cache_dir(),
+        &["--format", "json", "--config", file.to_str().unwrap()],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let amd =
+        v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "amd.com/gpu").cloned().unwrap_or_default();
+    (amd, v["refused"].clone())
+}
+
+/// Issue 42: requests learned on MI300Xs in SPX (KFD topology nodes 0–9, render minors 128,
+/// 136, …) serve the same box in CPX (nodes 0–65, 64 partitions on renderD128–191): numbered
+/// directories, minors and partition devices are learned as wildcards. `--merge` adds what was
+/// learned before, each pattern once.
+#[test]
+fn requests_learned_in_one_partition_mode_serve_the_others() {
+    let spx = fixture("amd-mi300x");
+    let cpx = fixture("amd-mi300x-cpx");
+    let learned = on_machine(&["discover", "--learn-requests", "gpu"], &spx, &cache_dir(), &[]);
+    assert!(learned.contains("\"class/kfd/kfd/topology/nodes/[0-9]*/properties\""), "{learned}");
+    assert!(!learned.contains("nodes/9"), "no node learned one by one: {learned}");
+    assert!(learned.contains("\"dri/renderD[0-9]*\""), "{learned}");
+    let grant = learned.replace("[requests]", "[backends.gpu.grant]");
+    let (full, _) = amd_gpus_granted(&cpx, "");
+    let devices = full["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 64, "8 GPUs × 8 CPX partitions: {full}");
+    let (with_learned, refused) = amd_gpus_granted(&cpx, &grant);
+    assert_eq!(refused, serde_json::json!([]), "learned in SPX, nothing refused in CPX");
+    assert_eq!(with_learned, full, "requests learned in SPX see less in CPX");
+    assert!(devices.iter().all(|d| d["health"] == "Healthy"), "{full}");
+
+    // Merged: what CPX learns and what SPX learned, each pattern once, valid TOML.
+    let dir = tempfile::tempdir().unwrap();
+    let before = dir.path().join("spx.toml");
+    std::fs::write(&before, &learned).unwrap();
+    let merged = on_machine(
+        &["discover", "--learn-requests", "gpu", "--merge", before.to_str().unwrap()],
+        &cpx,
+        &cache_dir(),
+        &[],
+    );
+    let doc: toml::Table = toml::from_str(&merged).unwrap();
+    let sysfs: Vec<&str> = doc["requests"]["sysfs"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    let mut unique = sysfs.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), sysfs.len(), "{merged}");
+    assert!(merged.contains("learned before"), "{merged}");
+    let (merged_sees, refused) = amd_gpus_granted(&spx, &merged.replace("[requests]", "[backends.gpu.grant]"));
+    assert_eq!(refused, serde_json::json!([]), "{merged}");
+    assert_eq!(merged_sees, amd_gpus_granted(&spx, "").0);
+    // A file that is not a manifest is refused before the backend runs, naming the file.
+    std::fs::write(&before, "sysfs = []").unwrap();
+    let (code, _, err) = support::binary::run_on_machine(
+        &["discover", "--learn-requests", "gpu", "--merge", before.to_str().unwrap()],
+        &cpx,
+        &cache_dir(),
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("spx.toml") && err.contains("no [requests]"), "{err}");
 }
 
 /// `devplug discover --learn-requests` (issue 28): the requests it learns for the gpu backend

@@ -90,7 +90,7 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     if let Some(name) = args.learn_requests.clone() {
         // Backend calls block (each under its own deadline): off the async threads.
-        let text = tokio::task::spawn_blocking(move || cli::learn_requests(&args.source, &name)).await??;
+        let text = tokio::task::spawn_blocking(move || cli::learn_requests(&args.source, &name, &args.merge)).await??;
         print!("{text}");
         return Ok(());
     }
@@ -110,12 +110,15 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     // A refused access is why a device goes missing or Unhealthy: said with its grant, and a
     // failure, so a vendor's CI sees it.
     let refused = v["refused"].as_array().cloned().unwrap_or_default();
-    for r in &refused {
-        let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+    for (backend, grant, accesses) in cli::refusals_by_grant(&refused) {
+        let more = match accesses.len() {
+            1 => String::new(),
+            n => format!(" and {} more the same grant allows", n - 1),
+        };
         observe::say_about(
             tracing::Level::WARN,
-            Some(&s("backend")),
-            &format!("backend {} was refused {} {}: to allow it, {}", s("backend"), s("call"), s("path"), s("grant")),
+            Some(&backend),
+            &format!("backend {backend} was refused {}{more}: to allow it, {grant}", accesses[0]),
         );
     }
     anyhow::ensure!(

@@ -22,6 +22,7 @@ pub const MACHINES: &[&str] = &[
     "dgx-h100",
     "dgx-a100-mig",
     "amd-mi300x",
+    "amd-mi300x-cpx",
     "intel-gpu-max",
     "cx6dx-sriov",
     "e810-sriov",
@@ -204,6 +205,7 @@ pub fn build(name: &str, root: &Path) {
         "dgx-h100" => dgx_h100(&mut t),
         "dgx-a100-mig" => dgx_a100_mig(&mut t),
         "amd-mi300x" => amd_mi300x(&mut t),
+        "amd-mi300x-cpx" => amd_mi300x_in(&mut t, "CPX", "NPS4"),
         "intel-gpu-max" => intel_gpu_max(&mut t),
         "cx6dx-sriov" => cx6dx(&mut t, 1, 8),
         "e810-sriov" => e810(&mut t),
@@ -435,11 +437,63 @@ fn nvidia_information_of(model: &str, vbios: &str, addr: &str, minor: u32, seed:
     )
 }
 
-/// AMD Instinct MI300X box: 8× 1002:74a1 (processing accelerator) on amdgpu, `/dev/kfd`, a DRM
-/// card and render node per GPU (the BMC holds card0, so numbering is offset: read it, never
-/// guess it).
+/// AMD Instinct MI300X box in SPX/NPS1 (the factory default): 8× 1002:74a1 (processing
+/// accelerator) on amdgpu, `/dev/kfd`, KFD's topology, and per GPU the 7 spare XCP render
+/// devices amdgpu makes at probe whatever the mode (see [`amd_mi300x_in`]).
 fn amd_mi300x(t: &mut Tree) {
+    amd_mi300x_in(t, "SPX", "NPS1");
+}
+
+/// XCPs (compute partitions) an MI300X's 8 XCDs make in each compute mode
+/// (`amdgpu_gfx.c` `amdgpu_gfx_compute_mode_desc`, `aqua_vanjaram.c`).
+fn mi300x_partitions(compute: &str) -> u32 {
+    match compute {
+        "SPX" => 1,
+        "DPX" => 2,
+        "QPX" => 4,
+        "CPX" => 8,
+        other => panic!("no MI300X compute mode {other}"),
+    }
+}
+
+/// The MI300X box with every GPU in `compute` mode (SPX, DPX, QPX, CPX) and `memory` mode
+/// (NPS1, NPS4). What each fact follows (Linux `drivers/gpu/drm/`):
+/// - the PCI function's `current_compute_partition`, `available_compute_partition`,
+///   `current_memory_partition`, `available_memory_partition` (`amd/amdgpu/amdgpu_gfx.c`,
+///   `amdgpu_gmc.c`: `sysfs_emit("%s\n")`);
+/// - per GPU, after its own DRM device, 7 more DRM devices on platform devices
+///   `amdgpu_xcp.N` (`amd/amdxcp/amdgpu_xcp_drv.c`: `platform_device_register_simple("amdgpu_xcp",
+///   pdev_num++)`, `DRIVER_GEM | DRIVER_RENDER`), made at probe in every mode (`amdgpu_xcp.c`
+///   `amdgpu_xcp_dev_alloc`, XCP 0 shares the GPU's own device). Probes are sequential, so
+///   each GPU takes 8 card and 8 render minors in a row (`drm_drv.c` `drm_minor_alloc`); the
+///   BMC holds card0, so the 65th primary minor spills into the extended range from 192
+///   (`DRM_EXTENDED_MINOR_LIMIT`);
+/// - KFD's topology under `devices/virtual/kfd/kfd/topology` (`amdkfd/kfd_chardev.c` creates
+///   the `kfd` class device, `kfd_topology.c` the tree): one node per NUMA node's CPUs, then
+///   one per active partition, numbered in order (`kfd_build_sysfs_node_tree`), each with
+///   `gpu_id`, `name`, `properties` (`name value` lines, `node_show`) and
+///   `mem_banks/0/properties`; a partition's `drm_render_minor` is its XCP's render minor,
+///   `location_id` and `domain` its GPU's (`kfd_topology_add_device`).
+fn amd_mi300x_in(t: &mut Tree, compute: &str, memory: &str) {
     base(t);
+    let parts = mi300x_partitions(compute);
+    let nps: u64 = memory.trim_start_matches("NPS").parse().expect("NPSn");
+    // KFD: a CPU node per NUMA node first (CRAT order), then the GPUs' partitions.
+    let kfd = "sys/devices/virtual/kfd/kfd";
+    t.link("sys/class/kfd/kfd", kfd);
+    t.file(&format!("{kfd}/dev"), "234:0\n");
+    t.file(&format!("{kfd}/topology/generation_id"), "1\n");
+    t.file(&format!("{kfd}/topology/system_properties"), "platform_oem 0\nplatform_id 0\nplatform_rev 0\n");
+    let mut node = 0u32;
+    for numa in 0..2u32 {
+        let dir = format!("{kfd}/topology/nodes/{node}");
+        t.file(&format!("{dir}/gpu_id"), "0\n");
+        t.file(&format!("{dir}/name"), "\n");
+        t.file(&format!("{dir}/properties"), &kfd_properties(96, 0, 96 * numa, 0, 0, 0, 0, 0));
+        t.file(&format!("{dir}/mem_banks/0/properties"), &kfd_mem(0, 768 << 30));
+        node += 1;
+    }
+    let mut xcp_dev = 0u32;
     for i in 0..8u32 {
         let bus = 0x05 + i * 0x20;
         let rc = format!("pci0000:{:02x}", bus - 3);
@@ -453,12 +507,118 @@ fn amd_mi300x(t: &mut Tree) {
             numa: (i / 4) as i32,
             driver: Some("amdgpu"),
         });
-        t.class_dev(&dir, "drm", &format!("card{}", i + 1), &[]);
-        t.class_dev(&dir, "drm", &format!("renderD{}", 128 + i), &[]);
-        t.node(&format!("dri/card{}", i + 1), 226, i + 1);
-        t.node(&format!("dri/renderD{}", 128 + i), 226, 128 + i);
+        for (k, v) in [
+            ("current_compute_partition", compute),
+            ("available_compute_partition", "SPX, DPX, QPX, CPX"),
+            ("current_memory_partition", memory),
+            ("available_memory_partition", "NPS1, NPS4"),
+        ] {
+            t.file(&format!("{dir}/{k}"), &format!("{v}\n"));
+        }
+        // Minors in probe order: the GPU's own device, then its 7 XCP devices.
+        let card = |k: u32| match 1 + 8 * i + k {
+            m if m < 64 => m,
+            m => 192 + (m - 64),
+        };
+        let render = |k: u32| 128 + 8 * i + k;
+        t.class_dev(&dir, "drm", &format!("card{}", card(0)), &[]);
+        t.class_dev(&dir, "drm", &format!("renderD{}", render(0)), &[]);
+        t.node(&format!("dri/card{}", card(0)), 226, card(0));
+        t.node(&format!("dri/renderD{}", render(0)), 226, render(0));
+        for k in 1..8u32 {
+            let pdev = format!("sys/devices/platform/amdgpu_xcp.{xcp_dev}");
+            t.link(&format!("{pdev}/subsystem"), "sys/bus/platform");
+            t.link(&format!("sys/bus/platform/devices/amdgpu_xcp.{xcp_dev}"), &pdev);
+            t.class_dev(&pdev, "drm", &format!("card{}", card(k)), &[]);
+            t.class_dev(&pdev, "drm", &format!("renderD{}", render(k)), &[]);
+            t.node(&format!("dri/card{}", card(k)), 226, card(k));
+            t.node(&format!("dri/renderD{}", render(k)), 226, render(k));
+            xcp_dev += 1;
+        }
+        // The active partitions in KFD: 304 CUs and 192 GiB split evenly (NPS splits the
+        // memory; partitions on one memory partition share it).
+        let location = bus << 8; // PCI_DEVID(bus, devfn 0)
+        for p in 0..parts {
+            let dir = format!("{kfd}/topology/nodes/{node}");
+            let gpu_id = 0x1000 + ((bus * 0x35 + p * 0x101) & 0xefff);
+            t.file(&format!("{dir}/gpu_id"), &format!("{gpu_id}\n"));
+            t.file(&format!("{dir}/name"), "ip discovery\n");
+            let cus = 304 / parts;
+            let unique = 0x5a1c_0000_0000_0000u64 | (u64::from(i) << 8) | u64::from(p);
+            t.file(
+                &format!("{dir}/properties"),
+                &kfd_properties(0, cus * 4, 0, 8 / parts, location, render(p), unique, 0x4d49_3330_3058),
+            );
+            let mem = (192u64 << 30) / nps.max(1);
+            t.file(&format!("{dir}/mem_banks/0/properties"), &kfd_mem(1, mem));
+            node += 1;
+        }
     }
     t.node("kfd", 234, 0);
+}
+
+/// A KFD node's `properties` as `node_show` prints them (`kfd_topology.c`), CPU or GPU.
+#[allow(clippy::too_many_arguments)]
+fn kfd_properties(
+    cpu_cores: u32,
+    simd: u32,
+    cpu_base: u32,
+    num_xcc: u32,
+    location: u32,
+    render_minor: u32,
+    unique_id: u64,
+    hive: u64,
+) -> String {
+    let gpu = simd > 0;
+    let g = |v: u64| if gpu { v } else { 0 };
+    let lines: Vec<(&str, u64)> = vec![
+        ("cpu_cores_count", u64::from(cpu_cores)),
+        ("simd_count", u64::from(simd)),
+        ("mem_banks_count", 1),
+        ("caches_count", g(0)),
+        ("io_links_count", if gpu { 1 } else { 0 }),
+        ("p2p_links_count", 0),
+        ("cpu_core_id_base", u64::from(cpu_base)),
+        ("simd_id_base", g(0x8000_0000)),
+        ("max_waves_per_simd", g(8)),
+        ("lds_size_in_kb", g(64)),
+        ("gds_size_in_kb", 0),
+        ("num_gws", g(64)),
+        ("wave_front_size", g(64)),
+        ("array_count", g(u64::from(num_xcc) * 4)),
+        ("simd_arrays_per_engine", g(1)),
+        ("cu_per_simd_array", g(10)),
+        ("simd_per_cu", g(4)),
+        ("max_slots_scratch_cu", g(32)),
+        ("gfx_target_version", g(90402)),
+        ("vendor_id", g(0x1002)),
+        ("device_id", g(0x74a1)),
+        ("location_id", u64::from(location)),
+        ("domain", 0),
+        ("drm_render_minor", u64::from(render_minor)),
+        ("hive_id", g(hive)),
+        ("num_sdma_engines", g(2)),
+        ("num_sdma_xgmi_engines", g(14)),
+        ("num_sdma_queues_per_engine", g(8)),
+        ("num_cp_queues", g(24)),
+        ("max_engine_clk_fcompute", g(2100)),
+        ("local_mem_size", 0),
+        ("fw_version", g(177)),
+        ("capability", g(0x2db8_2280)),
+        ("debug_prop", g(0x1495)),
+        ("sdma_fw_version", g(22)),
+        ("unique_id", unique_id),
+        ("num_xcc", g(u64::from(num_xcc))),
+        ("max_engine_clk_ccompute", 3700),
+    ];
+    lines.iter().map(|(k, v)| format!("{k} {v}\n")).collect()
+}
+
+/// A KFD memory bank's `properties` (`kfd_topology.c` `mem_show`): heap type 0 is system
+/// memory, 1 the GPU's frame buffer (`HSA_MEM_HEAP_TYPE_FB_PUBLIC`).
+fn kfd_mem(heap: u32, bytes: u64) -> String {
+    let (width, clk) = if heap == 0 { (64, 2400) } else { (8192, 1300) };
+    format!("heap_type {heap}\nsize_in_bytes {bytes}\nflags 0\nwidth {width}\nmem_clk_max {clk}\n")
 }
 
 /// Intel Data Center GPU Max 1550 box: 4× 8086:0bd5, three on i915 and one moved to xe.

@@ -5,9 +5,11 @@
 //! | NVIDIA | `10de`, class `03xx` | `nvidia.com/gpu` | `/dev/nvidiaN` | `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools` |
 //! | NVIDIA MIG | instances in `/proc/driver/nvidia/capabilities` | `nvidia.com/gpu` or `nvidia.com/mig-<profile>` | `/dev/nvidiaN` + 2 `nvidia-caps/nvidia-capM` | as above |
 //! | AMD | `1002`, class `03xx`/`12xx` | `amd.com/gpu` | its `dri/cardN` + `dri/renderDN` | `/dev/kfd` |
+//! | AMD partitions (MI300 DPX/QPX/CPX) | KFD topology nodes of a split GPU | `amd.com/gpu` | the partition's `dri/renderDN` | `/dev/kfd` |
 //! | Intel | `8086`, class `03xx` | `gpu.intel.com/i915` or `gpu.intel.com/xe` by driver | its `dri/cardN` + `dri/renderDN` | — |
 //!
-//! Device IDs are PCI addresses (`0000:18:00.0`; MIG instances `0000:07:00.0-gi1-ci0`; replicas
+//! Device IDs are PCI addresses (`0000:18:00.0`; MIG instances `0000:07:00.0-gi1-ci0`; AMD
+//! partitions `0000:05:00.0-xcp3`, see [`amd`]; replicas
 //! of a time-sliced GPU `0000:18:00.0::3`): stable across reboots, unlike probe-order indices. DRM
 //! nodes are read from the function's own `drm/` directory, never guessed from an index (a BMC's
 //! VGA often holds `card0`). NVIDIA minors, UUIDs and MIG: see [`nvidia`] and [`mig`].
@@ -18,6 +20,7 @@
 //!
 //! Config: see [`config`].
 
+pub mod amd;
 pub mod config;
 pub mod dra;
 mod mig;
@@ -119,9 +122,7 @@ impl Backend for Gpu {
         for v in &self.vendors {
             match v {
                 Vendor::Nvidia => out.extend(self.nvidia.resources(sys, &self.pci, &self.cfg)),
-                Vendor::Amd => {
-                    out.push(drm_resource(sys, &names.amd, gpus(&self.pci, sys, Vendor::Amd), "amdgpu", "kfd"))
-                }
+                Vendor::Amd => out.push(amd_resource(sys, &names.amd, gpus(&self.pci, sys, Vendor::Amd))),
                 Vendor::Intel => {
                     let (xe, i915): (Vec<_>, Vec<_>) = gpus(&self.pci, sys, Vendor::Intel)
                         .into_iter()
@@ -150,7 +151,7 @@ impl Backend for Gpu {
         // MIG instances sit where their GPU sits.
         let placed: Vec<Placed> = available
             .iter()
-            .map(|id| match PciDevice::read(sys, mig::parent(id)) {
+            .map(|id| match PciDevice::read(sys, parent(id)) {
                 Ok(d) => Placed { id: id.clone(), numa: d.numa_node, switch: d.switch(sys) },
                 Err(_) => Placed { id: id.clone(), numa: None, switch: None },
             })
@@ -177,6 +178,51 @@ impl Backend for Gpu {
             None => edits::empty(),
         })
     }
+}
+
+/// The GPU a device ID names: a MIG instance's (`-giG-ciC`) or a partition's (`-xcpN`).
+fn parent(id: &str) -> &str {
+    let id = mig::parent(id);
+    id.split_once("-xcp").map_or(id, |(pci, _)| pci)
+}
+
+/// AMD GPUs: a partitioned GPU as one device per partition (its render node and `/dev/kfd`),
+/// any other whole (see [`amd`]). Every device says its GPU's partition modes.
+fn amd_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>) -> Resource {
+    // KFD is read only where there is an AMD GPU: an NVIDIA box's grant need not name it.
+    let parts = if list.is_empty() { Default::default() } else { amd::partitions(sys) };
+    let (split, whole): (Vec<_>, Vec<_>) =
+        list.into_iter().partition(|d| parts.get(&d.address).is_some_and(|p| p.len() > 1));
+    let modes: std::collections::BTreeMap<String, _> =
+        split.iter().chain(&whole).map(|d| (d.address.clone(), amd::modes(sys, d))).collect();
+    let mode_attrs = |pci: &str| {
+        let (compute, memory) = modes.get(pci).cloned().unwrap_or_default();
+        let mut a = Vec::new();
+        a.extend(compute.map(|c| ("compute-partition".to_owned(), c)));
+        a.extend(memory.map(|m| ("memory-partition".to_owned(), m)));
+        a
+    };
+    let mut r = drm_resource(sys, name, whole, "amdgpu", "kfd");
+    for d in &mut r.devices {
+        d.attributes.extend(mode_attrs(&d.id));
+    }
+    let sick = PciDevice::sickness_many(sys, &split, |drv| drv == "amdgpu");
+    for (d, sickness) in split.iter().zip(sick) {
+        for p in parts.get(&d.address).into_iter().flatten() {
+            let node = format!("dri/renderD{}", p.render_minor);
+            let problem =
+                sickness.clone().or_else(|| sys.dev_stat(&node).is_err().then(|| format!("/dev/{node} is missing")));
+            let mut attrs = attributes(sys, d);
+            attrs.extend(mode_attrs(&d.address));
+            attrs.push(("partition".into(), p.index.to_string()));
+            attrs.extend(p.compute_units.map(|c| ("compute-units".to_owned(), c.to_string())));
+            attrs.extend(p.memory.map(|m| ("memory".to_owned(), m.to_string())));
+            let id = amd::partition_id(&d.address, p.index);
+            r.devices.push(device(&id, d, problem.as_deref(), attrs, edits::nodes([node.as_str()])));
+        }
+    }
+    r.devices.sort_by(|a, b| a.id.cmp(&b.id));
+    r
 }
 
 /// A resource of DRM GPUs (AMD, Intel): each device gets its own card and render node.

@@ -272,6 +272,22 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
     }))
 }
 
+/// `discover`'s refusals grouped by the grant line that allows them, in first-seen order: ten
+/// numbered directories one wildcard allows are one piece of advice, not ten.
+pub fn refusals_by_grant(refused: &[serde_json::Value]) -> Vec<(String, String, Vec<String>)> {
+    let mut groups: Vec<(String, String, Vec<String>)> = Vec::new();
+    for r in refused {
+        let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+        let (backend, grant) = (s("backend"), s("grant"));
+        let access = format!("{} {}", s("call"), s("path"));
+        match groups.iter_mut().find(|(b, g, _)| *b == backend && *g == grant) {
+            Some((_, _, list)) => list.push(access),
+            None => groups.push((backend, grant, vec![access])),
+        }
+    }
+    groups
+}
+
 /// `devplug dra slices`: the DeviceClasses and ResourceSlices this node would publish, one
 /// List, built by the code `run` publishes with (one pool per driver, named after the node)
 /// and checked with the API server's rules. Load errors and a pool that breaks a rule fail the

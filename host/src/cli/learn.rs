@@ -19,7 +19,14 @@ use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
 /// The `[requests]` backend `name` needs, as TOML with a comment per line.
-pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
+/// `merge`: files holding `[requests]` learned before, added to what this run learns.
+pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf]) -> anyhow::Result<String> {
+    // Read first: a bad file is reported before the backend runs.
+    let mut earlier = Vec::new();
+    for path in merge {
+        let text = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("--merge {}: {e}", path.display()))?;
+        earlier.push((path.display().to_string(), text));
+    }
     let mut sources = BackendSource::embedded();
     for path in &args.backends {
         sources.push(BackendSource::from_file_with(path, manifest_for(path, args.manifest.as_deref()).as_deref())?);
@@ -108,6 +115,9 @@ pub fn learn_requests(args: &SourceArgs, name: &str) -> anyhow::Result<String> {
     for u in &src.manifest.requests.uevents {
         out.uevents.add(u, "the manifest's (a run cannot show them)", u, false);
     }
+    for (path, text) in &earlier {
+        out.merge(text, path).map_err(|e| anyhow::anyhow!("--merge {path}: {e}"))?;
+    }
     Ok(out.render(name, &roots.sys.display().to_string()))
 }
 
@@ -170,6 +180,39 @@ impl Requests {
                 }
             }
         }
+    }
+
+    /// Add the `[requests]` of a manifest learned before (`--merge`): every pattern as written,
+    /// its comment naming the file.
+    fn merge(&mut self, text: &str, file: &str) -> Result<(), String> {
+        let doc: toml::Table = toml::from_str(text).map_err(|e| format!("not TOML: {e}"))?;
+        let requests = doc
+            .get("requests")
+            .and_then(toml::Value::as_table)
+            .ok_or("it has no [requests] table (merge the output of --learn-requests or a manifest)")?;
+        let file = crate::gate::clip_to(file, 80).replace(char::is_control, "?");
+        let how = format!("learned before ({file})");
+        for (key, value) in requests {
+            let list = match key.as_str() {
+                "sysfs" => &mut self.sysfs,
+                "dev" => &mut self.dev,
+                "procfs" => &mut self.procfs,
+                "resources" => &mut self.resources,
+                "env" => &mut self.env,
+                "mounts" => &mut self.mounts,
+                "mount_targets" => &mut self.mount_targets,
+                "writable_mounts" => &mut self.writable_mounts,
+                "annotations" => &mut self.annotations,
+                "uevents" => &mut self.uevents,
+                other => return Err(format!("[requests] {other} is not a request this host knows")),
+            };
+            let patterns = value.as_array().ok_or_else(|| format!("[requests] {key} is not a list"))?;
+            for p in patterns {
+                let p = p.as_str().ok_or_else(|| format!("[requests] {key} holds a non-string"))?;
+                list.add(p, &how, &file, false);
+            }
+        }
+        Ok(())
     }
 
     fn render(&self, name: &str, root: &str) -> String {
@@ -274,6 +317,25 @@ mod tests {
     }
 
     #[test]
+    fn merging_adds_what_was_learned_before_and_refuses_what_is_not_a_manifest() {
+        let mut r = Requests::default();
+        r.sysfs.add("class/kfd/kfd/topology/nodes/3/properties", "read", "x", true);
+        let before = "[requests]\nsysfs = [\"class/kfd/kfd/topology/nodes/[0-9]*/properties\", \"devices/platform/amdgpu_xcp.[0-9]*\"]\ndev = [\"dri/renderD[0-9]*\"]\n";
+        r.merge(before, "spx.toml").unwrap();
+        let text = r.render("b", "/");
+        let parsed: toml::Table = toml::from_str(&text).unwrap();
+        let sysfs = parsed["requests"]["sysfs"].as_array().unwrap();
+        assert_eq!(sysfs.len(), 2, "one pattern learned twice is one line: {text}");
+        assert!(text.contains("learned before (spx.toml)"), "{text}");
+        assert_eq!(parsed["requests"]["dev"].as_array().unwrap().len(), 1, "{text}");
+        assert!(r.merge("sysfs = []", "f").unwrap_err().contains("no [requests]"));
+        assert!(r.merge("[requests]\nnetwork = [\"*\"]", "f").unwrap_err().contains("network"));
+        assert!(r.merge("[requests]\nsysfs = \"x\"", "f").unwrap_err().contains("not a list"));
+        r.merge("[requests]\nsysfs = [\"a\"]", "evil\n[backends.x]").unwrap();
+        assert!(!r.render("b", "/").contains("\n[backends"), "a file name stays in its comment");
+    }
+
+    #[test]
     fn machine_specific_parts_become_wildcards() {
         assert_eq!(general("bus/pci/devices/0000:3b:00.0/vendor"), "bus/pci/devices/*/vendor");
         // Any depth of bridges: the same pattern with or without a switch in between.
@@ -288,5 +350,13 @@ mod tests {
         assert_eq!(general("bus/pci/devices"), "bus/pci/devices");
         assert_eq!(general("mlx5_core"), "mlx5_core", "a name that ends in letters stays");
         assert_eq!(general("infiniband/mlx5_0"), "infiniband/mlx5_[0-9]*");
+        // Counted-out directories (KFD's topology nodes: 10 in SPX, 66 in CPX on 8 MI300X).
+        assert_eq!(
+            general("class/kfd/kfd/topology/nodes/12/mem_banks/0/properties"),
+            "class/kfd/kfd/topology/nodes/[0-9]*/mem_banks/[0-9]*/properties"
+        );
+        assert_eq!(general("kernel/iommu_groups/34/devices"), "kernel/iommu_groups/[0-9]*/devices");
+        assert_eq!(general("devices/platform/amdgpu_xcp.12/drm"), "devices/platform/amdgpu_xcp.[0-9]*/drm");
+        assert_eq!(general("12/status"), "12/status", "a leading number is a procfs PID: never widened");
     }
 }

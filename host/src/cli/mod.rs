@@ -419,6 +419,10 @@ pub struct DiscoverArgs {
     /// narrowest `[requests]` that allows exactly what its init and discover touched.
     #[arg(long, value_name = "NAME")]
     pub learn_requests: Option<String>,
+    /// With --learn-requests: add the `[requests]` learned before (on another machine, fixture
+    /// or partition mode) from FILE, so one manifest covers them all. Repeatable.
+    #[arg(long, value_name = "FILE", requires = "learn_requests")]
+    pub merge: Vec<PathBuf>,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }
@@ -517,7 +521,7 @@ mod registry;
 pub mod scaffold;
 mod tables;
 
-pub use commands::{allocate, cdi_generate, device_classes, discover, dra_slices};
+pub use commands::{allocate, cdi_generate, device_classes, discover, dra_slices, refusals_by_grant};
 pub use http::{all_devices, http_get, http_json};
 pub use inspect::inspect;
 pub use learn::learn_requests;

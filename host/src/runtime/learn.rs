@@ -50,7 +50,8 @@ fn is_root_complex(s: &str) -> bool {
 /// become `pci*/**`, since a device sits below as many bridges and switch ports as the machine
 /// has (`drivers/pci/probe.c` nests each bus under its bridge); any other PCI address
 /// (`bus/pci/devices/0000:3b:00.0`) becomes `*`; numbered instances (`card1`, `mlx5_0`,
-/// `virtfn3`, `gpu0`) `NAME[0-9]*`.
+/// `virtfn3`, `gpu0`, `amdgpu_xcp.12`) `NAME[0-9]*`, and a component that is only a number
+/// (`topology/nodes/12`) `[0-9]*`.
 pub fn general(path: &str) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut parts = path.split('/').peekable();
@@ -74,6 +75,14 @@ pub fn general(path: &str) -> String {
         let stem = &c[..c.len() - digits];
         if digits > 0 && stem.chars().any(|x| x.is_ascii_alphabetic()) {
             out.push(format!("{stem}[0-9]*"));
+            continue;
+        }
+        // A directory that is only a number is an instance the kernel counted out: KFD's
+        // `topology/nodes/N` (one per CPU and per GPU partition, `kfd_topology.c`), its
+        // `mem_banks/N`, `io_links/N`, an IOMMU group. Never at the start of a path: there it
+        // would be a procfs PID.
+        if digits > 0 && digits == c.len() && !out.is_empty() {
+            out.push("[0-9]*".into());
             continue;
         }
         out.push(c.to_owned());
