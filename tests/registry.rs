@@ -198,6 +198,31 @@ fn push_pull_sign_agree_with_skopeo_and_openssl_and_bad_artifacts_are_refused() 
     assert!(ok, "{err}");
     assert_eq!(v["layout"], "devplug-pack");
     assert!(v["size"].as_u64().unwrap() > 1000);
+    // Issue 42: without --name, an image holding one backend (in a repository named otherwise)
+    // is that backend, under its own name.
+    let (ok, v, err) = pull(&r3, &[]);
+    assert!(ok, "{err}");
+    assert_eq!(v["name"], "chaos", "{v}");
+    // Two backends in one image: which one is for --name (or the config's key) to say.
+    std::fs::copy(&v3, v3.with_file_name("second.wasm")).unwrap();
+    let both = work.path().join("both");
+    let (ok, _, err) = devplug(&[
+        "pack",
+        "--out",
+        both.to_str().unwrap(),
+        "--tag",
+        "3",
+        v3.to_str().unwrap(),
+        v3.with_file_name("second.wasm").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let r4 = reg.reference("two-backends", "3");
+    let out =
+        skopeo(&["copy", "--dest-tls-verify=false", &format!("oci:{}:3", both.display()), &format!("docker://{r4}")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, _, err) = pull(&r4, &[]);
+    assert!(!ok && err.contains("--name") && err.contains("second.wasm"), "{err}");
+    assert!(pull(&r4, &["--name", "second"]).0);
 }
 
 /// `devplug run` following `reference` (config `extra` added), with its log.

@@ -11,7 +11,7 @@ use devplug::backends::{BackendSource, Origin};
 use devplug::runtime::caps::{Capabilities, Globs};
 use devplug::runtime::jail::Jail;
 use devplug::runtime::state::{Roots, Sandbox};
-use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig};
+use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig, Tier};
 use support::daemon::chaos_paths;
 use support::fixtures::Machine;
 
@@ -151,6 +151,42 @@ fn a_looping_backend_is_stopped_at_its_deadline_and_the_next_call_works() {
     assert_eq!(edits.env[0], ("CHAOS_IDS".to_string(), "widget-1".to_string()));
     let s = &inst.stats;
     assert_eq!(s.timeouts.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+/// Issue 42: a large component's first load is baseline-compiled (Winch) and its optimised code
+/// compiled in the background for the next load. Baseline code is held to the same limits:
+/// a spinning call is cut off at its deadline, a memory hog stops at the cap, a trap is
+/// contained. (The chaos backend is small; `baseline_from = 0` makes it take the large path.)
+#[test]
+fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_code() {
+    let m = Machine::generic_box();
+    let cache = tempfile::tempdir().unwrap();
+    let config = |background| RuntimeConfig {
+        discover_deadline: Duration::from_millis(500),
+        call_deadline: Duration::from_millis(100),
+        cache_dir: Some(cache.path().join("c")),
+        baseline_from: 0,
+        optimize_in_background: background,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::new(config(false)).unwrap();
+    let inst = load(&rt, &m, "devices=2").unwrap();
+    assert_eq!((inst.tier, inst.cache), (Tier::Baseline, CacheOutcome::Miss));
+    assert_eq!(inst.allocate("r", &["spin-0".into()]).unwrap_err(), CallError::Timeout(Duration::from_millis(100)));
+    let roomy = Runtime::new(RuntimeConfig { call_deadline: Duration::from_secs(10), ..config(false) }).unwrap();
+    let hog = load(&roomy, &m, "devices=2").unwrap();
+    assert_eq!(hog.tier, Tier::Baseline);
+    assert_eq!(hog.allocate("r", &["hog-0".into()]).unwrap_err(), CallError::MemoryCap(64 << 20));
+    assert!(matches!(inst.allocate("r", &["trap-0".into()]).unwrap_err(), CallError::Trap(_)));
+    assert_eq!(inst.discover().unwrap()[0].devices.len(), 2, "fresh instance after the faults");
+    assert_eq!(load(&roomy, &m, "devices=2").unwrap().cache, CacheOutcome::Hit, "baseline code is cached too");
+    // In the background: optimised code, cached; the next load runs it.
+    let rt = Runtime::new(config(true)).unwrap();
+    assert_eq!(load(&rt, &m, "devices=2").unwrap().tier, Tier::Baseline);
+    rt.finish_background_compiles();
+    let next = load(&Runtime::new(config(true)).unwrap(), &m, "devices=3").unwrap();
+    assert_eq!((next.tier, next.cache), (Tier::Optimized, CacheOutcome::Hit));
+    assert_eq!(next.discover().unwrap()[0].devices.len(), 3);
 }
 
 #[test]

@@ -398,6 +398,7 @@ impl Config {
             breaker_threshold: self.limits.breaker_threshold.max(1),
             cache_dir: self.cache_dir.clone(),
             precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
+            ..crate::runtime::RuntimeConfig::default()
         }
     }
 }

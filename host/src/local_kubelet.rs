@@ -52,6 +52,10 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     if args.metrics_addr.is_none() {
         cfg.metrics_addr = "127.0.0.1:0".parse()?;
     }
+    // The compile cache every command shares (a vendor's `discover` compiled it already).
+    if cfg.cache_dir.is_none() {
+        cfg.cache_dir = devplug::cli::cache::dir(None);
+    }
     // Resources served through DRA (`--dra RESOURCE`, or `api = "dra"` in the config) get a
     // local API server (the test suite's stand-in, which validates slices and claim status as
     // kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's

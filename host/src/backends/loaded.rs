@@ -286,6 +286,7 @@ impl Loaded {
             digest = &inst.digest()[..12],
             origin = %src.origin,
             cache = ?inst.cache,
+            compiler = ?inst.tier,
             "{what}"
         );
     }

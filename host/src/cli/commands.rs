@@ -64,11 +64,9 @@ async fn load_and_poll_as(
     dra: DraView,
 ) -> anyhow::Result<(Arc<Loaded>, Vec<Failure>, Vec<crate::backends::ReadyResource>)> {
     let cfg = args.load_config()?;
-    let mut rc = cfg.runtime_config();
-    if args.cache_dir.is_some() {
-        rc.cache_dir = args.cache_dir.clone();
-    }
-    let runtime = Runtime::new(rc)?;
+    // The command's flag, else the config's dir, else the cache every command shares.
+    let explicit = args.cache_dir.as_deref().or(cfg.cache_dir.as_deref());
+    let runtime = Runtime::new(super::cache::one_shot(cfg.runtime_config(), explicit, args.no_cache))?;
     let roots = args.roots(&cfg);
     let loaded = Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant);
     let loaded = Arc::new(match dra {

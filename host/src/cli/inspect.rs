@@ -9,9 +9,9 @@ use crate::runtime::{Runtime, RuntimeConfig};
 
 /// Check that `bytes` is a backend component of a WIT version this host loads; returns it.
 pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
-    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let runtime = Runtime::new(super::cache::one_shot(RuntimeConfig::default(), None, false))?;
     let compiled = runtime.compile(bytes)?;
-    let version = exported_version(runtime.engine(), &compiled.component)
+    let version = exported_version(compiled.component.engine(), &compiled.component)
         .ok_or_else(|| anyhow::anyhow!("it does not export devplug:backend/backend"))?;
     anyhow::ensure!(
         supports(&version),
@@ -23,11 +23,11 @@ pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
 
 pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_json::Value> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let runtime = Runtime::new(RuntimeConfig::default())?;
+    let runtime = Runtime::new(super::cache::one_shot(RuntimeConfig::default(), None, false))?;
     let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let component = compiled.component;
     let ty = component.component_type();
-    let engine = runtime.engine();
+    let engine = component.engine();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
     let manifest_path = crate::backends::manifest_for(path, manifest);

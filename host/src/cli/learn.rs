@@ -63,7 +63,8 @@ pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf
     let caps = Capabilities::new(&all, &all).map_err(anyhow::Error::msg)?;
     let roots = args.roots(&args.load_config()?);
     let learned = Arc::new(Learned::default());
-    let runtime = Runtime::new(RuntimeConfig { cache_dir: args.cache_dir.clone(), ..RuntimeConfig::default() })?;
+    let runtime =
+        Runtime::new(super::cache::one_shot(RuntimeConfig::default(), args.cache_dir.as_deref(), args.no_cache))?;
     let sandbox = Sandbox::new(name, &caps, &roots, runtime.config.memory_cap).learning(learned.clone());
     let config = src.manifest.config.clone().unwrap_or_default();
     let inst = BackendInstance::load(&runtime, &src.bytes, config, sandbox)?;

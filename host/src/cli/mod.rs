@@ -357,9 +357,13 @@ pub struct SourceArgs {
     /// when the config says `dev_fixtures = true`).
     #[arg(long)]
     pub dev_fixtures: bool,
-    /// Cache compiled backends here (as `run --cache-dir`); repeated runs then skip compiling.
+    /// Cache compiled backends here (default: $DEVPLUG_CACHE_DIR, else ~/.cache/devplug, shared
+    /// by every command), so a backend compiles once.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Compile without the cache (every command then compiles each backend again).
+    #[arg(long, conflicts_with = "cache_dir")]
+    pub no_cache: bool,
 }
 
 impl SourceArgs {
@@ -512,6 +516,7 @@ pub struct InspectArgs {
     pub format: Format,
 }
 
+pub mod cache;
 mod commands;
 mod http;
 pub mod inspect;

@@ -77,10 +77,14 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
                 files.push((format!("devplug-sdk/src/{f}"), t.replace("\"../../wit/since_v0.3.0\"", "\"../wit\"")));
             }
             files.push((".gitignore".into(), "/target\n".into()));
+            // Cargo names the artifact after the crate (`-` becomes `_`); the backend's name is
+            // its file's, so the build copies it to NAME.wasm, as the manifest's comments say.
             (
-                "cargo build --release --target wasm32-wasip2".to_owned(),
+                format!(
+                    "cargo build --release --target wasm32-wasip2\ncp target/wasm32-wasip2/release/{crate_name}.wasm {name}.wasm"
+                ),
                 "cargo test".to_owned(),
-                format!("target/wasm32-wasip2/release/{crate_name}.wasm"),
+                format!("{name}.wasm"),
             )
         }
         Lang::Python => {
@@ -132,6 +136,18 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rust_project_with_a_dash_builds_the_backend_its_manifest_names() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("p");
+        new_backend("mi300x-rs", Lang::Rust, &dir).unwrap();
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        assert!(readme.contains("cp target/wasm32-wasip2/release/mi300x_rs.wasm mi300x-rs.wasm"), "{readme}");
+        assert!(readme.contains("devplug discover --backend mi300x-rs.wasm"), "{readme}");
+        let manifest = std::fs::read_to_string(dir.join("devplug.toml")).unwrap();
+        assert!(manifest.contains("--backend mi300x-rs.wasm"), "{manifest}");
+    }
 
     #[test]
     fn names_are_checked_and_directories_never_overwritten() {

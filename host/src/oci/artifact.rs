@@ -114,10 +114,7 @@ pub async fn pull(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference,
         return Ok(Pulled { digest, component, manifest: text, layout: "wasm-artifact", name: stated });
     }
     let wasm_name = format!("{name}.wasm");
-    let toml_name = format!("{name}.toml");
-    let mut files: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut unpacked =
-        Unpacked { wanted: [wasm_name.clone(), toml_name.clone()], left: MAX_UNPACKED, other_wasm: Default::default() };
+    let mut layers = Vec::new();
     for l in &manifest.layers {
         let gz = l.media_type.ends_with("+gzip") || l.media_type.ends_with(".tar.gzip");
         anyhow::ensure!(
@@ -126,22 +123,41 @@ pub async fn pull(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Reference,
             l.digest,
             l.media_type
         );
-        let data = blob(fetcher, auth, &pinned, l).await?;
-        untar(&data, gz, &mut unpacked, &mut files)
-            .map_err(|e| anyhow::anyhow!("{reference}: layer {}: {e}", l.digest))?;
+        layers.push((l.digest.clone(), gz, blob(fetcher, auth, &pinned, l).await?));
     }
-    let component = match files.remove(&wasm_name) {
-        Some(c) => c,
-        None => {
-            let all = &unpacked.other_wasm;
-            anyhow::bail!("{reference}: the image has no {wasm_name} at its root (it has {all:?})")
+    let unpack = |name: &str| -> anyhow::Result<(BTreeMap<String, Vec<u8>>, Unpacked)> {
+        let wanted = [format!("{name}.wasm"), format!("{name}.toml")];
+        let mut unpacked = Unpacked { wanted, left: MAX_UNPACKED, other_wasm: Default::default() };
+        let mut files = BTreeMap::new();
+        for (digest, gz, data) in &layers {
+            untar(data, *gz, &mut unpacked, &mut files)
+                .map_err(|e| anyhow::anyhow!("{reference}: layer {digest}: {e}"))?;
         }
+        Ok((files, unpacked))
     };
-    let text = match files.remove(&toml_name) {
-        Some(t) => String::from_utf8(t).map_err(|_| anyhow::anyhow!("{reference}: {name}.toml is not UTF-8"))?,
+    let (mut files, unpacked) = unpack(name)?;
+    // An image holding one backend under another name (pushed as `mi300x-backends`, packed from
+    // `mi300x.wasm`) is that backend: its own name, which `--name` or the config's key may
+    // still override.
+    let mut found = name.to_owned();
+    if !files.contains_key(&wasm_name) {
+        let all = &unpacked.other_wasm;
+        let [only] = all.iter().collect::<Vec<_>>()[..] else {
+            anyhow::bail!(
+                "{reference}: the image has no {wasm_name} at its root (it has {all:?}); name the backend to take                  with --name (`devplug pull`) or as its key in the config ([backends.NAME])"
+            )
+        };
+        found = only.trim_end_matches(".wasm").to_owned();
+        files = unpack(&found)?.0;
+    }
+    let component = files
+        .remove(&format!("{found}.wasm"))
+        .ok_or_else(|| anyhow::anyhow!("{reference}: {found}.wasm vanished between two reads of the image"))?;
+    let text = match files.remove(&format!("{found}.toml")) {
+        Some(t) => String::from_utf8(t).map_err(|_| anyhow::anyhow!("{reference}: {found}.toml is not UTF-8"))?,
         None => String::new(),
     };
-    Ok(Pulled { digest, component, manifest: text, layout: "devplug-pack", name: Some(name.to_owned()) })
+    Ok(Pulled { digest, component, manifest: text, layout: "devplug-pack", name: Some(found) })
 }
 
 /// The blob `layer` names, at most its descriptor's size (itself at most [`MAX_LAYER`]): a

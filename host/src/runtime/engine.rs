@@ -1,5 +1,8 @@
-//! The shared wasmtime engine: configuration, the epoch ticker that enforces deadlines, and the
-//! compile cache keyed by the component's sha256 and the engine's compatibility hash.
+//! The shared wasmtime engines: configuration, the epoch ticker that enforces deadlines, the
+//! compile cache keyed by the component's sha256 and the engine's compatibility hash, and the
+//! two compiler tiers: a large component nobody compiled before loads with the baseline
+//! compiler (Winch: seconds) while the optimising one (Cranelift) compiles it in the background
+//! into the cache, for its next load.
 
 use crate::sync::Locked;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -13,6 +16,11 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::LoadError;
+
+/// Components from this size on load baseline-compiled first: Python's and JavaScript's (12–18
+/// MB, their interpreter inside), never a Rust backend (0.1–0.4 MB, compiled optimised in well
+/// under a second).
+pub const BASELINE_FROM: usize = 4 << 20;
 
 /// How often the epoch advances: the granularity of every deadline.
 pub const EPOCH_TICK: Duration = Duration::from_millis(5);
@@ -33,6 +41,12 @@ pub struct RuntimeConfig {
     /// Native code compiled at build time, by the sha256 of the component it came from (the
     /// embedded backends'); used when it fits this engine and CPU, else the component is compiled.
     pub precompiled: &'static [(&'static str, &'static [u8])],
+    /// Components at least this large, with no optimised code in the cache, load with the
+    /// baseline compiler first (needs `cache_dir`; `usize::MAX`: never).
+    pub baseline_from: usize,
+    /// After a baseline load, compile the optimised code in the background into the cache, for
+    /// the component's next load (a long-running `run`); one-shot commands leave it off.
+    pub optimize_in_background: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -44,6 +58,8 @@ impl Default for RuntimeConfig {
             breaker_threshold: 3,
             cache_dir: None,
             precompiled: &[],
+            baseline_from: BASELINE_FROM,
+            optimize_in_background: true,
         }
     }
 }
@@ -58,28 +74,65 @@ pub enum CacheOutcome {
     Disabled,
 }
 
+/// Which compiler made a component's native code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Cranelift, optimising: the code every backend ends up running.
+    Optimized,
+    /// Winch, single-pass: a large component's first load, until its optimised code is cached.
+    Baseline,
+}
+
 /// A compiled component, where it came from, and the sha256 of its wasm (its identity in logs,
 /// metrics and the cache).
 pub struct Compiled {
     pub component: Component,
     pub cache: CacheOutcome,
     pub digest: String,
+    pub tier: Tier,
 }
 
-/// The engine every backend shares.
-pub struct Runtime {
+/// One compiler tier: its engine, the hash that keys its cache entries, its linkers.
+struct Compiler {
     engine: Engine,
+    hash: u64,
+    linkers: super::bindings::Linkers,
+    tier: Tier,
+}
+
+impl Compiler {
+    fn new(config: &wasmtime::Config, tier: Tier) -> anyhow::Result<Compiler> {
+        let engine = Engine::new(config)?;
+        let mut h = DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut h);
+        Ok(Compiler { engine, hash: h.finish(), linkers: Default::default(), tier })
+    }
+
+    /// The cache file of a component's code from this compiler.
+    fn entry(&self, digest: &str) -> String {
+        match self.tier {
+            Tier::Optimized => format!("{digest}-{:016x}.cwasm", self.hash),
+            Tier::Baseline => format!("{digest}-{:016x}-baseline.cwasm", self.hash),
+        }
+    }
+}
+
+/// The engines every backend shares.
+pub struct Runtime {
+    optimized: Compiler,
+    /// `None` where Winch does not compile.
+    baseline: Option<Compiler>,
     pub config: RuntimeConfig,
-    engine_hash: u64,
     pub cache_hits: AtomicU64,
+    /// Background compiles started, by cache entry: each component's once.
+    optimizing: std::sync::Mutex<std::collections::BTreeMap<String, Option<std::thread::JoinHandle<()>>>>,
     /// Drives the WASI clocks of guest calls (see [`Runtime::run_until`]).
     timers: Timers,
     /// Deadlines of guest calls that are waiting in the host, woken by the epoch thread.
     cutoffs: Arc<Cutoffs>,
     /// Guest calls under way: the epoch thread ticks only while there is one.
     in_flight: Arc<InFlight>,
-    /// One linker per WIT version, built once.
-    linkers: super::bindings::Linkers,
 }
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
@@ -183,13 +236,16 @@ impl std::future::Future for Cutoff {
 
 impl Runtime {
     pub fn new(config: RuntimeConfig) -> anyhow::Result<Arc<Self>> {
-        let engine = Engine::new(&super::engine_config::engine_config())?;
-        let mut h = DefaultHasher::new();
-        engine.precompile_compatibility_hash().hash(&mut h);
-        let engine_hash = h.finish();
+        let optimized = Compiler::new(&super::engine_config::engine_config(), Tier::Optimized)?;
+        let baseline = match super::engine_config::baseline_engine_config() {
+            Some(c) => Some(Compiler::new(&c, Tier::Baseline)?),
+            None => None,
+        };
         let cutoffs = Arc::new(Cutoffs::default());
         let in_flight = Arc::new(InFlight::default());
-        spawn_ticker(&engine, cutoffs.clone(), in_flight.clone());
+        let engines: Vec<&Engine> =
+            std::iter::once(&optimized.engine).chain(baseline.as_ref().map(|b| &b.engine)).collect();
+        spawn_ticker(&engines, cutoffs.clone(), in_flight.clone());
         if let Some(dir) = &config.cache_dir {
             create_private_dir(dir)?;
         }
@@ -199,14 +255,14 @@ impl Runtime {
             .enable_all()
             .build()?;
         Ok(Arc::new(Runtime {
-            engine,
+            optimized,
+            baseline,
             config,
-            engine_hash,
             cache_hits: AtomicU64::new(0),
+            optimizing: Default::default(),
             timers: Timers(Some(timers)),
             cutoffs,
             in_flight,
-            linkers: Default::default(),
         }))
     }
 
@@ -226,26 +282,32 @@ impl Runtime {
         }
     }
 
+    /// The optimising engine (the one embedded backends and type queries use).
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        &self.optimized.engine
     }
 
-    pub fn linkers(&self) -> &super::bindings::Linkers {
-        &self.linkers
+    /// The linkers of the engine `component` was compiled for.
+    pub fn linkers_for(&self, component: &Component) -> &super::bindings::Linkers {
+        match &self.baseline {
+            Some(b) if Engine::same(component.engine(), &b.engine) => &b.linkers,
+            _ => &self.optimized.linkers,
+        }
     }
 
-    /// Compile `bytes` (or load the native code this host compiled for them before).
+    /// Compile `bytes` (or load the native code this host compiled for them before). Large
+    /// components nobody compiled optimised yet load baseline-compiled (see [`BASELINE_FROM`]).
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
+        let done = |component, cache, tier| Compiled { component, cache, digest: digest.clone(), tier };
         if let Some(component) = self.precompiled(&digest) {
-            return Ok(Compiled { component, cache: CacheOutcome::Precompiled, digest });
+            return Ok(done(component, CacheOutcome::Precompiled, Tier::Optimized));
         }
         let Some(dir) = &self.config.cache_dir else {
-            return Ok(Compiled { component: self.compile_fresh(bytes)?, cache: CacheOutcome::Disabled, digest });
+            let component = compile_with(&self.optimized.engine, bytes)?;
+            return Ok(done(component, CacheOutcome::Disabled, Tier::Optimized));
         };
-        let name = format!("{digest}-{:016x}.cwasm", self.engine_hash);
-        let path = dir.join(&name);
         // Native code is loaded from here, so the directory must be devplug's alone: created
         // 0700, checked to be its user's and writable by no one else, and its files opened
         // without following links (`StateDir`). Anything else: compile, cache nothing.
@@ -256,41 +318,96 @@ impl Runtime {
                 None
             }
         };
-        if let Some(state) = &state
-            && let Ok(Some(native)) = state.read(&name).inspect_err(|e| {
-                tracing::warn!(path = %path.display(), error = %e, "compile cache entry refused");
-            })
-        {
-            // Read into memory rather than mmap the file: a cache file truncated or rewritten
-            // under a running host would otherwise turn into SIGBUS in live code.
-            // SAFETY: the cache dir is devplug's user's alone (0700, checked), files are keyed by
-            // the wasm's hash and this engine's compatibility hash, opened without following
-            // links, and only this code writes them (atomically, by rename); deserialize still
-            // checks the engine compatibility.
-            match unsafe { Component::deserialize(&self.engine, &native) } {
-                Ok(c) => {
-                    self.cache_hits.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
-                    return Ok(Compiled { component: c, cache: CacheOutcome::Hit, digest });
-                }
-                Err(e) => {
-                    tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
-                    let _ = state.remove(&name);
-                }
+        if let Some(c) = state.as_ref().and_then(|s| self.cached(s, dir, &self.optimized, &digest)) {
+            return Ok(done(c, CacheOutcome::Hit, Tier::Optimized));
+        }
+        let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from && state.is_some());
+        let compiler = baseline.unwrap_or(&self.optimized);
+        if compiler.tier == Tier::Baseline {
+            self.optimize_later(dir, &digest, bytes);
+            if let Some(c) = state.as_ref().and_then(|s| self.cached(s, dir, compiler, &digest)) {
+                return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
             }
         }
-        let component = self.compile_fresh(bytes)?;
-        match component.serialize() {
-            Ok(native) => {
-                if let Some(state) = &state
-                    && let Err(e) = state.write(&name, &native, true)
-                {
-                    tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
+        let component = compile_with(&compiler.engine, bytes)?;
+        if let Some(state) = &state {
+            store(state, dir, &compiler.entry(&digest), &component);
         }
-        Ok(Compiled { component, cache: CacheOutcome::Miss, digest })
+        Ok(done(component, CacheOutcome::Miss, compiler.tier))
+    }
+
+    /// `compiler`'s cached code of the component with this digest, if it is there and loads.
+    fn cached(
+        &self,
+        state: &crate::durable::StateDir,
+        dir: &Path,
+        compiler: &Compiler,
+        digest: &str,
+    ) -> Option<Component> {
+        let name = compiler.entry(digest);
+        let path = dir.join(&name);
+        let native = state
+            .read(&name)
+            .inspect_err(|e| tracing::warn!(path = %path.display(), error = %e, "compile cache entry refused"))
+            .ok()??;
+        // Read into memory rather than mmap the file: a cache file truncated or rewritten under
+        // a running host would otherwise turn into SIGBUS in live code.
+        // SAFETY: the cache dir is devplug's user's alone (0700, checked), files are keyed by the
+        // wasm's hash and this engine's compatibility hash, opened without following links, and
+        // only this code writes them (atomically, by rename); deserialize still checks the
+        // engine compatibility.
+        match unsafe { Component::deserialize(&compiler.engine, &native) } {
+            Ok(c) => {
+                self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
+                Some(c)
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
+                let _ = state.remove(&name);
+                None
+            }
+        }
+    }
+
+    /// Compile the optimised code of a component loaded baseline-compiled, on a thread of its
+    /// own, into the cache: its next load (a restart, a hot swap, the next command) runs it.
+    /// Once per component per process, one at a time.
+    fn optimize_later(&self, dir: &Path, digest: &str, bytes: &[u8]) {
+        let name = self.optimized.entry(digest);
+        let mut started = self.optimizing.locked();
+        if !self.config.optimize_in_background || started.contains_key(&name) {
+            return;
+        }
+        let (engine, dir, bytes) = (self.optimized.engine.clone(), dir.to_owned(), bytes.to_vec());
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let entry = name.clone();
+        let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || {
+            let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let started = std::time::Instant::now();
+            match (compile_with(&engine, &bytes), crate::durable::StateDir::open(&dir)) {
+                (Ok(component), Ok(state)) => {
+                    store(&state, &dir, &name, &component);
+                    tracing::info!(entry = %name, secs = started.elapsed().as_secs_f64(), "optimised code compiled and cached for the next load");
+                }
+                (Err(e), _) => tracing::warn!(entry = %name, error = %e, "optimising a baseline-loaded backend failed; it keeps its baseline code"),
+                (_, Err(e)) => tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; optimised code not kept"),
+            }
+        });
+        match spawned {
+            Ok(handle) => {
+                started.insert(entry, Some(handle));
+            }
+            Err(e) => tracing::warn!(error = %e, "could not start the background compile"),
+        }
+    }
+
+    /// Wait for the background compiles started so far (tests, benchmarks, a clean exit).
+    pub fn finish_background_compiles(&self) {
+        let handles: Vec<_> = self.optimizing.locked().values_mut().filter_map(Option::take).collect();
+        for h in handles {
+            let _ = h.join();
+        }
     }
 
     /// The build-time native code of the component with this digest, if there is some and it
@@ -300,7 +417,7 @@ impl Runtime {
         // SAFETY: the table holds what this binary's own build script produced from these very
         // bytes (the digest) with `engine_config`; deserialize still checks that the artifact
         // fits this engine's settings and this CPU's features.
-        match unsafe { Component::deserialize(&self.engine, native) } {
+        match unsafe { Component::deserialize(&self.optimized.engine, native) } {
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::info!(
@@ -312,17 +429,30 @@ impl Runtime {
             }
         }
     }
+}
 
-    fn compile_fresh(&self, bytes: &[u8]) -> Result<Component, LoadError> {
-        Component::new(&self.engine, bytes).map_err(|e| {
-            let msg = format!("{e:#}");
-            // A section reaching past the end is what a half-written or cut-off file looks like.
-            if msg.contains("out of bounds") || msg.contains("unexpected end") {
-                LoadError::Invalid(format!("the file is truncated (or corrupt): {msg}"))
-            } else {
-                LoadError::Invalid(msg)
+/// Compile `bytes` with `engine`, a truncated file said as such.
+fn compile_with(engine: &Engine, bytes: &[u8]) -> Result<Component, LoadError> {
+    Component::new(engine, bytes).map_err(|e| {
+        let msg = format!("{e:#}");
+        // A section reaching past the end is what a half-written or cut-off file looks like.
+        if msg.contains("out of bounds") || msg.contains("unexpected end") {
+            LoadError::Invalid(format!("the file is truncated (or corrupt): {msg}"))
+        } else {
+            LoadError::Invalid(msg)
+        }
+    })
+}
+
+/// Write a component's native code into the cache as `name`; a failure is logged, not fatal.
+fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component) {
+    match component.serialize() {
+        Ok(native) => {
+            if let Err(e) = state.write(name, &native, true) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
             }
-        })
+        }
+        Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
     }
 }
 
@@ -350,17 +480,20 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
 
 /// Advance the epoch, and wake expired cut-offs, every tick while a guest call is under way,
 /// for as long as the engine lives.
-fn spawn_ticker(engine: &Engine, cutoffs: Arc<Cutoffs>, in_flight: Arc<InFlight>) {
-    let weak = engine.weak();
+fn spawn_ticker(engines: &[&Engine], cutoffs: Arc<Cutoffs>, in_flight: Arc<InFlight>) {
+    let weak: Vec<_> = engines.iter().map(|e| e.weak()).collect();
     std::thread::Builder::new()
         .name("devplug-epoch".into())
         .spawn(move || {
             loop {
                 in_flight.wait_for_a_call(Duration::from_secs(1));
-                let Some(engine) = weak.upgrade() else { return };
+                let live: Vec<Engine> = weak.iter().filter_map(|w| w.upgrade()).collect();
+                if live.is_empty() {
+                    return;
+                }
                 if in_flight.busy() {
-                    engine.increment_epoch();
-                    drop(engine);
+                    live.iter().for_each(Engine::increment_epoch);
+                    drop(live);
                     cutoffs.wake_expired();
                     std::thread::sleep(EPOCH_TICK);
                 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Bindings, GuestResult, Prepared};
-use super::engine::{Runtime, ticks};
+use super::engine::{Runtime, Tier, ticks};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
 use crate::gate::clip;
@@ -109,6 +109,10 @@ pub struct BackendInstance {
     idle: Mutex<Vec<InitedInstance>>,
     pub stats: BackendStats,
     pub cache: CacheOutcome,
+    /// Which compiler made its code.
+    pub tier: Tier,
+    /// The engine its code was compiled for (its stores belong to it).
+    engine: wasmtime::Engine,
 }
 
 impl BackendInstance {
@@ -116,7 +120,8 @@ impl BackendInstance {
     /// effects, so a bad new version never replaces a good one.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
         let compiled = runtime.compile(bytes)?;
-        let pre = Prepared::new(runtime.engine(), runtime.linkers(), &compiled.component)?;
+        let engine = compiled.component.engine().clone();
+        let pre = Prepared::new(&engine, runtime.linkers_for(&compiled.component), &compiled.component)?;
         let mut me = BackendInstance {
             name: sandbox.backend.clone(),
             digest: compiled.digest,
@@ -128,6 +133,8 @@ impl BackendInstance {
             idle: Mutex::new(Vec::new()),
             stats: BackendStats::default(),
             cache: compiled.cache,
+            tier: compiled.tier,
+            engine,
         };
         let (live, info) = me.instantiate()?;
         me.info = info;
@@ -174,7 +181,7 @@ impl BackendInstance {
     /// one error line, so nothing else ever sees them.
     fn instantiate(&self) -> Result<(InitedInstance, BackendInfo), CallError> {
         let deadline = self.runtime.config.discover_deadline;
-        let mut store = Store::new(self.runtime.engine(), HostState::new(self.sandbox.clone()));
+        let mut store = Store::new(&self.engine, HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(deadline));
         store.data_mut().begin_call(deadline);

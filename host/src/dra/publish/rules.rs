@@ -172,7 +172,8 @@ fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, per_device:
     }
     for (key, v) in attributes.into_iter().flatten() {
         if let Some(why) = qualified_name_problem(key) {
-            out.push(problem(format!("{at}.attributes"), why));
+            // Named, clipped: `attributes: Too long` alone left a vendor guessing which one.
+            out.push(problem(format!("{at}.attributes[{}]", crate::gate::clip_to(key, 80)), why));
             continue;
         }
         let kinds = ["int", "bool", "string", "version"].iter().filter(|k| !v[**k].is_null()).count();
@@ -200,7 +201,7 @@ fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, per_device:
     let shared = d["allowMultipleAllocations"] == true;
     for (key, v) in capacity.into_iter().flatten() {
         if let Some(why) = qualified_name_problem(key) {
-            out.push(problem(format!("{at}.capacity"), why));
+            out.push(problem(format!("{at}.capacity[{}]", crate::gate::clip_to(key, 80)), why));
             continue;
         }
         let policy = &v["requestPolicy"];
@@ -633,6 +634,13 @@ mod tests {
                 "spec.devices[0].bindingFailureConditions[0]: \"a\": bindingFailureConditions must not overlap with bindingConditions",
             ]
         );
+        // Issue 42: a bad attribute or capacity name is named in the field.
+        let long = "x".repeat(40);
+        let named =
+            json!({ "name": "d", "attributes": { &long: { "int": 1 } }, "capacity": { "bad name": { "value": "1" } } });
+        let got = fields(&slice(json!({ "devices": [named] })));
+        assert!(got[0].starts_with(&format!("spec.devices[0].attributes[{long}]: ")), "{got:?}");
+        assert!(got[1].starts_with("spec.devices[0].capacity[bad name]: "), "{got:?}");
     }
 
     #[test]

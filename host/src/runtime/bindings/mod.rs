@@ -300,7 +300,8 @@ mod tests {
         ];
         for (bytes, version) in cases {
             let compiled = rt.compile(&bytes).unwrap();
-            let prepared = Prepared::new(rt.engine(), rt.linkers(), &compiled.component).unwrap();
+            let prepared =
+                Prepared::new(rt.engine(), rt.linkers_for(&compiled.component), &compiled.component).unwrap();
             assert_eq!(prepared.version(), version);
         }
     }
