@@ -288,6 +288,53 @@ fn try_serves_a_local_kubelet_and_allocates_on_command() {
     t.quit();
 }
 
+/// Issue 42: the vendor guide's `try` as the kubelet of a running `run`, its two commands as
+/// written (paths and the backend swapped for the test's): the `run` registers with `try`'s
+/// kubelet, and `try` allocates its devices.
+#[test]
+fn try_is_the_kubelet_of_a_running_devplug_as_the_guide_says() {
+    let guide =
+        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-backend.md"))
+            .unwrap();
+    let at = guide.find("### `try` as the kubelet of a running devplug").expect("the guide's section");
+    let block = &guide[at..];
+    let block = &block[block.find("```sh\n").unwrap() + 6..];
+    let block = &block[..block.find("```").unwrap()];
+    let lines: Vec<&str> = block.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 2, "{block}");
+    let m = Machine::generic_box();
+    let work = tempfile::tempdir().unwrap();
+    let (wasm, manifest) = support::daemon::chaos_paths();
+    let backends = work.path().join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    std::fs::copy(&wasm, backends.join("chaos.wasm")).unwrap();
+    std::fs::copy(&manifest, backends.join("chaos.toml")).unwrap();
+    let ours = |l: &str| {
+        l.replace("/tmp/k", &work.path().join("k").display().to_string())
+            .replace("--backends-dir try", &format!("--backends-dir {}", backends.display()))
+            .replace("tests/fixture/sys", &m.sys().display().to_string())
+            .replace("tests/fixture/dev", &m.dev().display().to_string())
+    };
+    let try_line = ours(lines[0]);
+    let try_args: Vec<&str> = try_line.split_whitespace().skip(1).collect();
+    assert_eq!(try_args[0], "try");
+    let mut t = support::binary::Interactive::spawn(&try_args);
+    t.wait_for("local kubelet at");
+    let run_line = ours(lines[1]);
+    let run_args: Vec<&str> = run_line.split_whitespace().skip(1).collect();
+    assert_eq!(run_args[0], "run");
+    let mut d = support::binary::Devplug::spawn(&run_args);
+    t.wait_for("registered test.devplug.io/widget");
+    t.wait_for("test.devplug.io/widget: 4 devices, 4 healthy");
+    t.send("allocate test.devplug.io/widget 1");
+    let printed = t.wait_for("\"resource\": \"test.devplug.io/widget\"").join("\n");
+    assert!(printed.contains("\"CHAOS_IDS\": \"widget-"), "{printed}");
+    t.quit();
+    assert!(d.terminate(std::time::Duration::from_secs(30)).is_ok());
+    let (code, _, err) = run(&["run", "--kubelet-only"]);
+    assert!(code != 0 && err.contains("is for `devplug try`"), "{err}");
+}
+
 /// `devplug config --defaults` prints the config reference, and docs/config.md is that same
 /// text (issue 28): `DEVPLUG_BLESS=1 cargo test --test cli` rewrites the page after the
 /// reference changes.

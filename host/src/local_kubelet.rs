@@ -103,7 +103,15 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
             _ = quit_rx => {}
         }
     };
-    let daemon = tokio::spawn(devplug::daemon::run(cfg, stop));
+    // `--kubelet-only`: the devplug under test is another process, registering here.
+    let daemon = if args.kubelet_only {
+        tokio::spawn(async move {
+            stop.await;
+            anyhow::Ok(())
+        })
+    } else {
+        tokio::spawn(devplug::daemon::run(cfg, stop))
+    };
     let printer = tokio::spawn(print_changes(kubelet.clone()));
     let dra_printer = dra.as_ref().map(|d| tokio::spawn(print_pools(d.api.clone())));
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();

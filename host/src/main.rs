@@ -51,7 +51,10 @@ fn main() -> std::process::ExitCode {
 /// Each command: run it, print its answer, and fail (exit non-zero) when it did not do all of it.
 async fn dispatch(cmd: Command) -> anyhow::Result<()> {
     match cmd {
-        Command::Run(args) => devplug::daemon::run(args.config()?, shutdown_signal()).await,
+        Command::Run(args) => {
+            anyhow::ensure!(!args.kubelet_only, "--kubelet-only is for `devplug try`: `run` is the devplug itself");
+            devplug::daemon::run(args.config()?, shutdown_signal()).await
+        }
         Command::Try(args) => local_kubelet::run(&args, shutdown_signal()).await,
         Command::Config(_) => {
             print!("{}", devplug::config::REFERENCE);

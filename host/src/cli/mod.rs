@@ -47,8 +47,8 @@ pub enum Command {
     /// suite's kubelet enforces) that prints each registration and device list, and takes
     /// commands on stdin: `allocate RESOURCE ID...|COUNT`, `list`, `quit`; with `--dra RESOURCE`
     /// also `slices`, `claim DRIVER DEVICE...` (allocated and prepared as kubelet would) and
-    /// `unprepare CLAIM`. Pointed at a running `run`'s `--kubelet-dir`, it is that devplug's
-    /// kubelet.
+    /// `unprepare CLAIM`. With `--kubelet-only` and a `run`'s `--kubelet-dir`, it is that
+    /// devplug's kubelet.
     Try(RunArgs),
     /// Run each backend's discover once and print what it found.
     Discover(DiscoverArgs),
@@ -264,6 +264,10 @@ pub struct RunArgs {
     /// Kubelet's plugins dir, for DRA (default: plugins beside --kubelet-dir).
     #[arg(long)]
     pub dra_plugins_dir: Option<PathBuf>,
+    /// `try` only: be the local kubelet (and API server, with --dra) and nothing else, for a
+    /// devplug started on its own with the same --kubelet-dir.
+    #[arg(long)]
+    pub kubelet_only: bool,
 }
 
 impl RunArgs {

@@ -172,8 +172,10 @@ fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, per_device:
     }
     for (key, v) in attributes.into_iter().flatten() {
         if let Some(why) = qualified_name_problem(key) {
-            // Named, clipped: `attributes: Too long` alone left a vendor guessing which one.
-            out.push(problem(format!("{at}.attributes[{}]", crate::gate::clip_to(key, 80)), why));
+            // The server's field, which names no key; the message names it (clipped), since
+            // `attributes: Too long` alone left a vendor guessing which one.
+            let key = crate::gate::clip_to(key, 80);
+            out.push(problem(format!("{at}.attributes"), format!("{why} (attribute {key:?})")));
             continue;
         }
         let kinds = ["int", "bool", "string", "version"].iter().filter(|k| !v[**k].is_null()).count();
@@ -201,7 +203,8 @@ fn device_problems(i: usize, d: &Value, names: &mut HashSet<String>, per_device:
     let shared = d["allowMultipleAllocations"] == true;
     for (key, v) in capacity.into_iter().flatten() {
         if let Some(why) = qualified_name_problem(key) {
-            out.push(problem(format!("{at}.capacity[{}]", crate::gate::clip_to(key, 80)), why));
+            let key = crate::gate::clip_to(key, 80);
+            out.push(problem(format!("{at}.capacity"), format!("{why} (capacity {key:?})")));
             continue;
         }
         let policy = &v["requestPolicy"];
@@ -639,8 +642,15 @@ mod tests {
         let named =
             json!({ "name": "d", "attributes": { &long: { "int": 1 } }, "capacity": { "bad name": { "value": "1" } } });
         let got = fields(&slice(json!({ "devices": [named] })));
-        assert!(got[0].starts_with(&format!("spec.devices[0].attributes[{long}]: ")), "{got:?}");
-        assert!(got[1].starts_with("spec.devices[0].capacity[bad name]: "), "{got:?}");
+        assert!(
+            got[0].starts_with("spec.devices[0].attributes: Too long")
+                && got[0].ends_with(&format!("(attribute \"{long}\")")),
+            "{got:?}"
+        );
+        assert!(
+            got[1].starts_with("spec.devices[0].capacity: ") && got[1].ends_with("(capacity \"bad name\")"),
+            "{got:?}"
+        );
     }
 
     #[test]
