@@ -82,15 +82,17 @@ pub fn partitions(sys: &dyn Sys) -> BTreeMap<String, Vec<Partition>> {
     out
 }
 
-/// The GPU's compute and memory partition modes (`CPX`, `NPS4`), where the driver has them.
-pub fn modes(sys: &dyn Sys, gpu: &PciDevice) -> (Option<String>, Option<String>) {
-    let read = |f: &str| {
-        sys.read(&gpu.attr(f))
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty() && t.len() <= 16 && t.chars().all(|c| c.is_ascii_alphanumeric()))
-    };
-    (read("current_compute_partition"), read("current_memory_partition"))
+/// The GPU's compute and memory partition modes as attributes (`compute-partition = CPX`,
+/// `memory-partition = NPS4`), those the driver has.
+pub fn mode_attributes(sys: &dyn Sys, gpu: &PciDevice) -> Vec<(String, String)> {
+    [("current_compute_partition", "compute-partition"), ("current_memory_partition", "memory-partition")]
+        .into_iter()
+        .filter_map(|(file, attr)| {
+            let mode = sys.read(&gpu.attr(file)).ok()?.trim().to_owned();
+            let plausible = !mode.is_empty() && mode.len() <= 16 && mode.chars().all(|c| c.is_ascii_alphanumeric());
+            plausible.then(|| (attr.to_owned(), mode))
+        })
+        .collect()
 }
 
 /// The device ID of partition `index` of the GPU at `pci`.

@@ -193,27 +193,22 @@ fn amd_resource(sys: &dyn Sys, name: &str, list: Vec<PciDevice>) -> Resource {
     let parts = if list.is_empty() { Default::default() } else { amd::partitions(sys) };
     let (split, whole): (Vec<_>, Vec<_>) =
         list.into_iter().partition(|d| parts.get(&d.address).is_some_and(|p| p.len() > 1));
-    let modes: std::collections::BTreeMap<String, _> =
-        split.iter().chain(&whole).map(|d| (d.address.clone(), amd::modes(sys, d))).collect();
-    let mode_attrs = |pci: &str| {
-        let (compute, memory) = modes.get(pci).cloned().unwrap_or_default();
-        let mut a = Vec::new();
-        a.extend(compute.map(|c| ("compute-partition".to_owned(), c)));
-        a.extend(memory.map(|m| ("memory-partition".to_owned(), m)));
-        a
-    };
+    let whole_modes: Vec<_> = whole.iter().map(|d| amd::mode_attributes(sys, d)).collect();
     let mut r = drm_resource(sys, name, whole, "amdgpu", "kfd");
-    for d in &mut r.devices {
-        d.attributes.extend(mode_attrs(&d.id));
+    // `drm_resource` lists one device per function, in order.
+    for (d, modes) in r.devices.iter_mut().zip(whole_modes) {
+        d.attributes.extend(modes);
     }
     let sick = PciDevice::sickness_many(sys, &split, |drv| drv == "amdgpu");
     for (d, sickness) in split.iter().zip(sick) {
+        // Read once per GPU (its PCIe switch is a walk up the links), shared by its partitions.
+        let mut gpu_attrs = attributes(sys, d);
+        gpu_attrs.extend(amd::mode_attributes(sys, d));
         for p in parts.get(&d.address).into_iter().flatten() {
             let node = format!("dri/renderD{}", p.render_minor);
             let problem =
                 sickness.clone().or_else(|| sys.dev_stat(&node).is_err().then(|| format!("/dev/{node} is missing")));
-            let mut attrs = attributes(sys, d);
-            attrs.extend(mode_attrs(&d.address));
+            let mut attrs = gpu_attrs.clone();
             attrs.push(("partition".into(), p.index.to_string()));
             attrs.extend(p.compute_units.map(|c| ("compute-units".to_owned(), c.to_string())));
             attrs.extend(p.memory.map(|m| ("memory".to_owned(), m.to_string())));

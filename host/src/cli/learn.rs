@@ -122,6 +122,19 @@ pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf
     Ok(out.render(name, &roots.sys.display().to_string()))
 }
 
+/// Why a `--merge` file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("not TOML: {0}")]
+    NotToml(#[from] toml::de::Error),
+    #[error("it has no [requests] table (merge the output of --learn-requests or a manifest)")]
+    NoRequests,
+    #[error("[requests] {0} is not a request this host knows")]
+    UnknownKey(String),
+    #[error("[requests] {0} is not a list of strings")]
+    NotStrings(String),
+}
+
 /// Longest pattern a learned manifest holds (a manifest's globs are capped at 512 bytes).
 const MAX_PATTERN: usize = 512;
 
@@ -183,57 +196,48 @@ impl Requests {
         }
     }
 
+    /// Every kind of request under its manifest key, in the manifest's order.
+    fn kinds(&mut self) -> [(&'static str, &mut Patterns); 10] {
+        [
+            ("sysfs", &mut self.sysfs),
+            ("dev", &mut self.dev),
+            ("procfs", &mut self.procfs),
+            ("resources", &mut self.resources),
+            ("env", &mut self.env),
+            ("mounts", &mut self.mounts),
+            ("mount_targets", &mut self.mount_targets),
+            ("writable_mounts", &mut self.writable_mounts),
+            ("annotations", &mut self.annotations),
+            ("uevents", &mut self.uevents),
+        ]
+    }
+
     /// Add the `[requests]` of a manifest learned before (`--merge`): every pattern as written,
     /// its comment naming the file.
-    fn merge(&mut self, text: &str, file: &str) -> Result<(), String> {
-        let doc: toml::Table = toml::from_str(text).map_err(|e| format!("not TOML: {e}"))?;
-        let requests = doc
-            .get("requests")
-            .and_then(toml::Value::as_table)
-            .ok_or("it has no [requests] table (merge the output of --learn-requests or a manifest)")?;
+    fn merge(&mut self, text: &str, file: &str) -> Result<(), MergeError> {
+        let doc: toml::Table = toml::from_str(text)?;
+        let requests = doc.get("requests").and_then(toml::Value::as_table).ok_or(MergeError::NoRequests)?;
         let file = crate::gate::clip_to(file, 80).replace(char::is_control, "?");
         let how = format!("learned before ({file})");
         for (key, value) in requests {
-            let list = match key.as_str() {
-                "sysfs" => &mut self.sysfs,
-                "dev" => &mut self.dev,
-                "procfs" => &mut self.procfs,
-                "resources" => &mut self.resources,
-                "env" => &mut self.env,
-                "mounts" => &mut self.mounts,
-                "mount_targets" => &mut self.mount_targets,
-                "writable_mounts" => &mut self.writable_mounts,
-                "annotations" => &mut self.annotations,
-                "uevents" => &mut self.uevents,
-                other => return Err(format!("[requests] {other} is not a request this host knows")),
-            };
-            let patterns = value.as_array().ok_or_else(|| format!("[requests] {key} is not a list"))?;
+            let named = || crate::gate::clip(key).into_owned();
+            let mut kinds = self.kinds();
+            let list = kinds.iter_mut().find(|(k, _)| k == key).ok_or_else(|| MergeError::UnknownKey(named()))?;
+            let patterns = value.as_array().ok_or_else(|| MergeError::NotStrings(named()))?;
             for p in patterns {
-                let p = p.as_str().ok_or_else(|| format!("[requests] {key} holds a non-string"))?;
-                list.add(p, &how, &file, false);
+                list.1.add(p.as_str().ok_or_else(|| MergeError::NotStrings(named()))?, &how, &file, false);
             }
         }
         Ok(())
     }
 
-    fn render(&self, name: &str, root: &str) -> String {
+    fn render(&mut self, name: &str, root: &str) -> String {
         let mut out = format!(
             "# Learned by `devplug discover --learn-requests {name}` on {root}: what init and discover\n\
              # used. allocate may hand out more (see `devplug allocate`); review before shipping.\n\
              [requests]\n"
         );
-        for (key, p) in [
-            ("sysfs", &self.sysfs),
-            ("dev", &self.dev),
-            ("procfs", &self.procfs),
-            ("resources", &self.resources),
-            ("env", &self.env),
-            ("mounts", &self.mounts),
-            ("mount_targets", &self.mount_targets),
-            ("writable_mounts", &self.writable_mounts),
-            ("annotations", &self.annotations),
-            ("uevents", &self.uevents),
-        ] {
+        for (key, p) in self.kinds() {
             if p.0.is_empty() {
                 out.push_str(&format!("{key} = []\n"));
                 continue;
@@ -329,9 +333,9 @@ mod tests {
         assert_eq!(sysfs.len(), 2, "one pattern learned twice is one line: {text}");
         assert!(text.contains("learned before (spx.toml)"), "{text}");
         assert_eq!(parsed["requests"]["dev"].as_array().unwrap().len(), 1, "{text}");
-        assert!(r.merge("sysfs = []", "f").unwrap_err().contains("no [requests]"));
-        assert!(r.merge("[requests]\nnetwork = [\"*\"]", "f").unwrap_err().contains("network"));
-        assert!(r.merge("[requests]\nsysfs = \"x\"", "f").unwrap_err().contains("not a list"));
+        assert!(r.merge("sysfs = []", "f").unwrap_err().to_string().contains("no [requests]"));
+        assert!(r.merge("[requests]\nnetwork = [\"*\"]", "f").unwrap_err().to_string().contains("network"));
+        assert!(r.merge("[requests]\nsysfs = \"x\"", "f").unwrap_err().to_string().contains("not a list"));
         r.merge("[requests]\nsysfs = [\"a\"]", "evil\n[backends.x]").unwrap();
         assert!(!r.render("b", "/").contains("\n[backends"), "a file name stays in its comment");
     }
