@@ -293,13 +293,7 @@ fn try_serves_a_local_kubelet_and_allocates_on_command() {
 /// kubelet, and `try` allocates its devices.
 #[test]
 fn try_is_the_kubelet_of_a_running_devplug_as_the_guide_says() {
-    let guide =
-        std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-backend.md"))
-            .unwrap();
-    let at = guide.find("### `try` as the kubelet of a running devplug").expect("the guide's section");
-    let block = &guide[at..];
-    let block = &block[block.find("```sh\n").unwrap() + 6..];
-    let block = &block[..block.find("```").unwrap()];
+    let block = support::guide::block("### `try` as the kubelet of a running devplug", "sh");
     let lines: Vec<&str> = block.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(lines.len(), 2, "{block}");
     let m = Machine::generic_box();
@@ -466,7 +460,17 @@ fn allocate_finds_the_resource_its_ids_name() {
 fn try_help_lists_every_command() {
     let (code, out, err) = run(&["try", "--help"]);
     assert_eq!(code, 0, "{err}");
-    for command in ["allocate", "list", "quit", "slices", "claim DRIVER DEVICE", "unprepare CLAIM", "--dra"] {
+    for command in [
+        "allocate",
+        "list",
+        "quit",
+        "slices",
+        "claim FILE",
+        "claim DRIVER DEVICE",
+        "unprepare CLAIM",
+        "--node-name",
+        "--dra",
+    ] {
         assert!(out.contains(command), "{command} missing from try --help:\n{out}");
     }
 }

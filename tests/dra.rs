@@ -505,7 +505,7 @@ async fn a_resource_served_through_dra_prepares_claims_podman_runs() {
         );
     }
     assert!(n.api.claim_status_devices("ml", "ghost").is_empty(), "a failed claim is not reported Ready");
-    let claim_spec = system_cdi.dir().join("devplug-claim-uid-train.json");
+    let claim_spec = system_cdi.dir().join(format!("devplug-claim-uid-train-{DRIVER}.json"));
     assert!(claim_spec.exists());
 
     let script = "stat -c 'node %F %t:%T' /dev/devplug-null; echo \"env $DEVPLUG_E2E\"";
@@ -672,7 +672,8 @@ async fn a_killed_devplug_loses_no_prepared_claim_and_leaves_no_spec_without_its
         }
         for f in std::fs::read_dir(&cdi).unwrap().flatten() {
             let f = f.file_name().to_string_lossy().into_owned();
-            if let Some(uid) = f.strip_prefix("devplug-claim-").and_then(|u| u.strip_suffix(".json")) {
+            if let Some(uid) = f.strip_prefix("devplug-claim-").and_then(|u| u.strip_suffix(&format!("-{driver}.json")))
+            {
                 assert!(record.get(uid).is_some(), "round {round}: spec {f} without its checkpoint entry");
             }
         }
@@ -747,8 +748,8 @@ async fn hostile_answers_through_dra_are_refused_claim_by_claim() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("devplug-claim-"))
         .collect();
-    assert_eq!(claim_specs, ["devplug-claim-uid-ok.json"], "only the honest claim has a spec");
-    let spec = std::fs::read_to_string(cdi.join("devplug-claim-uid-ok.json")).unwrap();
+    assert_eq!(claim_specs, [format!("devplug-claim-uid-ok-{chaos}.json")], "only the honest claim has a spec");
+    let spec = std::fs::read_to_string(cdi.join(format!("devplug-claim-uid-ok-{chaos}.json"))).unwrap();
     assert!(spec.contains("/dev/null") && !spec.contains("/dev/mem"), "{spec}");
     // The host carries on: the honest claim again, and the pool stays.
     let again = dra.prepare(chaos, &refs[..1]).await.unwrap();
@@ -1012,7 +1013,7 @@ fn try_with_dra_prepares_a_claim_and_prints_its_cdi_spec() {
     let lines = t.wait_for("CDI spec ");
     let printed = lines.join("\n");
     assert!(printed.contains("prepared claim-1"), "{printed}");
-    assert!(printed.contains("req-0 widget-1: CDI devplug.io/claim="), "{printed}");
+    assert!(printed.contains("device-0 chaos.devplug.io widget-1: CDI devplug.io/claim="), "{printed}");
     let spec_path = lines.last().unwrap().trim_start_matches("CDI spec ").trim_end_matches(':').to_owned();
     let spec = std::fs::read_to_string(&spec_path).unwrap();
     assert!(spec.contains("/dev/null") && spec.contains("devplug.io/claim"), "{spec}");
@@ -1152,7 +1153,10 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     let answer = n.dra.prepare(driver, &[("ml", "uid-whole", "whole")]).await.unwrap();
     let e = &answer["uid-whole"].error;
     assert!(e.contains("0000:07:00.0 is in MIG mode with 4 compute instance(s)"), "{e}");
-    assert!(!system_cdi.dir().join("devplug-claim-uid-whole.json").exists(), "no spec for a refused claim");
+    assert!(
+        !system_cdi.dir().join(format!("devplug-claim-uid-whole-{driver}.json")).exists(),
+        "no spec for a refused claim"
+    );
     daemon.stop().await.unwrap();
 }
 
@@ -1393,18 +1397,21 @@ async fn a_wit_0_3_0_backend_describes_typed_devices_and_prepares_claims_itself(
     assert!(answers["uid-pair"].error.is_empty(), "{:?}", answers["uid-pair"]);
     assert_eq!(answers["uid-pair"].devices.len(), 2);
     assert!(answers["uid-evil"].error.contains("refused"), "{:?}", answers["uid-evil"]);
-    let spec = std::fs::read_to_string(cdi.join("devplug-claim-uid-pair.json")).unwrap();
+    let spec = std::fs::read_to_string(cdi.join(format!("devplug-claim-uid-pair-{driver}.json"))).unwrap();
     assert!(spec.contains("CHAOS_CLAIM=uid-pair"), "{spec}");
     assert!(spec.contains("CHAOS_CLAIM_DEVICES=a:widget-0,b:widget-1"), "{spec}");
     assert!(spec.contains("CHAOS_PARAMS={\\\"mode\\\":\\\"fast\\\"}"), "only this driver's config: {spec}");
     assert!(!spec.contains("CHAOS_IDS"), "prepare answered, allocate was not asked: {spec}");
-    assert!(!cdi.join("devplug-claim-uid-evil.json").exists());
+    assert!(!cdi.join(format!("devplug-claim-uid-evil-{driver}.json")).exists());
 
     let un = dra.unprepare(driver, &[("ml", "uid-stuck", "stuck"), ("ml", "uid-pair", "pair")]).await.unwrap();
     assert!(un["uid-stuck"].contains("cannot unprepare"), "{un:?}");
     assert_eq!(un["uid-pair"], "");
-    assert!(cdi.join("devplug-claim-uid-stuck.json").exists(), "a failed unprepare keeps the claim as it was");
-    assert!(!cdi.join("devplug-claim-uid-pair.json").exists());
+    assert!(
+        cdi.join(format!("devplug-claim-uid-stuck-{driver}.json")).exists(),
+        "a failed unprepare keeps the claim as it was"
+    );
+    assert!(!cdi.join(format!("devplug-claim-uid-pair-{driver}.json")).exists());
     daemon.stop().await.unwrap();
 }
 
@@ -2323,4 +2330,303 @@ async fn extended_resource_requests_above_one_are_scheduled_on_shared_devices() 
         }
     }
     daemon.stop().await.unwrap();
+}
+
+/// The paths `try` printed after `CDI spec ` in `lines`.
+fn printed_specs(lines: &[String]) -> Vec<std::path::PathBuf> {
+    lines.iter().filter_map(|l| l.strip_prefix("CDI spec ")).map(|p| p.trim_end_matches(':').into()).collect()
+}
+
+/// Issue 42 (3): `try --dra` allocates as kube-scheduler does, on the DGX H100 with its
+/// ConnectX-7s (a GPU and a NIC below each PCIe switch, two switches per root complex) served
+/// by two of devplug's drivers, on the node `--node-name` names. The guide's claim (a GPU on
+/// NUMA node 1 by CEL, and the NIC under its PCIe root: `matchAttribute` across drivers) gets
+/// GPU 4 and the NIC beside it, not the first of each; the same claim again gets the other pair
+/// of that root; devices in use, strict decoding, the API server's validation, a selector's
+/// runtime error and device IDs for `claim DRIVER DEVICE` all answer as the real parts would;
+/// each driver writes its own CDI spec for the claim, and `unprepare` removes both.
+#[test]
+fn try_allocates_claims_as_the_scheduler_does_across_drivers() {
+    let work = tempfile::tempdir().unwrap();
+    let m = work.path().join("machine");
+    support::hardware::build_dgx_h100_with_nics(&m);
+    let config = work.path().join("devplug.toml");
+    std::fs::write(
+        &config,
+        "[backends.generic]\nenabled = false\n[backends.fpga]\nenabled = false\n\
+         [backends.nic]\nconfig = \"\"\"\n[[pool]]\nname = \"nvidia.com/cx7\"\nfunctions = \"pf\"\nrdma = true\n\"\"\"\n\
+         [resources.\"nvidia.com/gpu\"]\napi = \"dra\"\n[resources.\"nvidia.com/cx7\"]\napi = \"dra\"\n",
+    )
+    .unwrap();
+    let claim = support::guide::block("### Claims as the scheduler allocates them", "yaml");
+    let file = |name: &str, text: &str| {
+        let p = work.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let first = file("claim.yaml", &claim);
+    let second = file("again.yaml", &claim.replace("name: gpu-and-nic", "name: gpu-and-nic-2"));
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (sys, dev, proc) = (m.join("sys"), m.join("dev"), m.join("proc"));
+    let args = [
+        "try",
+        "--config",
+        config.to_str().unwrap(),
+        "--sysfs-root",
+        sys.to_str().unwrap(),
+        "--dev-root",
+        dev.to_str().unwrap(),
+        "--proc-root",
+        proc.to_str().unwrap(),
+        "--dev-fixtures",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--node-name",
+        "dgx-7",
+    ];
+    let mut t = support::binary::Interactive::spawn(&args);
+    t.wait_for("DRA driver gpu.devplug.io: 8 devices published");
+    t.wait_for("DRA driver nic.devplug.io: 8 devices published");
+
+    t.send(&format!("claim {first}"));
+    let lines = t.wait_for("-nic.devplug.io.json:");
+    let printed = lines.join("\n");
+    assert!(printed.contains("prepared gpu-and-nic (uid ") && printed.contains("on node dgx-7"), "{printed}");
+    assert!(printed.contains("  gpu gpu.devplug.io 0000-9a-00-0-"), "GPU 4, the first on NUMA node 1: {printed}");
+    assert!(printed.contains("  nic nic.devplug.io 0000-9b-00-0-"), "the NIC under GPU 4's root: {printed}");
+    let specs = printed_specs(&lines);
+    assert_eq!(specs.len(), 2, "a spec per driver: {printed}");
+    for s in &specs {
+        let text = std::fs::read_to_string(s).unwrap();
+        assert!(text.contains("devplug.io/claim"), "{text}");
+    }
+    assert!(std::fs::read_to_string(&specs[0]).unwrap().contains("/dev/nvidia4"));
+    assert!(std::fs::read_to_string(&specs[1]).unwrap().contains("/dev/infiniband/uverbs4"));
+
+    t.send(&format!("claim {second}"));
+    let printed = t.wait_for("-nic.devplug.io.json:").join("\n");
+    assert!(printed.contains("gpu gpu.devplug.io 0000-ab-00-0-"), "GPU 5, 4 being held: {printed}");
+    assert!(printed.contains("nic nic.devplug.io 0000-ac-00-0-"), "its root's other NIC: {printed}");
+
+    let three = claim.replace("name: gpu-and-nic", "name: three").replace(
+        "deviceClassName: gpu.nvidia.com.devplug.io",
+        "deviceClassName: gpu.nvidia.com.devplug.io\n        count: 3",
+    );
+    t.send(&format!("claim {}", file("three.yaml", &three)));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("cannot allocate all claims on node dgx-7"), "{why}");
+    assert!(
+        why.contains("request gpu wants 3 of class gpu.nvidia.com.devplug.io: 4 of the node's 16 devices match its class and selectors, 2 of them in use"),
+        "{why}"
+    );
+
+    t.send(&format!("claim {}", file("typo.yaml", &claim.replace("selectors:", "selector:"))));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(
+        why.contains(r#"strict decoding error: unknown field "spec.devices.requests[0].exactly.selector""#),
+        "{why}"
+    );
+    t.send(&format!("claim {}", file("cel.yaml", &claim.replace("numaNode == 1", "numaNode =="))));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value"), "{why}");
+    t.send(&format!(
+        "claim {}",
+        file(
+            "missing.yaml",
+            &claim
+                .replace("name: gpu-and-nic", "name: missing")
+                .replace(r#"["resource.kubernetes.io"].numaNode"#, r#"["gpu.devplug.io"].nosuch"#)
+        )
+    ));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(
+        why.contains("selector #0 on device gpu.devplug.io/dgx-7/0000-18-00-0-") && why.contains("CEL runtime error"),
+        "{why}"
+    );
+
+    t.send("claim gpu.devplug.io 0000:18:00.0");
+    let printed = t.wait_for("-gpu.devplug.io.json:").join("\n");
+    assert!(printed.contains("device-0 gpu.devplug.io 0000-18-00-0-"), "a device ID names its device: {printed}");
+    t.send("claim gpu.devplug.io 0000:9a:00.0");
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("in another prepared claim"), "{why}");
+
+    t.send("unprepare gpu-and-nic");
+    t.wait_for("unprepared gpu-and-nic");
+    for s in &specs {
+        assert!(!s.exists(), "unprepare removes each driver's spec: {}", s.display());
+    }
+    t.quit();
+}
+
+/// Issue 42 (3): the allocator `devplug try` uses is held to the real kube-scheduler. One pool
+/// of four GPUs and one of four NICs (two of each below each of two PCIe root complexes, as
+/// devplug publishes them), devplug's DeviceClasses, and claims in order — the guide's GPU and
+/// NIC under one root, the same again, two large GPUs by `quantity`, a `firstAvailable` request,
+/// GPUs on distinct roots, and one nothing is left for — each put to kube-scheduler (through a
+/// pod using it) and to the allocator with the claims the scheduler allocated before: the same
+/// devices for the same requests, unschedulable where the scheduler leaves the pod pending.
+/// Needs `kube-apiserver`, `etcd` and `kube-scheduler` in `KUBEBUILDER_ASSETS`; without them the
+/// allocator alone answers (its own unit tests hold its rules).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
+    use serde_json::{Value, json};
+    const TEST: &str = "the_allocator_of_try_allocates_as_the_real_kube_scheduler";
+    let (gpu, nic) = ("gpu.devplug.io", "nic.devplug.io");
+    let device = |name: String, resource: &str, root: &str, numa: i64, memory: Option<&str>| {
+        let mut d = json!({ "name": name, "attributes": {
+            "resource": { "string": resource },
+            "resource.kubernetes.io/pcieRoot": { "string": root },
+            "resource.kubernetes.io/numaNode": { "int": numa },
+        } });
+        if let Some(m) = memory {
+            d["capacity"] = json!({ "memory": { "value": m } });
+        }
+        d
+    };
+    let roots = ["pci0000:14", "pci0000:14", "pci0000:96", "pci0000:96"];
+    let memory = ["80Gi", "40Gi", "80Gi", "80Gi"];
+    let slice = |driver: &str, devices: Vec<Value>| {
+        json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": format!("{NODE}-{driver}") },
+            "spec": { "driver": driver, "nodeName": NODE, "pool": { "name": NODE, "generation": 1, "resourceSliceCount": 1 },
+                      "devices": devices } })
+    };
+    let slices = vec![
+        slice(
+            gpu,
+            (0..4)
+                .map(|i| device(format!("gpu-{i}"), "nvidia.com/gpu", roots[i], (i / 2) as i64, Some(memory[i])))
+                .collect(),
+        ),
+        slice(
+            nic,
+            (0..4).map(|i| device(format!("nic-{i}"), "nvidia.com/cx7", roots[i], (i / 2) as i64, None)).collect(),
+        ),
+    ];
+    let class_docs = [
+        devplug::dra::publish::classes::device_class("nvidia.com/gpu", gpu),
+        devplug::dra::publish::classes::device_class("nvidia.com/cx7", nic),
+    ];
+    let classes: std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::DeviceClass> = class_docs
+        .iter()
+        .map(|c| (c["metadata"]["name"].as_str().unwrap().to_owned(), serde_json::from_value(c.clone()).unwrap()))
+        .collect();
+    let (gpus, nics) = ("gpu.nvidia.com.devplug.io", "cx7.nvidia.com.devplug.io");
+    let pair = json!({ "requests": [
+        { "name": "gpu", "exactly": { "deviceClassName": gpus, "selectors": [
+            { "cel": { "expression": "device.attributes[\"resource.kubernetes.io\"].numaNode == 1" } }] } },
+        { "name": "nic", "exactly": { "deviceClassName": nics } }],
+        "constraints": [{ "requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot" }] });
+    let claims: Vec<(&str, Value)> = vec![
+        ("pair-1", pair.clone()),
+        ("pair-2", pair),
+        (
+            "large",
+            json!({ "requests": [{ "name": "g", "exactly": { "deviceClassName": gpus, "count": 1, "selectors": [
+            { "cel": { "expression": "device.capacity[\"gpu.devplug.io\"].memory.compareTo(quantity(\"80Gi\")) >= 0" } }] } }] }),
+        ),
+        (
+            "fallback",
+            json!({ "requests": [{ "name": "g", "firstAvailable": [
+            { "name": "two", "deviceClassName": gpus, "count": 2 },
+            { "name": "one", "deviceClassName": gpus }] }] }),
+        ),
+        ("none-left", json!({ "requests": [{ "name": "g", "exactly": { "deviceClassName": gpus } }] })),
+    ];
+    let cel = devplug_standins::scheduler::cel::Selectors::new();
+    let ours = |allocated: &[Value], name: &str, devices: &Value| {
+        let spec: k8s_openapi::api::resource::v1::ResourceClaimSpec =
+            serde_json::from_value(json!({ "devices": devices })).unwrap();
+        devplug_standins::scheduler::allocate(&cel, NODE, &slices, &classes, allocated, "default", name, &spec)
+    };
+    let picked = |allocation: &Value| -> Vec<String> {
+        allocation["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                format!(
+                    "{} {}/{}/{}",
+                    r["request"].as_str().unwrap_or(""),
+                    r["driver"].as_str().unwrap_or(""),
+                    r["pool"].as_str().unwrap_or(""),
+                    r["device"].as_str().unwrap_or("")
+                )
+            })
+            .collect()
+    };
+    let Some(mut real) = support::envtest::RealApiServer::from_env(TEST).await else {
+        // The allocator alone: the guide's pair is GPU 2 and the NIC beside it.
+        let a = ours(&[], "pair-1", &claims[0].1).unwrap();
+        assert_eq!(picked(&a), [format!("gpu {gpu}/{NODE}/gpu-2"), format!("nic {nic}/{NODE}/nic-2")]);
+        return;
+    };
+    if !real.start_scheduler(TEST) {
+        return;
+    }
+    real.create_node(NODE).await;
+    real.make_node_ready(NODE).await;
+    for c in &class_docs {
+        let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(c)).await;
+        assert_eq!(code, 201, "{answer}");
+    }
+    for s in &slices {
+        let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/resourceslices", Some(s)).await;
+        assert_eq!(code, 201, "{answer}");
+    }
+    let mut allocated: Vec<Value> = Vec::new();
+    for (name, devices) in &claims {
+        let claim = json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": "default" }, "spec": { "devices": devices } });
+        let (code, answer) =
+            real.send("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", Some(&claim)).await;
+        assert_eq!(code, 201, "{answer}");
+        let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": "default" },
+            "spec": { "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
+                      "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
+        let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
+        assert_eq!(code, 201, "{answer}");
+        let expected = ours(&allocated, name, devices);
+        let end = std::time::Instant::now() + T;
+        loop {
+            let (_, p) = real.send("GET", &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
+            let scheduled = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PodScheduled")
+                .cloned();
+            match scheduled {
+                Some(c) if c["status"] == "True" => {
+                    let stored = real.claim("default", name).await;
+                    let theirs = &stored["status"]["allocation"];
+                    let mine = expected
+                        .as_ref()
+                        .unwrap_or_else(|e| panic!("{name}: the scheduler allocated {theirs}, the allocator: {e}"));
+                    assert_eq!(
+                        picked(mine),
+                        picked(theirs),
+                        "{name}: the allocator and kube-scheduler chose differently"
+                    );
+                    allocated.extend(theirs["devices"]["results"].as_array().cloned().unwrap_or_default());
+                    break;
+                }
+                Some(c)
+                    if c["status"] == "False"
+                        && c["message"].as_str().unwrap_or("").contains("cannot allocate all claims") =>
+                {
+                    assert!(
+                        matches!(expected, Err(devplug_standins::scheduler::AllocError::Unschedulable { .. })),
+                        "{name}: kube-scheduler found nothing ({c}), the allocator: {expected:?}"
+                    );
+                    break;
+                }
+                _ => {}
+            }
+            assert!(std::time::Instant::now() < end, "{name}: not scheduled: {p}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(allocated.len(), 6, "pairs 2 + 2, large 1, fallback 1 (one GPU was left, so not `two`): {allocated:?}");
 }

@@ -7,9 +7,13 @@
 //! Unix sockets. It prints every registration and device-list change, and takes commands on
 //! stdin: `allocate RESOURCE ID...` or `allocate RESOURCE COUNT` (kubelet's own way: healthy
 //! devices, the plugin's preferred allocation when it offers one), `list`, `quit`. With resources
-//! served through DRA (`--dra RESOURCE`) it also brings the API-server stand-in and kubelet's DRA
-//! side: `slices`, `claim DRIVER DEVICE...` (allocated as the scheduler would, prepared through
-//! kubelet's `NodePrepareResources`, its CDI spec printed) and `unprepare CLAIM`.
+//! served through DRA (`--dra RESOURCE`) it also brings the API-server stand-in, kube-scheduler's
+//! allocator and kubelet's DRA side, on node `--node-name` (default `local`): `slices`,
+//! `claim FILE` (the ResourceClaims of a YAML/JSON file, validated as the API server does,
+//! allocated as kube-scheduler does: CEL selectors, several requests, `firstAvailable`,
+//! constraints across drivers, counters, taints; then prepared through kubelet's
+//! `NodePrepareResources` by each driver of the claim, its CDI specs printed), `claim DRIVER
+//! DEVICE...` (those devices, by DRA name or device ID) and `unprepare CLAIM`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -22,11 +26,13 @@ use devplug::kubelet::RegistrationMode;
 use devplug_standins::proto::deviceplugin as pb;
 use tokio::io::AsyncBufReadExt;
 
-use devplug_standins::{apiserver, kubelet, kubelet_dra};
+use devplug_standins::{apiserver, kubelet, kubelet_dra, scheduler};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kubelet::{Kubelet, Plugin};
+use serde::Deserialize;
 
-/// The node `try` plays, for DRA.
-const NODE: &str = "local";
+/// The node `try` plays, for DRA, unless `--node-name` (or `$NODE_NAME`) names another.
+const DEFAULT_NODE: &str = "local";
 
 /// A line to stdout; a reader that went away is not an error (SIGPIPE stays ignored here, as in
 /// `run`, because the daemon inside writes to sockets whose peers may be gone).
@@ -61,9 +67,13 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     // kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's
     // plugin watcher, as on a real node.
     let dra_on = cfg.uses_dra();
+    let node = args.node_name.clone().unwrap_or_else(|| DEFAULT_NODE.to_owned());
+    if let Some(why) = devplug::dra::publish::rules::subdomain_problem(&node) {
+        anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give another --node-name");
+    }
     let (kubelet, dra) = if dra_on {
         let api = Arc::new(
-            apiserver::ApiServer::try_start(&[NODE])
+            apiserver::ApiServer::try_start(&[node.as_str()])
                 .await
                 .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
         );
@@ -73,7 +83,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
             .and_then(|d| d.write("kubeconfig", api.kubeconfig().as_bytes(), false))
             .map_err(|e| anyhow::anyhow!("write the local kubeconfig {}: {e}", kubeconfig.display()))?;
         cfg.dra.kubeconfig = Some(kubeconfig);
-        cfg.dra.node_name = Some(NODE.into());
+        cfg.dra.node_name = Some(node.clone());
         if args.dra_plugins_dir.is_none() {
             cfg.dra.plugins_dir = Some(scratch.path().join("plugins"));
         }
@@ -83,15 +93,24 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         cfg.registration = RegistrationMode::PluginWatcher;
         let registry = cfg.plugins_registry_dir();
         let kubelet = Arc::new(Kubelet::start_with_watcher(&cfg.kubelet_dir, &registry).await);
-        let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, NODE, api.clone());
+        let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, &node, api.clone());
         kubelet.handle("DRAPlugin", dra.clone());
-        (kubelet, Some(Dra { api, kubelet: dra, cdi: cfg.cdi_dir.clone(), claims: Default::default() }))
+        let dra = Dra {
+            api,
+            kubelet: dra,
+            cdi: cfg.cdi_dir.clone(),
+            node: node.clone(),
+            selectors: scheduler::cel::Selectors::new(),
+            claims: Default::default(),
+            made: Default::default(),
+        };
+        (kubelet, Some(dra))
     } else {
         cfg.registration = RegistrationMode::KubeletSocket;
         (Arc::new(Kubelet::start(&cfg.kubelet_dir).await), None)
     };
     let commands = if dra.is_some() {
-        "allocate RESOURCE ID...|COUNT, list, slices, claim DRIVER DEVICE..., unprepare CLAIM, quit"
+        "allocate RESOURCE ID...|COUNT, list, slices, claim FILE, claim DRIVER DEVICE..., unprepare CLAIM, quit"
     } else {
         "allocate RESOURCE ID...|COUNT, list, quit"
     };
@@ -113,7 +132,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         tokio::spawn(devplug::daemon::run(cfg, stop))
     };
     let printer = tokio::spawn(print_changes(kubelet.clone()));
-    let dra_printer = dra.as_ref().map(|d| tokio::spawn(print_pools(d.api.clone())));
+    let dra_printer = dra.as_ref().map(|d| tokio::spawn(print_pools(d.api.clone(), d.node.clone())));
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     loop {
         tokio::select! {
@@ -130,12 +149,20 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
                     },
                     ["slices"] if dra.is_some() => {
                         if let Some(d) = &dra {
-                            say!("{}", serde_json::to_string_pretty(&d.api.slices(NODE, None).into_values().collect::<Vec<_>>())?);
+                            say!("{}", serde_json::to_string_pretty(&d.api.slices(&d.node, None).into_values().collect::<Vec<_>>())?);
+                        }
+                    }
+                    ["claim", file] if dra.is_some() => {
+                        if let Some(d) = &dra {
+                            match d.claim_file(file).await {
+                                Ok(text) => say!("{text}"),
+                                Err(e) => say!("claim failed: {e:#}"),
+                            }
                         }
                     }
                     ["claim", driver, devices @ ..] if dra.is_some() && !devices.is_empty() => {
                         if let Some(d) = &dra {
-                            match d.claim(driver, devices).await {
+                            match d.claim_devices(driver, devices).await {
                                 Ok(text) => say!("{text}"),
                                 Err(e) => say!("claim failed: {e:#}"),
                             }
@@ -163,89 +190,252 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     daemon.await?
 }
 
-/// The DRA side of `try`: the local API server, kubelet's DRA manager, and the claims made.
+/// The DRA side of `try`: the local API server, kubelet's DRA manager, the scheduler's
+/// allocator, and the claims prepared.
 struct Dra {
     api: Arc<apiserver::ApiServer>,
     kubelet: Arc<kubelet_dra::DraKubelet>,
     cdi: std::path::PathBuf,
-    /// Claim name → (driver, UID).
-    claims: std::sync::Mutex<BTreeMap<String, (String, String)>>,
+    node: String,
+    selectors: scheduler::cel::Selectors,
+    /// Claim name → what was prepared for it.
+    claims: std::sync::Mutex<BTreeMap<String, Held>>,
+    /// Claims made so far, for UIDs and default names.
+    made: std::sync::atomic::AtomicUsize,
 }
 
+/// A prepared claim: its UID, the drivers that prepared it, and its allocation's results
+/// (devices other claims cannot have).
+struct Held {
+    uid: String,
+    drivers: Vec<String>,
+    results: Vec<serde_json::Value>,
+}
+
+/// The namespace `try`'s claims live in.
+const NAMESPACE: &str = "default";
+
+/// Largest claim file `claim FILE` reads.
+const MAX_CLAIM_FILE: u64 = 1 << 20;
+
 impl Dra {
-    /// Allocate a claim of `devices` of `driver`'s pool on this node, as the scheduler would
-    /// (a share ID for a device several claims may hold), and prepare it through kubelet's DRA
-    /// call; the answer and the claim's CDI spec, as text.
-    async fn claim(&self, driver: &str, devices: &[&str]) -> anyhow::Result<String> {
-        let pool = self.api.devices(NODE, driver);
-        anyhow::ensure!(!pool.is_empty(), "driver {driver} has no devices published (see `slices`)");
-        let n = self.claims.lock().map_err(|_| anyhow::anyhow!("claims lock"))?.len() + 1;
-        let (name, uid) = (format!("claim-{n}"), format!("0c1a1000-0000-4000-8000-{n:012x}"));
-        let mut picked = Vec::new();
-        for (i, d) in devices.iter().enumerate() {
-            let device = pool.get(*d).ok_or_else(|| {
-                anyhow::anyhow!(
-                    "no device {d} in {driver}'s pool: {}",
-                    pool.keys().cloned().collect::<Vec<_>>().join(", ")
-                )
-            })?;
-            let share = (device["allowMultipleAllocations"] == true)
-                .then(|| format!("5ba7e000-0000-4000-8000-{:06x}{i:06x}", n));
-            picked.push((format!("req-{i}"), (*d).to_owned(), share));
+    fn held(&self) -> anyhow::Result<std::sync::MutexGuard<'_, BTreeMap<String, Held>>> {
+        self.claims.lock().map_err(|_| anyhow::anyhow!("the claims table was poisoned by an earlier panic"))
+    }
+
+    /// The DeviceClasses devplug installs for the resources published on this node (`dra
+    /// deviceclasses`), by name.
+    fn classes(&self) -> BTreeMap<String, DeviceClass> {
+        let mut classes = BTreeMap::new();
+        for slice in self.api.slices(&self.node, None).values() {
+            let driver = slice["spec"]["driver"].as_str().unwrap_or("");
+            for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
+                if let Some(resource) = d["attributes"]["resource"]["string"].as_str() {
+                    let class = devplug::dra::publish::classes::device_class(resource, driver);
+                    if let Ok(c) = serde_json::from_value::<DeviceClass>(class) {
+                        classes.insert(c.metadata.name.clone().unwrap_or_default(), c);
+                    }
+                }
+            }
         }
-        let shared: Vec<(&str, &str, &str, &str, &str)> =
-            picked.iter().map(|(r, d, s)| (r.as_str(), driver, NODE, d.as_str(), s.as_deref().unwrap_or(""))).collect();
-        if picked.iter().any(|(_, _, s)| s.is_some()) {
-            self.api.allocate_shared_claim("default", &name, &uid, &shared);
-        } else {
-            let plain: Vec<(&str, &str, &str, &str)> = shared.iter().map(|(r, d, p, n, _)| (*r, *d, *p, *n)).collect();
-            self.api.allocate_claim("default", &name, &uid, &plain);
+        classes
+    }
+
+    /// `claim FILE`: each ResourceClaim (or ResourceClaimTemplate) of a YAML or JSON file,
+    /// validated as the API server does, allocated from this node's published devices as
+    /// kube-scheduler does (with devplug's DeviceClasses and any the file has), and prepared.
+    async fn claim_file(&self, path: &str) -> anyhow::Result<String> {
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, MAX_CLAIM_FILE + 1), &mut bytes))
+            .map_err(|e| anyhow::anyhow!("read claim file {path}: {e}"))?;
+        anyhow::ensure!(
+            bytes.len() as u64 <= MAX_CLAIM_FILE,
+            "claim file {path} is larger than {MAX_CLAIM_FILE} bytes"
+        );
+        let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("claim file {path} is not UTF-8"))?;
+        let mut docs = Vec::new();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v =
+                serde_json::Value::deserialize(doc).map_err(|e| anyhow::anyhow!("{path}: not YAML or JSON: {e}"))?;
+            match v["kind"].as_str() {
+                Some("List") => docs.extend(v["items"].as_array().cloned().unwrap_or_default()),
+                _ if v.is_null() => {}
+                _ => docs.push(v),
+            }
         }
-        let answers = self.kubelet.prepare(driver, &[("default", uid.as_str(), name.as_str())]).await?;
-        let a = answers.get(&uid).ok_or_else(|| anyhow::anyhow!("the driver gave no answer for {name}"))?;
-        anyhow::ensure!(a.error.is_empty(), "{name}: {}", a.error);
-        self.claims
-            .lock()
-            .map_err(|_| anyhow::anyhow!("claims lock"))?
-            .insert(name.clone(), (driver.to_owned(), uid.clone()));
-        let mut out = format!("prepared {name} (uid {uid}) through {driver}:\n");
-        for ((requests, _, device, cdi), share) in a.devices.iter().zip(&a.shares) {
-            let share = if share.is_empty() { String::new() } else { format!(" share {share}") };
-            out.push_str(&format!("  {} {device}{share}: CDI {}\n", requests.join(","), cdi.join(", ")));
+        let mut classes = self.classes();
+        let mut claims = Vec::new();
+        for (i, doc) in docs.iter().enumerate() {
+            match scheduler::claim::document(doc).map_err(|e| anyhow::anyhow!("{path}, document {}: {e}", i + 1))? {
+                scheduler::claim::Document::Class(c) => {
+                    classes.insert(c.metadata.name.clone().unwrap_or_default(), *c);
+                }
+                scheduler::claim::Document::Claim { name, spec } => {
+                    scheduler::claim::validate(&spec, &self.selectors)
+                        .map_err(|e| anyhow::anyhow!("{path}, document {}: ResourceClaim is invalid: {e}", i + 1))?;
+                    claims.push((name, spec));
+                }
+            }
         }
-        let spec = self.cdi.join(format!("devplug-claim-{uid}.json"));
-        match std::fs::read_to_string(&spec) {
-            Ok(text) => out.push_str(&format!("CDI spec {}:\n{text}", spec.display())),
-            Err(e) => out.push_str(&format!("no CDI spec at {}: {e}", spec.display())),
+        anyhow::ensure!(!claims.is_empty(), "{path} has no ResourceClaim or ResourceClaimTemplate");
+        let mut out = String::new();
+        for (name, spec) in claims {
+            let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
+            let name = name.unwrap_or_else(|| format!("claim-{n}"));
+            anyhow::ensure!(
+                !self.held()?.contains_key(&name),
+                "claim {name} is prepared already: `unprepare {name}` first"
+            );
+            let allocated: Vec<serde_json::Value> = self.held()?.values().flat_map(|h| h.results.clone()).collect();
+            let slices: Vec<serde_json::Value> = self.api.slices(&self.node, None).into_values().collect();
+            let allocation = scheduler::allocate(
+                &self.selectors,
+                &self.node,
+                &slices,
+                &classes,
+                &allocated,
+                NAMESPACE,
+                &name,
+                &spec,
+            )?;
+            out.push_str(&self.prepare(n, &name, serde_json::to_value(&spec)?, allocation).await?);
         }
         Ok(out)
     }
 
+    /// `claim DRIVER DEVICE...`: the devices named (by their DRA name or devplug device ID) of
+    /// `driver`'s pool on this node, allocated as given (as an admin would write a claim's
+    /// allocation), and prepared.
+    async fn claim_devices(&self, driver: &str, devices: &[&str]) -> anyhow::Result<String> {
+        let pool = self.api.devices(&self.node, driver);
+        anyhow::ensure!(
+            !pool.is_empty(),
+            "driver {driver} has no devices published on node {} (see `slices`)",
+            self.node
+        );
+        let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
+        let name = format!("claim-{n}");
+        let held: Vec<serde_json::Value> = self.held()?.values().flat_map(|h| h.results.clone()).collect();
+        let mut requests = Vec::new();
+        let mut results = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
+            let dra_name = devplug::dra::publish::pool::device_name(d);
+            let (device_name, device) =
+                pool.get_key_value(*d).or_else(|| pool.get_key_value(&dra_name)).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "no device {d} (DRA name {dra_name}) in {driver}'s pool: {}",
+                        pool.keys().cloned().collect::<Vec<_>>().join(", ")
+                    )
+                })?;
+            let shared = device["allowMultipleAllocations"] == true;
+            let busy = held
+                .iter()
+                .any(|r| r["driver"] == driver && r["device"] == device_name.as_str() && !r["shareID"].is_string());
+            anyhow::ensure!(shared || !busy, "device {d} of {driver} is in another prepared claim: unprepare it first");
+            let resource = device["attributes"]["resource"]["string"].as_str().unwrap_or("");
+            let request = format!("device-{i}");
+            requests.push(serde_json::json!({ "name": request, "exactly": {
+                "deviceClassName": devplug::dra::publish::classes::class_name(resource) } }));
+            let mut result =
+                serde_json::json!({ "request": request, "driver": driver, "pool": self.node, "device": device_name });
+            if shared {
+                result["shareID"] = serde_json::json!(format!("5ba7e000-0000-4000-8000-{n:06x}{i:06x}"));
+            }
+            results.push(result);
+        }
+        let allocation = serde_json::json!({
+            "devices": { "results": results },
+            "nodeSelector": { "nodeSelectorTerms": [{ "matchFields": [
+                { "key": "metadata.name", "operator": "In", "values": [self.node] }] }] },
+        });
+        self.prepare(n, &name, serde_json::json!({ "devices": { "requests": requests } }), allocation).await
+    }
+
+    /// Store claim `name` allocated, have each of its drivers prepare it through kubelet's DRA
+    /// call, and say what they answered and the claim's CDI specs. A driver that fails undoes
+    /// the others' part: nothing stays half-prepared.
+    async fn prepare(
+        &self,
+        n: usize,
+        name: &str,
+        spec: serde_json::Value,
+        allocation: serde_json::Value,
+    ) -> anyhow::Result<String> {
+        let uid = format!("0c1a1000-0000-4000-8000-{n:012x}");
+        let results: Vec<serde_json::Value> = allocation["devices"]["results"].as_array().cloned().unwrap_or_default();
+        let drivers: Vec<String> = results
+            .iter()
+            .filter_map(|r| r["driver"].as_str().map(str::to_owned))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        self.api.put_claim(NAMESPACE, name, &uid, spec, allocation);
+        let me = [(NAMESPACE, uid.as_str(), name)];
+        let mut out = format!("prepared {name} (uid {uid}) on node {}:\n", self.node);
+        let mut done: Vec<&str> = Vec::new();
+        for driver in &drivers {
+            let answer = match self.kubelet.prepare(driver, &me).await {
+                Ok(answers) => {
+                    answers.get(&uid).cloned().ok_or_else(|| anyhow::anyhow!("{driver} gave no answer for {name}"))
+                }
+                Err(e) => Err(anyhow::anyhow!("{driver}: {}", e.message())),
+            }
+            .and_then(|a| if a.error.is_empty() { Ok(a) } else { Err(anyhow::anyhow!("{driver}: {}", a.error)) });
+            let a = match answer {
+                Ok(a) => a,
+                Err(e) => {
+                    for d in done {
+                        let _ = self.kubelet.unprepare(d, &me).await;
+                    }
+                    self.api.delete_claim(NAMESPACE, name);
+                    return Err(e.context(format!("prepare {name}")));
+                }
+            };
+            done.push(driver);
+            for ((requests, _, device, cdi), share) in a.devices.iter().zip(&a.shares) {
+                let share = if share.is_empty() { String::new() } else { format!(" share {share}") };
+                out.push_str(&format!("  {} {driver} {device}{share}: CDI {}\n", requests.join(","), cdi.join(", ")));
+            }
+        }
+        for driver in &drivers {
+            let spec = self.cdi.join(format!("devplug-claim-{uid}-{driver}.json"));
+            match std::fs::read_to_string(&spec) {
+                Ok(text) => out.push_str(&format!("CDI spec {}:\n{text}", spec.display())),
+                Err(e) => out.push_str(&format!("no CDI spec at {}: {e}\n", spec.display())),
+            }
+        }
+        self.held()?.insert(name.to_owned(), Held { uid, drivers, results });
+        Ok(out)
+    }
+
     async fn unprepare(&self, name: &str) -> anyhow::Result<()> {
-        let (driver, uid) = self
-            .claims
-            .lock()
-            .map_err(|_| anyhow::anyhow!("claims lock"))?
-            .get(name)
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no claim {name} was prepared here"))?;
-        let answers = self.kubelet.unprepare(&driver, &[("default", uid.as_str(), name)]).await?;
-        let e = answers.get(&uid).cloned().unwrap_or_default();
-        anyhow::ensure!(e.is_empty(), "{e}");
+        let (uid, drivers) = {
+            let held = self.held()?;
+            let h = held.get(name).ok_or_else(|| anyhow::anyhow!("no claim {name} was prepared here"))?;
+            (h.uid.clone(), h.drivers.clone())
+        };
+        for driver in &drivers {
+            let answers = self.kubelet.unprepare(driver, &[(NAMESPACE, uid.as_str(), name)]).await?;
+            let e = answers.get(&uid).cloned().unwrap_or_default();
+            anyhow::ensure!(e.is_empty(), "{driver}: {e}");
+        }
+        self.held()?.remove(name);
+        self.api.delete_claim(NAMESPACE, name);
         Ok(())
     }
 }
 
 /// Every change of a DRA pool on this node: its driver and device names.
-async fn print_pools(api: Arc<apiserver::ApiServer>) {
+async fn print_pools(api: Arc<apiserver::ApiServer>, node: String) {
     let mut last: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut ticks = tokio::time::interval(Duration::from_millis(100));
     loop {
         ticks.tick().await;
         let drivers: std::collections::BTreeSet<String> =
-            api.slices(NODE, None).values().filter_map(|s| s["spec"]["driver"].as_str().map(str::to_owned)).collect();
+            api.slices(&node, None).values().filter_map(|s| s["spec"]["driver"].as_str().map(str::to_owned)).collect();
         for driver in drivers {
-            let names: Vec<String> = api.devices(NODE, &driver).into_keys().collect();
+            let names: Vec<String> = api.devices(&node, &driver).into_keys().collect();
             if !names.is_empty() && last.get(&driver) != Some(&names) {
                 say!("DRA driver {driver}: {} devices published: {}", names.len(), names.join(" "));
                 last.insert(driver, names);

@@ -275,6 +275,32 @@ fn dgx_h100(t: &mut Tree) {
     t.node("nvidia-uvm-tools", 510, 1);
 }
 
+/// The DGX H100 with its compute-fabric NICs (not in [`MACHINES`]; the cross-driver claim's
+/// machine): beside each GPU, below a downstream port of the same PCIe switch, a single-port
+/// ConnectX-7 (15b3:1021, `mlx5_core`, in Ethernet mode) with its netdev and RDMA device, as NVIDIA's DGX H100
+/// user guide pairs them (`nvidia-smi topo -m`: each GPU `PIX` to its NIC, one switch per two
+/// GPUs). The NIC's sysfs is the same driver's as the ConnectX-6 Dx fixture's ([`mlx5_pf`]).
+pub fn build_dgx_h100_with_nics(root: &Path) {
+    let mut t = Tree::new(root);
+    dgx_h100(&mut t);
+    t.node("infiniband/rdma_cm", 10, 58);
+    let buses = [0x18u32, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    for (i, bus) in buses.iter().enumerate() {
+        let first = buses[(i / 2) * 2];
+        let rc = format!("pci0000:{:02x}", first - 4);
+        let rp = format!("0000:{:02x}:01.0", first - 4);
+        let up = format!("0000:{:02x}:00.0", first - 3);
+        let down = format!("0000:{:02x}:{:02x}.0", first - 2, 2 + i % 2);
+        let addr = format!("0000:{:02x}:00.0", bus + 1);
+        let parents = chain(&rc, &[&rp, &up, &down]);
+        let n = i as u32;
+        let ifname = format!("enp{}s0np0", bus + 1);
+        let dir =
+            mlx5_pf(&mut t, parents, &addr, 0x1021, (i / 4) as i32, &ifname, &format!("94:6d:ae:00:00:{i:02x}"), n, n);
+        t.file(&format!("{dir}/sriov_numvfs"), "0\n");
+    }
+}
+
 /// A PCIe server without switches (not in [`MACHINES`]; the learned-requests test's "other
 /// topology"): 2× H100 PCIe (10de:2331), each in the slot of a root port of its own root
 /// complex, `pci0000:BB/0000:BB:01.0/0000:CC:00.0` — the devices of a bridge's secondary bus
@@ -671,23 +697,11 @@ fn cx6dx(t: &mut Tree, cards: u32, vfs: u32) {
         let mut pfs = Vec::new();
         for port in 0..2u32 {
             let addr = format!("0000:{bus:02x}:00.{port}");
-            let dir = t.pci(Func {
-                parents: chain(&rc, &[&rp]),
-                addr: &addr,
-                vendor: 0x15b3,
-                device: 0x101d,
-                class: 0x020000,
-                numa,
-                driver: Some("mlx5_core"),
-            });
             let ifname = format!("ens{}f{port}np{port}", card + 1);
-            t.netdev(&dir, &ifname, &format!("b8:ce:f6:{card:02x}:00:{port:02x}"), 1, true, 100_000);
-            t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
-            t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{verbs}"), &[("ibdev", &format!("mlx5_{ibdev}"))]);
-            t.node(&format!("infiniband/uverbs{verbs}"), 231, 192 + verbs);
+            let mac = format!("b8:ce:f6:{card:02x}:00:{port:02x}");
+            let dir = mlx5_pf(t, chain(&rc, &[&rp]), &addr, 0x101d, numa, &ifname, &mac, ibdev, verbs);
             ibdev += 1;
             verbs += 1;
-            t.file(&format!("{dir}/sriov_totalvfs"), "127\n");
             t.file(&format!("{dir}/sriov_numvfs"), &format!("{}\n", if port == 0 { vfs } else { 0 }));
             pfs.push((addr, dir, ifname));
         }
@@ -727,6 +741,30 @@ fn cx6dx(t: &mut Tree, cards: u32, vfs: u32) {
             }
         }
     }
+}
+
+/// A ConnectX PF bound to `mlx5_core` (PCI ID `15b3:device`): its Ethernet netdev, its RDMA
+/// device `mlx5_<ibdev>` (`drivers/infiniband/hw/mlx5`) with `uverbs<verbs>` and its node
+/// (major 231, minors from 192: `drivers/infiniband/core/uverbs_main.c`), and 127 VFs possible.
+#[allow(clippy::too_many_arguments)]
+fn mlx5_pf(
+    t: &mut Tree,
+    parents: Vec<String>,
+    addr: &str,
+    device: u16,
+    numa: i32,
+    ifname: &str,
+    mac: &str,
+    ibdev: u32,
+    verbs: u32,
+) -> String {
+    let dir = t.pci(Func { parents, addr, vendor: 0x15b3, device, class: 0x020000, numa, driver: Some("mlx5_core") });
+    t.netdev(&dir, ifname, mac, 1, true, 100_000);
+    t.class_dev(&dir, "infiniband", &format!("mlx5_{ibdev}"), &[("node_type", "1: CA")]);
+    t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{verbs}"), &[("ibdev", &format!("mlx5_{ibdev}"))]);
+    t.node(&format!("infiniband/uverbs{verbs}"), 231, 192 + verbs);
+    t.file(&format!("{dir}/sriov_totalvfs"), "127\n");
+    dir
 }
 
 /// Intel E810-C (8086:1593, ice) with 4 iavf VFs (8086:1889) on NUMA node 1.

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod dra_node;
 pub mod envtest;
 pub mod fixtures;
+pub mod guide;
 pub mod hardware;
 pub mod hostile_registry;
 pub mod load;

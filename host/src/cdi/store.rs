@@ -17,13 +17,29 @@ use crate::model::Resource;
 
 const TEMP_PREFIX: &str = ".devplug-";
 
-/// A claim spec's file name. Claim UIDs come from kubelet; anything but a UUID's characters is
-/// refused rather than becoming a path.
-fn claim_file(uid: &str) -> Result<String, CdiError> {
+/// A claim spec's file name: one per claim and driver, since one claim can hold devices of
+/// several of devplug's drivers (a GPU and the NIC under its PCIe root), each preparing and
+/// unpreparing its own part. Claim UIDs come from kubelet and driver names from the config;
+/// anything but a UUID's characters, or a driver that is not a DNS subdomain's, is refused
+/// rather than becoming a path.
+fn claim_file(uid: &str, driver: &str) -> Result<String, CdiError> {
     if uid.is_empty() || uid.len() > 64 || !uid.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
         return Err(CdiError::Name(format!("claim UID {uid:?} is not a UID")));
     }
-    Ok(format!("{OWNED_PREFIX}claim-{uid}.json"))
+    let driver_ok = !driver.is_empty()
+        && driver.len() <= 63
+        && driver.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && !driver.starts_with('.');
+    if !driver_ok {
+        return Err(CdiError::Name(format!("driver {driver:?} is not a driver name")));
+    }
+    Ok(format!("{OWNED_PREFIX}claim-{uid}-{driver}.json"))
+}
+
+/// The one file per claim devplug 0.3 and older wrote (`devplug-claim-<uid>.json`), removed with
+/// the claim's new files so an upgrade leaves none behind.
+fn claim_file_before_0_4(uid: &str) -> String {
+    format!("{OWNED_PREFIX}claim-{uid}.json")
 }
 
 /// Why a spec could not be written.
@@ -122,11 +138,12 @@ impl SpecDir {
         }
     }
 
-    /// Write the spec of a prepared DRA claim (`devplug-claim-<uid>.json`). It is not one of the
-    /// resources' specs: it lives as long as the claim is prepared, across devplug restarts, and
-    /// only [`SpecDir::remove_claim`] removes it.
-    pub fn write_claim(&self, uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
-        let file = self.dir.join(claim_file(uid)?);
+    /// Write the spec of a DRA claim's devices of `driver`, prepared
+    /// (`devplug-claim-<uid>-<driver>.json`). It is not one of the resources' specs: it lives as
+    /// long as the claim is prepared, across devplug restarts, and only
+    /// [`SpecDir::remove_claim`] removes it.
+    pub fn write_claim(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+        let file = self.dir.join(claim_file(uid, driver)?);
         write_atomically(&self.dir, &file, spec)?;
         Ok(file)
     }
@@ -134,8 +151,8 @@ impl SpecDir {
     /// [`SpecDir::write_claim`] without flushing (whole old or whole new file, never torn): a
     /// claim's spec is written again whenever it may have been lost (a reboot changes the boot
     /// ID its record holds; a missing spec is noticed), so its record's one flush is enough.
-    pub fn write_claim_unflushed(&self, uid: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
-        let file = self.dir.join(claim_file(uid)?);
+    pub fn write_claim_unflushed(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+        let file = self.dir.join(claim_file(uid, driver)?);
         let mut bytes =
             serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.clone(), source: e.into() })?;
         bytes.push(b'\n');
@@ -143,21 +160,26 @@ impl SpecDir {
         Ok(file)
     }
 
-    /// Whether the spec of claim `uid` is on disk (a reboot empties `/var/run/cdi`).
-    pub fn has_claim(&self, uid: &str) -> bool {
-        claim_file(uid).is_ok_and(|f| self.dir.join(f).is_file())
+    /// Whether the spec of claim `uid`'s devices of `driver` is on disk (a reboot empties
+    /// `/var/run/cdi`).
+    pub fn has_claim(&self, uid: &str, driver: &str) -> bool {
+        claim_file(uid, driver).is_ok_and(|f| self.dir.join(f).is_file())
     }
 
-    /// Remove a claim's spec (none there is fine: unprepare may be repeated).
-    pub fn remove_claim(&self, uid: &str) -> Result<(), CdiError> {
-        let file = self.dir.join(claim_file(uid)?);
-        // Not flushed: a spec that comes back after a power cut belongs to a claim no record
-        // holds, and kubelet never names it again.
-        match fs::remove_file(&file) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(CdiError::Io { path: file, source: e }),
+    /// Remove the spec of a claim's devices of `driver`, and the one file an older devplug
+    /// wrote for the claim (none there is fine: unprepare may be repeated).
+    pub fn remove_claim(&self, uid: &str, driver: &str) -> Result<(), CdiError> {
+        let file = self.dir.join(claim_file(uid, driver)?);
+        for file in [file, self.dir.join(claim_file_before_0_4(uid))] {
+            // Not flushed: a spec that comes back after a power cut belongs to a claim no
+            // record holds, and kubelet never names it again.
+            match fs::remove_file(&file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(CdiError::Io { path: file, source: e }),
+            }
         }
+        Ok(())
     }
 
     /// Remove devplug's spec files for resources not in `live` (left by an earlier devplug that
@@ -195,4 +217,29 @@ fn write_atomically(dir: &Path, file: &Path, spec: &Spec) -> Result<(), CdiError
         serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.to_owned(), source: e.into() })?;
     bytes.push(b'\n');
     crate::durable::write_file(dir, file, &bytes, TEMP_PREFIX, 0o644).map_err(io(file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One claim, two of devplug's drivers: each driver's spec is its own file, removing one
+    /// leaves the other, and the one file an older devplug wrote for the claim goes with it.
+    #[test]
+    fn a_claim_has_a_spec_per_driver_and_names_stay_inside_the_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = SpecDir::open(tmp.path()).unwrap();
+        let kind = Kind::for_resource("devplug.io/claim").unwrap();
+        let spec = spec::build(&Resource { name: "devplug.io/claim".into(), ..Default::default() }, &kind);
+        dir.write_claim("uid-1", "gpu.devplug.io", &spec).unwrap();
+        dir.write_claim("uid-1", "nic.devplug.io", &spec).unwrap();
+        std::fs::write(tmp.path().join("devplug-claim-uid-1.json"), b"{}").unwrap();
+        assert!(dir.has_claim("uid-1", "gpu.devplug.io") && dir.has_claim("uid-1", "nic.devplug.io"));
+        dir.remove_claim("uid-1", "gpu.devplug.io").unwrap();
+        assert!(!dir.has_claim("uid-1", "gpu.devplug.io") && dir.has_claim("uid-1", "nic.devplug.io"));
+        assert!(!tmp.path().join("devplug-claim-uid-1.json").exists(), "the 0.3 file goes with the claim");
+        for (uid, driver) in [("../x", "gpu.devplug.io"), ("uid-1", "../../etc"), ("uid-1", "a/b"), ("uid-1", "")] {
+            assert!(dir.write_claim(uid, driver, &spec).is_err(), "{uid} {driver}");
+        }
+    }
 }

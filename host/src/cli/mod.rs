@@ -46,9 +46,11 @@ pub enum Command {
     /// Try devplug without a cluster: `run` against a local kubelet (the same rules the test
     /// suite's kubelet enforces) that prints each registration and device list, and takes
     /// commands on stdin: `allocate RESOURCE ID...|COUNT`, `list`, `quit`; with `--dra RESOURCE`
-    /// also `slices`, `claim DRIVER DEVICE...` (allocated and prepared as kubelet would) and
-    /// `unprepare CLAIM`. With `--kubelet-only` and a `run`'s `--kubelet-dir`, it is that
-    /// devplug's kubelet.
+    /// (node `--node-name`, default `local`) also `slices`, `claim FILE` (the ResourceClaims of a
+    /// YAML/JSON file, allocated as kube-scheduler does: CEL selectors, several requests,
+    /// constraints across drivers; then prepared as kubelet does), `claim DRIVER DEVICE...`
+    /// (those devices, by DRA name or device ID) and `unprepare CLAIM`. With `--kubelet-only`
+    /// and a `run`'s `--kubelet-dir`, it is that devplug's kubelet.
     Try(RunArgs),
     /// Run each backend's discover once and print what it found.
     Discover(DiscoverArgs),

@@ -790,6 +790,24 @@ impl ApiServer {
         }
     }
 
+    /// Store claim `namespace/name` with its UID, its spec as the user wrote it and the
+    /// allocation the scheduler made (`status.allocation`), as a scheduler's status update leaves
+    /// it for kubelet and the drivers to read.
+    pub fn put_claim(&self, namespace: &str, name: &str, uid: &str, spec: Value, allocation: Value) {
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1" },
+            "spec": spec,
+            "status": { "allocation": allocation },
+        });
+        lock(&self.store).claims.insert((namespace.to_owned(), name.to_owned()), claim);
+    }
+
+    /// Forget claim `namespace/name` (deleted once its pod is gone).
+    pub fn delete_claim(&self, namespace: &str, name: &str) {
+        lock(&self.store).claims.remove(&(namespace.to_owned(), name.to_owned()));
+    }
+
     /// [`allocate_claim`](Self::allocate_claim) with opaque configuration: (driver, parameters).
     pub fn allocate_claim_with_config(
         &self,

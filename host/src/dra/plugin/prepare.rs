@@ -1,7 +1,7 @@
 //! Preparing a claim on this node: the claim's allocation read from the API server, each
 //! allocated device of this driver mapped back to its backend's device, the backend asked for
 //! its edits (`allocate`, checked against its grants like every answer), and one CDI spec
-//! written for the claim (`devplug-claim-<uid>.json`, kind [`CLAIM_KIND`]) whose device IDs go
+//! written for the claim and driver (`devplug-claim-<uid>-<driver>.json`, kind [`CLAIM_KIND`]) whose device IDs go
 //! back to kubelet. The claim's spec holds each device's own edits and, at spec level, the
 //! resources' common edits and what `allocate` returned; it lives until the claim is
 //! unprepared, independent of the resources' own specs.
@@ -216,19 +216,19 @@ impl ClaimPreparer for Preparer {
     fn commit(&self, claim: &ClaimRef, prepared: PreparedClaim) -> Result<(), DraError> {
         let Some(spec) = prepared.spec else { return Ok(()) };
         tracing::debug_span!("dra.spec_write")
-            .in_scope(|| self.specs.write_claim_unflushed(&claim.uid, &spec))
+            .in_scope(|| self.specs.write_claim_unflushed(&claim.uid, &self.id().driver, &spec))
             .map_err(|source| DraError::Spec { doing: "writing", source })?;
         self.status.report(claim.clone(), prepared.status);
         Ok(())
     }
 
     fn intact(&self, claim: &ClaimRef) -> bool {
-        self.specs.has_claim(&claim.uid)
+        self.specs.has_claim(&claim.uid, &self.id().driver)
     }
 
     fn release(&self, claim: &ClaimRef) -> Result<(), DraError> {
         tracing::debug_span!("dra.spec_remove")
-            .in_scope(|| self.specs.remove_claim(&claim.uid))
+            .in_scope(|| self.specs.remove_claim(&claim.uid, &self.id().driver))
             .map_err(|source| DraError::Spec { doing: "removing", source })
     }
 
