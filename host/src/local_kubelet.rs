@@ -223,6 +223,16 @@ impl Dra {
         self.claims.lock().map_err(|_| anyhow::anyhow!("the claims table was poisoned by an earlier panic"))
     }
 
+    /// Wait (up to 30 s) until this node has a pool published: a claim typed (or piped) while
+    /// the backends are still loading waits for them, as a pod stays pending until devices
+    /// are published, rather than failing on an empty node.
+    async fn published(&self) {
+        let end = tokio::time::Instant::now() + Duration::from_secs(30);
+        while self.api.slices(&self.node, None).is_empty() && tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The DeviceClasses devplug installs for the resources published on this node (`dra
     /// deviceclasses`), by name.
     fn classes(&self) -> BTreeMap<String, DeviceClass> {
@@ -264,12 +274,12 @@ impl Dra {
                 _ => docs.push(v),
             }
         }
-        let mut classes = self.classes();
+        let mut file_classes = BTreeMap::new();
         let mut claims = Vec::new();
         for (i, doc) in docs.iter().enumerate() {
             match scheduler::claim::document(doc).map_err(|e| anyhow::anyhow!("{path}, document {}: {e}", i + 1))? {
                 scheduler::claim::Document::Class(c) => {
-                    classes.insert(c.metadata.name.clone().unwrap_or_default(), *c);
+                    file_classes.insert(c.metadata.name.clone().unwrap_or_default(), *c);
                 }
                 scheduler::claim::Document::Claim { name, spec } => {
                     scheduler::claim::validate(&spec, &self.selectors)
@@ -279,6 +289,10 @@ impl Dra {
             }
         }
         anyhow::ensure!(!claims.is_empty(), "{path} has no ResourceClaim or ResourceClaimTemplate");
+        self.published().await;
+        // devplug's classes, and the file's over them.
+        let mut classes = self.classes();
+        classes.extend(file_classes);
         let mut out = String::new();
         for (name, spec) in claims {
             let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
@@ -308,6 +322,7 @@ impl Dra {
     /// `driver`'s pool on this node, allocated as given (as an admin would write a claim's
     /// allocation), and prepared.
     async fn claim_devices(&self, driver: &str, devices: &[&str]) -> anyhow::Result<String> {
+        self.published().await;
         let pool = self.api.devices(&self.node, driver);
         anyhow::ensure!(
             !pool.is_empty(),
