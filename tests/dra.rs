@@ -2452,6 +2452,24 @@ fn try_allocates_claims_as_the_scheduler_does_across_drivers() {
     let why = t.wait_for("claim failed").pop().unwrap();
     assert!(why.contains("in another prepared claim"), "{why}");
 
+    // Two claims in one file, the second beyond the node: the first stays prepared, and the
+    // error says so with what it got.
+    let one = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: NAME\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com.devplug.io\n        count: COUNT\n";
+    let two = format!(
+        "{}---\n{}",
+        one.replace("NAME", "extra").replace("COUNT", "1"),
+        one.replace("NAME", "too-many").replace("COUNT", "9")
+    );
+    t.send(&format!("claim {}", file("two.yaml", &two)));
+    let printed = t.wait_for("claim failed").join("\n");
+    assert!(
+        printed.contains("prepared extra (uid ")
+            && printed.contains("claim failed: too-many (the claims above stay prepared)"),
+        "{printed}"
+    );
+    assert!(printed.contains("gpu gpu.devplug.io 0000-2a-00-0-"), "the first free GPU: {printed}");
+    assert!(printed.contains("cannot allocate all claims on node dgx-7"), "{printed}");
+
     t.send("unprepare gpu-and-nic");
     t.wait_for("unprepared gpu-and-nic");
     for s in &specs {

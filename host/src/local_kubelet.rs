@@ -303,7 +303,7 @@ impl Dra {
             );
             let allocated: Vec<serde_json::Value> = self.held()?.values().flat_map(|h| h.results.clone()).collect();
             let slices: Vec<serde_json::Value> = self.api.slices(&self.node, None).into_values().collect();
-            let allocation = scheduler::allocate(
+            let prepared = match scheduler::allocate(
                 &self.selectors,
                 &self.node,
                 &slices,
@@ -312,8 +312,20 @@ impl Dra {
                 NAMESPACE,
                 &name,
                 &spec,
-            )?;
-            out.push_str(&self.prepare(n, &name, serde_json::to_value(&spec)?, allocation).await?);
+            ) {
+                Ok(allocation) => self.prepare(n, &name, serde_json::to_value(&spec)?, allocation).await,
+                Err(e) => Err(e.into()),
+            };
+            match prepared {
+                Ok(text) => out.push_str(&text),
+                // The file's claims before this one stay prepared: what they got, then why this
+                // one failed.
+                Err(e) if !out.is_empty() => {
+                    out.push_str(&format!("claim failed: {name} (the claims above stay prepared): {e:#}"));
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }
