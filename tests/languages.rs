@@ -253,6 +253,44 @@ fn ship_and_serve(project: &Path, wasm: &Path, lang: &str) {
     });
 }
 
+/// Issue 42 (5): the claim every `devplug new` project carries (`claim.yaml`: a selector on
+/// the typed `minor` its `describe` gives), allocated as kube-scheduler would and prepared by
+/// `devplug try --dra`, from the project's directory as the guide runs it.
+fn claim_through_try(project: &Path, wasm: &Path, lang: &str) {
+    let s = |p: &Path| p.display().to_string();
+    let tryd = project.join("try");
+    std::fs::create_dir_all(&tryd).unwrap();
+    std::fs::copy(wasm, tryd.join("demo.wasm")).unwrap();
+    std::fs::copy(project.join("devplug.toml"), tryd.join("demo.toml")).unwrap();
+    let fixture = project.join("tests/fixture");
+    let args = [
+        "try",
+        "--no-embedded",
+        "--backends-dir",
+        &s(&tryd),
+        "--default-grant",
+        "requested",
+        "--dra",
+        "example.com/demo",
+        "--sysfs-root",
+        &s(&fixture.join("sys")),
+        "--dev-root",
+        &s(&fixture.join("dev")),
+        "--dev-fixtures",
+        "--cache-dir",
+        &s(&cache_dir()),
+    ];
+    let mut t = support::binary::Interactive::spawn(&args);
+    t.send(&format!("claim {}", s(&project.join("claim.yaml"))));
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("prepared demo-one"), "{lang}: {printed}");
+    assert!(
+        printed.contains("  dev demo.devplug.io demo1: CDI devplug.io/claim="),
+        "{lang}: minor 1 is demo1: {printed}"
+    );
+    t.quit();
+}
+
 #[test]
 fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
     let tmp = tempfile::tempdir().unwrap();
@@ -279,6 +317,7 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
             project_cmd(&dir, step);
         }
         ship_and_serve(&dir, &dir.join(wasm), lang);
+        claim_through_try(&dir, &dir.join(wasm), lang);
         if lang == "rust" {
             the_guides_ship_commands_work(&dir);
         }

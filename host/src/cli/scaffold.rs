@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
+use crate::config::Config;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
     Rust,
@@ -63,6 +65,20 @@ pub fn new_backend(name: &str, lang: Lang, dir: &Path) -> anyhow::Result<Vec<Pat
     files.push((
         "devplug.toml".into(),
         format!("# What this backend may see and hand out; the operator grants it (or less) in devplug's config.\n# Its name is its .wasm file's name; `devplug pack X.wasm devplug.toml` stores this as X.toml.\n[requests]\n# A PCI example: list the functions, read their IDs (as asked and where the links lead). Run\n# `devplug discover --learn-requests {name} --backend {name}.wasm` to print exactly what yours uses.\nsysfs = [\"bus/pci/devices\", \"bus/pci/devices/*\", \"bus/pci/devices/*/{{vendor,device,class,numa_node}}\", \"devices/pci*/**/{{vendor,device,class,numa_node}}\"]\ndev = [\"{name}*\"]\nresources = [\"{resource}\"]\n# Env keys it sets in containers, and mounts (host paths, their container paths): none yet.\nenv = []\nmounts = []\nmount_targets = []\n"),
+    ));
+    // A claim as kube-scheduler takes it, selecting by a typed attribute `describe` gives: what
+    // `devplug try --dra RESOURCE` then `claim claim.yaml` allocates and prepares.
+    let driver = Config::default().dra_driver(name);
+    let class = crate::dra::publish::classes::class_name(&resource);
+    files.push((
+        "claim.yaml".into(),
+        format!(
+            "# One {name} device, the one whose node's minor number is 1, as kube-scheduler allocates it:\n\
+             # `devplug try --dra {resource} ...`, then `claim claim.yaml` (or `kubectl apply -f` on a cluster).\n\
+             apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}-one\nspec:\n  devices:\n\
+             \x20   requests:\n    - name: dev\n      exactly:\n        deviceClassName: {class}\n        selectors:\n\
+             \x20       - cel:\n            expression: device.attributes[\"{driver}\"].minor == 1\n"
+        ),
     ));
     files.push((format!("tests/fixture/dev/{name}0"), "c 240:0\n".into()));
     files.push((format!("tests/fixture/dev/{name}1"), "c 240:1\n".into()));
