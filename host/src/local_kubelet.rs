@@ -212,6 +212,11 @@ struct Held {
     results: Vec<serde_json::Value>,
 }
 
+/// The allocation results of the claims `held`: devices other claims cannot have.
+fn allocated(held: &BTreeMap<String, Held>) -> Vec<serde_json::Value> {
+    held.values().flat_map(|h| h.results.clone()).collect()
+}
+
 /// The namespace `try`'s claims live in.
 const NAMESPACE: &str = "default";
 
@@ -297,11 +302,14 @@ impl Dra {
         for (name, spec) in claims {
             let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
             let name = name.unwrap_or_else(|| format!("claim-{n}"));
-            anyhow::ensure!(
-                !self.held()?.contains_key(&name),
-                "claim {name} is prepared already: `unprepare {name}` first"
-            );
-            let allocated: Vec<serde_json::Value> = self.held()?.values().flat_map(|h| h.results.clone()).collect();
+            let allocated = {
+                let held = self.held()?;
+                anyhow::ensure!(
+                    !held.contains_key(&name),
+                    "claim {name} is prepared already: `unprepare {name}` first"
+                );
+                allocated(&held)
+            };
             let slices: Vec<serde_json::Value> = self.api.slices(&self.node, None).into_values().collect();
             let prepared = match scheduler::allocate(
                 &self.selectors,
@@ -343,7 +351,7 @@ impl Dra {
         );
         let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
         let name = format!("claim-{n}");
-        let held: Vec<serde_json::Value> = self.held()?.values().flat_map(|h| h.results.clone()).collect();
+        let held = allocated(&*self.held()?);
         let mut requests = Vec::new();
         let mut results = Vec::new();
         for (i, d) in devices.iter().enumerate() {
@@ -367,14 +375,13 @@ impl Dra {
             let mut result =
                 serde_json::json!({ "request": request, "driver": driver, "pool": self.node, "device": device_name });
             if shared {
-                result["shareID"] = serde_json::json!(format!("5ba7e000-0000-4000-8000-{n:06x}{i:06x}"));
+                result["shareID"] = serde_json::json!(scheduler::share_id());
             }
             results.push(result);
         }
         let allocation = serde_json::json!({
             "devices": { "results": results },
-            "nodeSelector": { "nodeSelectorTerms": [{ "matchFields": [
-                { "key": "metadata.name", "operator": "In", "values": [self.node] }] }] },
+            "nodeSelector": scheduler::node_selector(&self.node),
         });
         self.prepare(n, &name, serde_json::json!({ "devices": { "requests": requests } }), allocation).await
     }

@@ -239,7 +239,7 @@ pub fn allocate(
             let class_sels = class.spec.selectors.as_deref().unwrap_or_default();
             let mut cap = BTreeMap::new();
             for (k, q) in capacity.into_iter().flatten() {
-                let v = quantity(&json!(q.0)).ok_or_else(|| {
+                let v = ParsedQuantity::try_from(q.0.as_str()).map_err(|_| {
                     AllocError::Failed(format!(
                         "claim {claim}, request {alt_name}: capacity {k}: invalid quantity {:?}",
                         q.0
@@ -276,7 +276,7 @@ pub fn allocate(
             Some(consumed) if r["shareID"].is_string() => {
                 for (k, v) in consumed {
                     if let Some(q) = quantity(v) {
-                        *in_use.capacity.entry((id.clone(), k.clone())).or_insert_with(zero) += q;
+                        *in_use.capacity.entry((id.clone(), k.clone())).or_default() += q;
                     }
                 }
             }
@@ -304,10 +304,6 @@ pub fn allocate(
         return Err(AllocError::Unschedulable { node: node.to_owned(), why: search.explain() });
     }
     Ok(search.result(spec))
-}
-
-fn zero() -> ParsedQuantity {
-    ParsedQuantity::default()
 }
 
 /// Whether `tolerations` tolerate `taint` (core/v1 toleration matching, for devices).
@@ -511,7 +507,7 @@ impl Search<'_> {
                 .cloned()
                 .or_else(|| quantity(&cap["requestPolicy"]["default"]))
                 .unwrap_or_else(|| total.clone());
-            let mut used = self.in_use.capacity.get(&(id.clone(), k.clone())).cloned().unwrap_or_else(zero);
+            let mut used = self.in_use.capacity.get(&(id.clone(), k.clone())).cloned().unwrap_or_default();
             for p in self.picks.iter().filter(|p| p.device == d) {
                 if let Some(q) = p.consumed.as_ref().and_then(|m| m.get(k)) {
                     used += q.clone();
@@ -708,16 +704,21 @@ impl Search<'_> {
             allocation["devices"]["config"] = json!(config);
         }
         if self.picks.iter().any(|p| self.pools.devices[p.device].node_local) {
-            allocation["nodeSelector"] = json!({ "nodeSelectorTerms": [{ "matchFields": [
-                { "key": "metadata.name", "operator": "In", "values": [self.node] }
-            ] }] });
+            allocation["nodeSelector"] = node_selector(self.node);
         }
         allocation
     }
 }
 
+/// The `nodeSelector` of an allocation from `node`'s own pools: that node, by name.
+pub fn node_selector(node: &str) -> Json {
+    json!({ "nodeSelectorTerms": [{ "matchFields": [
+        { "key": "metadata.name", "operator": "In", "values": [node] }
+    ] }] })
+}
+
 /// A random UUID (version 4), as the scheduler gives each share of a shared device.
-fn share_id() -> String {
+pub fn share_id() -> String {
     let mut b = [0u8; 16];
     // Without randomness, a fixed pattern still makes a valid, if not unique, ID.
     let _ = getrandom::fill(&mut b);

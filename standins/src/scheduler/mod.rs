@@ -7,4 +7,4 @@ pub mod allocate;
 pub mod cel;
 pub mod claim;
 
-pub use allocate::{AllocError, allocate};
+pub use allocate::{AllocError, allocate, node_selector, share_id};
