@@ -368,61 +368,70 @@ fn the_language_api_page_names_the_version_new_backends_use() {
 
 /// Issue 41: two backends' resources handing out the same device node (a vendor's backend and
 /// devplug's own serving one GPU's render node) was only an ERROR about a lost resource name.
-/// Now the resource already serving the node keeps it, the other's devices naming it are
-/// refused, and `discover` says so, naming both resources and the node, and exits non-zero;
-/// nodes every side declares shared (`shared-node`) pass.
+/// Issue 49: the backend whose first discover finished first kept the node, so a small hostile
+/// backend won the race. Now a contested node is refused to both sides whatever the order (the
+/// backends run here in both name orders), `discover` names both resources and the node, says
+/// what to do, and exits non-zero; nodes every side declares shared (`shared-node`) pass.
 #[test]
-fn a_node_two_backends_hand_out_is_refused_and_named() {
+fn a_node_two_backends_hand_out_is_refused_to_both_whatever_loads_first() {
     let m = Machine::generic_box();
-    m.node("zero", 'c', 1, 5);
+    m.node("zero", 'c', 1, 5).node("full", 'c', 1, 7);
     let (wasm, manifest) = chaos_paths();
-    let text = std::fs::read_to_string(manifest).unwrap().replace("name = \"chaos\"\n", "");
-    let dir = tempfile::tempdir().unwrap();
-    let write = |name: &str, config: &str| {
-        std::fs::copy(&wasm, dir.path().join(format!("{name}.wasm"))).unwrap();
-        std::fs::write(dir.path().join(format!("{name}.toml")), format!("config = \"{config}\"\n{text}")).unwrap();
-    };
-    // Backends load (and first publish) in name order: `first` holds /dev/zero.
-    write("first", "resource=first.devplug.io/gpu devices=2 nodes=null,zero exclusive");
-    write("second", "resource=second.devplug.io/gpu devices=2 names=own,taken nodes=null,zero");
-    let s = |p: &std::path::Path| p.display().to_string();
-    let root = m.root();
-    let args = [
-        "discover".to_owned(),
-        "--no-embedded".into(),
-        "--backend".into(),
-        s(&dir.path().join("first.wasm")),
-        "--backend".into(),
-        s(&dir.path().join("second.wasm")),
-        "--sysfs-root".into(),
-        s(&root.join("sys")),
-        "--dev-root".into(),
-        s(&root.join("dev")),
-        "--dev-fixtures".into(),
-        "--format".into(),
-        "json".into(),
-    ];
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, out, err) = run(&args);
-    assert_ne!(code, 0, "a conflict fails discover:\n{out}\n{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
-    let ids = |r: &str| -> Vec<String> {
-        v["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|x| x["name"] == r)
-            .flat_map(|x| x["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()))
-            .collect()
-    };
-    assert_eq!(ids("first.devplug.io/gpu"), ["widget-0", "widget-1"]);
-    // /dev/null is declared shared by `second` but not by `first`: both of second's devices go.
-    assert!(ids("second.devplug.io/gpu").is_empty(), "{out}");
-    assert!(
-        err.contains("/dev/zero") && err.contains("first.devplug.io/gpu") && err.contains("second.devplug.io/gpu"),
-        "{err}"
-    );
-    assert!(err.contains("grant.dev") || err.contains("shared-node"), "says what to do: {err}");
+    let text = std::fs::read_to_string(manifest)
+        .unwrap()
+        .replace("name = \"chaos\"\n", "")
+        .replace("dev = [\"null\", \"zero\"]", "dev = [\"null\", \"zero\", \"full\"]");
+    for hostile_first in [false, true] {
+        let (legit, hostile) = ("legit", "hostile");
+        let order = if hostile_first { [hostile, legit] } else { [legit, hostile] };
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, config: &str| {
+            std::fs::copy(&wasm, dir.path().join(format!("{name}.wasm"))).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.toml")), format!("config = \"{config}\"\n{text}")).unwrap();
+        };
+        // The legitimate backend's widget-1 is /dev/zero; the hostile one names it too.
+        write(legit, "resource=legit.devplug.io/gpu devices=3 nodes=full,zero,null exclusive");
+        write(hostile, "resource=hostile.devplug.io/gpu devices=2 names=own,taken nodes=null,zero");
+        let s = |p: &std::path::Path| p.display().to_string();
+        let root = m.root();
+        let args = [
+            "discover".to_owned(),
+            "--no-embedded".into(),
+            "--backend".into(),
+            s(&dir.path().join(format!("{}.wasm", order[0]))),
+            "--backend".into(),
+            s(&dir.path().join(format!("{}.wasm", order[1]))),
+            "--sysfs-root".into(),
+            s(&root.join("sys")),
+            "--dev-root".into(),
+            s(&root.join("dev")),
+            "--dev-fixtures".into(),
+            "--format".into(),
+            "json".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (code, out, err) = run(&args);
+        assert_ne!(code, 0, "a conflict fails discover:\n{out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+        let ids = |r: &str| -> Vec<String> {
+            v["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|x| x["name"] == r)
+                .flat_map(|x| x["devices"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()))
+                .collect()
+        };
+        // /dev/zero and /dev/null (shared by the hostile side, not by the legitimate one) are
+        // contested: only the legitimate /dev/full device is left, on either order.
+        assert_eq!(ids("legit.devplug.io/gpu"), ["widget-0"], "{} first: {out}", order[0]);
+        assert!(ids("hostile.devplug.io/gpu").is_empty(), "{out}");
+        assert!(
+            err.contains("/dev/zero") && err.contains("legit.devplug.io/gpu") && err.contains("hostile.devplug.io/gpu"),
+            "{err}"
+        );
+        assert!(err.contains("grant.dev") && err.contains("shared-node"), "says what to do: {err}");
+    }
 }
 
 /// Issue 42: `devplug allocate` needed `--resource` even when the device IDs name the

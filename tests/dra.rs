@@ -1027,6 +1027,41 @@ fn try_with_dra_prepares_a_claim_and_prints_its_cdi_spec() {
     t.quit();
 }
 
+/// Issue 49: the claim file's caps bounded bytes, not work. A 740 KB file of YAML aliases drove
+/// `try` to 2 GiB; a 2 KB selector of three nested `all()` over 1,000 elements got no answer in
+/// 40 s; a 335-byte `cel.bind` chain reached 2 GiB; a claim no combination of 2,048 devices
+/// satisfies ran for seconds below the step cap. Each now ends in a clear error (the API
+/// server's own words for the selectors, "timed out" with what was found for the search) and
+/// `try` stays small; an honest claim is prepared afterwards.
+#[test]
+fn try_bounds_the_work_each_claim_file_causes() {
+    let m = support::fixtures::Machine::generic_box();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let extra = ["--cache-dir", cache.to_str().unwrap(), "--dra", "test.devplug.io/widget"];
+    let (_backends, mut t) = support::binary::try_chaos_with(&m, "--backends-dir", Some("devices=2048"), &extra);
+    t.wait_for("DRA driver chaos.devplug.io: 2048 devices published");
+    let work = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let p = work.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    for (i, (what, text, says)) in support::attacks::claim_files(0).iter().enumerate() {
+        let started = std::time::Instant::now();
+        t.send(&format!("claim {}", file(&format!("attack-{i}.yaml"), text)));
+        let why = t.wait_for("claim failed").pop().unwrap();
+        assert!(why.contains(says), "{what}: {why}");
+        eprintln!("{what}: {} bytes, refused in {:?}: {}", text.len(), started.elapsed(), &why[..why.len().min(160)]);
+    }
+    let peak = support::stats::memory_mib(t.pid(), "VmHWM");
+    eprintln!("devplug try peak RSS over the attacks: {peak} MiB");
+    assert!(peak < 256, "peak RSS {peak} MiB");
+    // The node still prepares an honest claim.
+    t.send(&format!("claim {}", file("ok.yaml", &support::attacks::claim("ok", "", ""))));
+    t.wait_for("prepared ok");
+    t.quit();
+}
+
 /// The recorded OpenAPI document is the server's Go structs serialised (`SchemaProps`,
 /// `ArbitraryKeys`, `SwaggerSchemaProps` around each schema): unwrap it into plain JSON Schema,
 /// with unknown fields refused as the server's strict field validation does.
@@ -1333,7 +1368,7 @@ async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
             assert!(allocate_msg.contains("env key"), "{k}: {allocate_msg}");
         }
     }
-    assert!(rule(&claims.iter().find(|(k, _)| k == "steal-zero").unwrap().1).contains("widget-1's"));
+    assert!(rule(&claims.iter().find(|(k, _)| k == "steal-zero").unwrap().1).contains("device widget-1 "));
     let specs: Vec<_> = std::fs::read_dir(m.root().join("cdi"))
         .unwrap()
         .flatten()
@@ -1346,6 +1381,167 @@ async fn allocate_and_prepare_give_the_same_verdict_on_every_hostile_answer() {
     };
     let ok = plugin.client.clone().allocate(req).await.unwrap().into_inner();
     assert!(ok.container_responses[0].devices.iter().all(|n| n.host_path == "/dev/zero"), "{ok:?}");
+    drop(d);
+}
+
+/// Issue 49: exclusivity was checked on discover's per-device edits only, so a backend handed
+/// out another backend's per-device node through its Allocate answer, its DRA prepare answer
+/// (into the claim's CDI spec) or its resource's common edits, with nothing logged. Now every
+/// node set a container or claim finally gets passes one gate at the writer against one table
+/// of every backend's nodes: each way is refused, with an ERROR naming both resources, and the
+/// owner still allocates its own device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_backends_device_node_reaches_no_container_and_no_claim() {
+    let m = support::fixtures::Machine::generic_box();
+    m.node("full", 'c', 1, 7).node("random", 'c', 1, 8);
+    let chaos = [
+        // The owner: widget-0 is /dev/full, widget-1 /dev/random (neither shared).
+        ("owner", "resource=owner.devplug.io/disk devices=2 nodes=full,random exclusive".to_owned()),
+        ("grabber", "resource=grab.devplug.io/x devices=1 grab=full".to_owned()),
+        ("claimer", "resource=claim.devplug.io/x devices=1 grab=full prepare=whole".to_owned()),
+        ("commoner", "resource=common.devplug.io/x devices=1 common=random".to_owned()),
+    ];
+    let requests =
+        |r: String| r.replace("dev = [\"null\", \"zero\"]", "dev = [\"null\", \"zero\", \"full\", \"random\"]");
+    let config = "[resources.\"claim.devplug.io/x\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
+    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos, requests, config).await;
+    // /dev/random is in the commoner's common edits and is the owner's widget-1: contested, so
+    // both sides are refused (the owner's widget-1, every device of the commoner).
+    let owned = kubelet.wait_devices("owner.devplug.io/disk", T, |d| d.len() == 1).await.unwrap();
+    assert_eq!(owned[0].id, "widget-0");
+    let grab = kubelet.wait_plugin("grab.devplug.io/x", T).await.unwrap();
+    let driver = "claimer.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the claimer's pool", || api.devices(NODE, driver).len() == 1).await;
+    // The commoner serves nothing (or, had its first discover come before the owner's, an
+    // empty list from then on).
+    if kubelet.plugin("common.devplug.io/x").await.is_some() {
+        kubelet.wait_devices("common.devplug.io/x", T, |d| d.is_empty()).await.unwrap();
+    }
+    // The Allocate answer: refused, naming the owner's resource and device.
+    let req = |id: &str| pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec![id.into()] }],
+    };
+    let refused = grab.client.clone().allocate(req("widget-0")).await.expect_err("grabbed /dev/full");
+    let msg = refused.message();
+    assert!(msg.contains("/dev/full") && msg.contains("owner.devplug.io/disk") && msg.contains("widget-0"), "{msg}");
+    // The prepare answer: refused, and no claim spec written.
+    api.allocate_claim("ml", "grab", "uid-grab", &[("dev", driver, NODE, "widget-0")]);
+    let answers = dra.prepare(driver, &[("ml", "uid-grab", "grab")]).await.unwrap();
+    let prepared = &answers["uid-grab"];
+    assert!(prepared.devices.is_empty(), "{prepared:?}");
+    assert!(prepared.error.contains("/dev/full") && prepared.error.contains("owner.devplug.io/disk"), "{prepared:?}");
+    let specs: Vec<_> = std::fs::read_dir(m.root().join("cdi"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("devplug-claim-"))
+        .collect();
+    assert!(specs.is_empty(), "{specs:?}");
+    // Each refusal is an ERROR naming both resources.
+    let log = d.log();
+    let error_with = |a: &str, b: &str| log.lines().any(|l| l.contains("ERROR") && l.contains(a) && l.contains(b));
+    assert!(error_with("grab.devplug.io/x", "owner.devplug.io/disk"), "{log}");
+    assert!(error_with("claim ml/grab", "owner.devplug.io/disk"), "{log}");
+    assert!(error_with("common.devplug.io/x", "owner.devplug.io/disk") && log.contains("/dev/random"), "{log}");
+    // Issue 50: a resource served through DRA has its claims' specs, none of its own.
+    let spec = |r: &str| m.root().join("cdi").join(devplug::cdi::Kind::for_resource(r).unwrap().file_name());
+    assert!(spec("owner.devplug.io/disk").exists() && !spec("claim.devplug.io/x").exists());
+    // The owner still hands its own device out.
+    let owner = kubelet.plugin("owner.devplug.io/disk").await.unwrap();
+    let ok = owner.client.clone().allocate(req("widget-0")).await.unwrap().into_inner();
+    assert!(ok.container_responses[0].devices.iter().any(|n| n.host_path == "/dev/full"), "{ok:?}");
+    drop(d);
+}
+
+/// Issue 49: connections were not bounded. 2,000 connections each holding an unfinished header
+/// block on `dra.sock` grew devplug by 380 MiB and were never timed out; past the open-file
+/// limit kubelet's NodePrepareResources went unanswered and nothing was logged. Now every
+/// plugin socket holds at most 128 connections (more are closed at once, with an ERROR) and
+/// closes one that owes a header block past 10 s; kubelet's own connections keep working
+/// through the flood on both the DRA and the Device Plugin socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
+    use std::io::{Read, Write};
+    // The flood needs more open files than a default soft limit of 1,024 gives this process.
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit read and write only the struct here.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur = lim.rlim_max.min(8192);
+        libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+    }
+    const FLOOD: usize = 1000;
+    let m = support::fixtures::Machine::generic_box();
+    let chaos = [
+        ("claimed", "resource=test.devplug.io/claimed devices=4".to_owned()),
+        ("plain", "resource=test.devplug.io/plain devices=2".to_owned()),
+    ];
+    let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n";
+    let BinaryNode { api, dra, d, kubelet, root, .. } = binary_node(&m, &chaos, |r| r, config).await;
+    let driver = "claimed.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the pool", || api.devices(NODE, driver).len() == 4).await;
+    let plain = kubelet.wait_plugin("test.devplug.io/plain", T).await.unwrap();
+    let prepare = |i: usize| {
+        let (dra, api) = (dra.clone(), api.clone());
+        async move {
+            let (name, uid, device) = (format!("c{i}"), format!("uid-c{i}"), format!("widget-{i}"));
+            api.allocate_claim("ml", &name, &uid, &[("dev", driver, NODE, &device)]);
+            let answers = dra.prepare(driver, &[("ml", &uid, &name)]).await.unwrap();
+            assert!(answers[&uid].error.is_empty() && answers[&uid].devices.len() == 1, "{:?}", answers[&uid]);
+        }
+    };
+    prepare(0).await;
+    let allocate = || {
+        let mut client = plain.client.clone();
+        async move {
+            let req = pb::AllocateRequest {
+                container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-0".into()] }],
+            };
+            client.allocate(req).await.expect("Allocate during the flood");
+        }
+    };
+    allocate().await;
+    let before = support::stats::memory_mib(d.pid(), "VmRSS");
+    // Each hostile connection sends the preface and a HEADERS frame without END_HEADERS.
+    let mut hostile = Vec::new();
+    let dra_sock = root.path().join("plugins").join(driver).join("dra.sock");
+    for path in [&dra_sock, &plain.endpoint] {
+        for _ in 0..FLOOD {
+            let Ok(mut c) = std::os::unix::net::UnixStream::connect(path) else { continue };
+            let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+            bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS
+            bytes.extend_from_slice(&[0, 0, 4, 1, 0, 0, 0, 0, 1, 0x82, 0x86, 0x84, 0x41]); // HEADERS, no END_HEADERS
+            let _ = c.write_all(&bytes);
+            hostile.push(c);
+        }
+    }
+    // Kubelet's connections are answered while the flood is held.
+    prepare(1).await;
+    allocate().await;
+    let peak = support::stats::memory_mib(d.pid(), "VmRSS");
+    eprintln!("devplug RSS {before} MiB before, {peak} MiB with {} hostile connections held", hostile.len());
+    assert!(peak < before + 64, "{before} MiB before, {peak} MiB during the flood");
+    let log = d.log();
+    assert!(log.lines().any(|l| l.contains("ERROR") && l.contains("connection limit of 128")), "{log}");
+    // Every hostile connection is closed by devplug: at once past the limit, at the header
+    // deadline within it.
+    for c in &mut hostile {
+        c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        let mut buf = [0u8; 4096];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {
+                    panic!("a hostile connection was still open after 30 s")
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    prepare(2).await;
+    allocate().await;
     drop(d);
 }
 
@@ -1546,6 +1742,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         backend: "gpu".into(),
         devices,
         calls: std::sync::Arc::new(NoCalls),
+        owners: Default::default(),
     });
     let (_changes_tx, changes) = tokio::sync::watch::channel(0u64);
     let svc = HealthService { served, changes, stop: tokio_util::sync::CancellationToken::new() };

@@ -14,6 +14,7 @@ use support::binary::{Devplug, discover_backend, run_args};
 use support::daemon::{WIDGET, chaos_paths};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
+use support::stats::memory_mib;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -379,6 +380,64 @@ fn a_backends_version_is_clipped_and_escaped_where_it_loads() {
     assert!(!err.contains('\u{1b}') && err.len() < 64 << 10, "{} bytes of log", err.len());
 }
 
+/// Issue 49: the text gate is an allow-list. Format and separator characters (U+061C, U+2028,
+/// U+2029, U+200B, U+FEFF) a deny-list of controls let through are escaped in the version every
+/// surface shows, the JSON and the log alike.
+#[test]
+fn format_and_separator_characters_in_a_backends_text_are_escaped() {
+    let evil = "1.0\\u061c\\u2028a\\u2029b\\u200bc\\ufeffd\\ue000";
+    let (code, v, err) = discover(&machine(), &format!("devices=1 version={evil}"));
+    assert_eq!(code, 0, "{err}");
+    let version = v["backends"][0]["version"].as_str().unwrap();
+    assert_eq!(version, "1.0\\u{61c}\\u{2028}a\\u{2029}b\\u{200b}c\\u{feff}d\\u{e000}");
+    for raw in ['\u{061c}', '\u{2028}', '\u{2029}', '\u{200b}', '\u{feff}', '\u{e000}'] {
+        assert!(!err.contains(raw), "U+{:04X} reached the log raw", raw as u32);
+    }
+}
+
+/// Issue 49: learning records what was used. A backend that reads paths named `**`, `*` and
+/// `x[1]` (NotFound on any machine) and globs `/dev` with `*` used the nodes the glob matched and
+/// nothing else: the learned manifest names those nodes, and no wildcard at a tree's root.
+#[test]
+fn learned_requests_hold_only_what_returned_data() {
+    let m = machine();
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = backend(dir.path(), "chaos", "mode=learn-stars");
+    let learned = support::binary::on_machine(
+        &["discover", "--learn-requests", "chaos", "--backend", wasm.to_str().unwrap()],
+        m.root(),
+        &cache_dir(),
+        &[],
+    );
+    let parsed: toml::Table = toml::from_str(&learned).unwrap_or_else(|e| panic!("{e}\n{learned}"));
+    let list = |k: &str| -> Vec<String> {
+        parsed["requests"][k].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect()
+    };
+    for key in ["sysfs", "procfs", "dev"] {
+        for p in list(key) {
+            let first = p.split('/').next().unwrap();
+            assert!(!first.chars().all(|c| c == '*'), "{key} = {p:?} is a wildcard at the root:\n{learned}");
+            assert!(!p.contains("x[1]") && !p.contains("x\\[1"), "{key} = {p:?} was never found:\n{learned}");
+        }
+    }
+    assert!(list("sysfs").is_empty() && list("procfs").is_empty(), "nothing was read:\n{learned}");
+    // What the glob matched, each node as it is (the machine's null, zero, mem, …), never `*`.
+    let dev = list("dev");
+    for node in ["null", "zero", "kvm"] {
+        assert!(dev.iter().any(|p| p == node), "dev lacks {node}:\n{learned}");
+    }
+    // Used verbatim as the manifest, it is enough on the machine it was learned on: the paths
+    // the backend only asked for are refused, but they are not here, so nothing was lost.
+    let config = std::fs::read_to_string(dir.path().join("chaos.toml")).unwrap();
+    let config = config.lines().next().unwrap();
+    std::fs::write(dir.path().join("chaos.toml"), format!("{config}\n{learned}")).unwrap();
+    let (code, out, err) = discover_backend(&wasm, &m, &cache_dir());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let refused = v["refused"].as_array().unwrap();
+    assert!(!refused.is_empty() && refused.iter().all(|r| r["present"] == false), "{refused:?}");
+}
+
 /// A backend flipping the health of 3,000 devices on every poll: the host logs one record per
 /// poll (16 devices named, the rest counted), not one line per device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -440,17 +499,6 @@ fn a_file_cannot_take_another_backends_name_or_grant() {
     let (srcs, _) = devplug::backends::sources(&cfg.catalog(), &[]);
     let gpu = srcs.iter().find(|s| s.name == "gpu").unwrap();
     assert_ne!(gpu.origin, devplug::backends::Origin::Embedded);
-}
-
-/// A memory line of process `pid`'s `/proc/PID/status` (`VmRSS`, `VmHWM`), in MiB.
-fn memory_mib(pid: i32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
-    kib >> 10
 }
 
 fn rss_mib(pid: i32) -> u64 {

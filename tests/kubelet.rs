@@ -247,6 +247,7 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
             devices: rx,
             ops: Arc::new(NoBackend),
             delivery: Default::default(),
+            owners: Default::default(),
             metrics: None,
         })
         .await;

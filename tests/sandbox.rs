@@ -148,7 +148,7 @@ fn a_looping_backend_is_stopped_at_its_deadline_and_the_next_call_works() {
     assert_eq!(err, CallError::Timeout(Duration::from_millis(100)));
     assert_eq!(other.discover().unwrap()[0].devices.len(), 5, "other backends keep serving");
     let edits = inst.allocate("test.devplug.io/widget", &["widget-1".into()]).unwrap();
-    assert_eq!(edits.env[0], ("CHAOS_IDS".to_string(), "widget-1".to_string()));
+    assert_eq!((edits.env[0].0.as_str(), edits.env[0].1.as_str()), ("CHAOS_IDS", "widget-1"));
     let s = &inst.stats;
     assert_eq!(s.timeouts.load(std::sync::atomic::Ordering::Relaxed), 1);
 }

@@ -182,6 +182,8 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub pod_resources_interval: Duration,
     pub cache_dir: Option<PathBuf>,
+    /// The most compiled code `cache_dir` keeps, in MiB (least recently used goes first).
+    pub cache_max_mb: u64,
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     pub default_grant: DefaultGrant,
@@ -220,6 +222,7 @@ impl Default for Config {
             pod_resources_socket: None,
             pod_resources_interval: Duration::from_secs(10),
             cache_dir: None,
+            cache_max_mb: crate::runtime::CACHE_MAX_BYTES >> 20,
             poll_interval: Duration::from_secs(5),
             default_grant: DefaultGrant::None,
             limits: Limits::default(),
@@ -313,7 +316,11 @@ impl Config {
 
     /// Whether devplug writes a CDI spec for `resource`.
     pub fn writes_cdi(&self, resource: &str) -> bool {
-        self.write_cdi && self.resources.get(resource).and_then(|r| r.write_cdi) != Some(false)
+        // A resource served through DRA hands its devices out through its claims' own specs: a
+        // spec of the resource's would name devices no container is given that way.
+        self.write_cdi
+            && self.api(resource) != Api::Dra
+            && self.resources.get(resource).and_then(|r| r.write_cdi) != Some(false)
     }
 
     /// Allocate strategies for `resource`.
@@ -397,6 +404,7 @@ impl Config {
             memory_cap: self.limits.memory_mb << 20,
             breaker_threshold: self.limits.breaker_threshold.max(1),
             cache_dir: self.cache_dir.clone(),
+            cache_max_bytes: self.cache_max_mb.saturating_mul(1 << 20),
             precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
             ..crate::runtime::RuntimeConfig::default()
         }

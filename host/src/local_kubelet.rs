@@ -29,7 +29,6 @@ use tokio::io::AsyncBufReadExt;
 use devplug_standins::{apiserver, kubelet, kubelet_dra, scheduler};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kubelet::{Kubelet, Plugin};
-use serde::Deserialize;
 
 /// The node `try` plays, for DRA, unless `--node-name` (or `$NODE_NAME`) names another.
 const DEFAULT_NODE: &str = "local";
@@ -269,16 +268,7 @@ impl Dra {
             "claim file {path} is larger than {MAX_CLAIM_FILE} bytes"
         );
         let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("claim file {path} is not UTF-8"))?;
-        let mut docs = Vec::new();
-        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-            let v =
-                serde_json::Value::deserialize(doc).map_err(|e| anyhow::anyhow!("{path}: not YAML or JSON: {e}"))?;
-            match v["kind"].as_str() {
-                Some("List") => docs.extend(v["items"].as_array().cloned().unwrap_or_default()),
-                _ if v.is_null() => {}
-                _ => docs.push(v),
-            }
-        }
+        let docs = scheduler::documents::documents(&text).map_err(|e| anyhow::anyhow!("{path}, {e}"))?;
         let mut file_classes = BTreeMap::new();
         let mut claims = Vec::new();
         for (i, doc) in docs.iter().enumerate() {

@@ -193,10 +193,25 @@ pub fn run_on_machine(
 /// `devplug try` serving a copy of the chaos backend on machine `m`, its backends directory
 /// given with `flag` (`--backends-dir`, or the old `--backends`), plus `extra` arguments.
 pub fn try_chaos(m: &super::fixtures::Machine, flag: &str, extra: &[&str]) -> (tempfile::TempDir, Interactive) {
+    try_chaos_with(m, flag, None, extra)
+}
+
+/// [`try_chaos`] with the chaos backend's `config` (`devices=2048`) in its manifest.
+pub fn try_chaos_with(
+    m: &super::fixtures::Machine,
+    flag: &str,
+    config: Option<&str>,
+    extra: &[&str],
+) -> (tempfile::TempDir, Interactive) {
     let (wasm, manifest) = super::daemon::chaos_paths();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(&wasm, dir.path().join("chaos.wasm")).expect("copy chaos.wasm");
-    std::fs::copy(&manifest, dir.path().join("chaos.toml")).expect("copy chaos.toml");
+    let text = std::fs::read_to_string(&manifest).expect("read chaos.toml");
+    let text = match config {
+        Some(c) => format!("config = {c:?}\n{text}"),
+        None => text,
+    };
+    std::fs::write(dir.path().join("chaos.toml"), text).expect("write chaos.toml");
     let (sys, dev) = (m.sys().display().to_string(), m.dev().display().to_string());
     let bdir = dir.path().display().to_string();
     let mut args = vec![
@@ -283,6 +298,11 @@ impl Interactive {
         });
         let stdin = child.stdin.take().expect("stdin");
         Interactive { child, stdin, lines, seen: Vec::new() }
+    }
+
+    /// The process's ID.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
     }
 
     /// Send one line.

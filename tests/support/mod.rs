@@ -8,6 +8,7 @@
 #[allow(unused_imports)]
 pub use devplug_standins::{apiserver, h2wire, kubelet, kubelet_dra, uds};
 
+pub mod attacks;
 pub mod binary;
 pub mod daemon;
 pub mod dra_node;

@@ -20,3 +20,14 @@ pub fn report(name: &str, mut v: Vec<Duration>) {
         v[v.len() - 1]
     );
 }
+
+/// `key` (`VmRSS`, `VmHWM`) of process `pid`, in MiB.
+pub fn memory_mib(pid: i32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc/PID/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    kib >> 10
+}

@@ -1,13 +1,15 @@
 //! `chaos`: the backend devplug's own tests use to prove the sandbox and the runtime.
 //!
-//! Config is `key=value` words: `mode=ok|churn|flip|tick|escape|spin-init|spin-discover|trap-init|
+//! Config is `key=value` words (split at ASCII whitespace only, so a value may carry U+2028): `mode=ok|churn|flip|tick|escape|spin-init|spin-discover|trap-init|
 //! trap-discover|hog-discover|fail-discover` (`churn`: every discover drops or restores the last
 //! device, so the device list changes on each poll; `flip`: every device changes health on every
 //! discover; `tick`: every device's attribute `tick` counts discovers, nothing else changes), `devices=N` (default 4), `resource=NAME`, `version=V`,
 //! `names=a,b,c` (device IDs instead of `widget-N`), `sick=a,b` (these devices are Unhealthy),
 //! `note=TEXT` (every device carries attribute `note` = TEXT: a description DRA may refuse),
 //! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`), `exclusive` (its
-//! devices do not declare `shared-node`: another backend naming their nodes conflicts).
+//! devices do not declare `shared-node`: another backend naming their nodes conflicts),
+//! `grab=a,b` (every `allocate` and `prepare` answer hands out `/dev/a`, `/dev/b`: another
+//! backend's device nodes, say), `common=a,b` (the resource's common edits hand them out).
 //! For DRA (WIT 0.3.0): `describe=typed` (typed attributes, a `memory` capacity, each device
 //! drawing 16Gi from a 64Gi counter set `chaos-memory`), `describe=stranger` (describes a device
 //! discover did not list), `describe=bomb` (thirty 64-byte attributes per device); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
@@ -33,7 +35,10 @@
 //! - `mode=forge-log`: messages with a newline and a line that looks like the host's own;
 //! - `mode=log-flood`: thirty thousand lines through `log`, stdout and stderr;
 //! - `mode=huge-error`: a 30 MB error string;
-//! - `devices=N` with a large N: more devices than the host accepts.
+//! - `devices=N` with a large N: more devices than the host accepts;
+//! - `mode=learn-stars`: asks for paths literally named `**`, `*` and `x[1]` (all NotFound), and
+//!   globs `/dev` with `*`: what `--learn-requests` records must be what was used, never a
+//!   wildcard at a tree's root.
 
 use devplug_sdk::{
     Backend, BackendError, ContainerEdits, Device, Health, Info, Resource, ResourceInfo, Sys, dra, edits,
@@ -54,6 +59,10 @@ pub struct Chaos {
     nodes: Vec<String>,
     /// Devices without `shared-node`: their nodes are this backend's alone.
     exclusive: bool,
+    /// Nodes every allocate/prepare answer hands out.
+    grab: Vec<String>,
+    /// Nodes the resource's common edits hand out.
+    common: Vec<String>,
 }
 
 impl Chaos {
@@ -81,8 +90,10 @@ impl Backend for Chaos {
             prepare: false,
             nodes: Vec::new(),
             exclusive: false,
+            grab: Vec::new(),
+            common: Vec::new(),
         };
-        for word in config.split_whitespace() {
+        for word in config.split_ascii_whitespace() {
             match word.split_once('=') {
                 Some(("mode", v)) => me.mode = v.into(),
                 Some(("devices", v)) => me.devices = v.parse().map_err(|_| devplug_sdk::invalid_config(word))?,
@@ -95,6 +106,8 @@ impl Backend for Chaos {
                 Some(("describe", v)) => me.describe = v.into(),
                 Some(("prepare", v)) => me.prepare = v == "whole",
                 Some(("nodes", v)) => me.nodes = v.split(',').map(str::to_owned).collect(),
+                Some(("grab", v)) => me.grab = v.split(',').map(str::to_owned).collect(),
+                Some(("common", v)) => me.common = v.split(',').map(str::to_owned).collect(),
                 None if word == "exclusive" => me.exclusive = true,
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }
@@ -124,6 +137,7 @@ impl Backend for Chaos {
                 sys.read_many(&vec!["devices/blob".to_owned(); 256]).into_iter().map(|r| r.map(drop)).collect()
             }),
             "forge-log" => forge_log(),
+            "learn-stars" => learn_stars(sys),
             "log-flood" => log_flood(),
             "huge-error" => return Err(BackendError::Other("x".repeat(30 << 20))),
             "trap-discover" => panic!("chaos: trapping in discover as asked"),
@@ -172,7 +186,8 @@ impl Backend for Chaos {
                     .collect()
             }
         };
-        Ok(vec![Resource { name: self.resource.clone(), devices, common_edits: edits::empty() }])
+        let common_edits = edits::nodes(self.common.iter().map(String::as_str));
+        Ok(vec![Resource { name: self.resource.clone(), devices, common_edits }])
     }
 
     fn preferred_allocation(
@@ -215,6 +230,7 @@ impl Backend for Chaos {
         }
         let mut e = edits::env("CHAOS_IDS", &ids.join(","));
         e.env.push(("CHAOS_VERSION".into(), self.version.clone()));
+        edits::merge(&mut e, edits::nodes(self.grab.iter().map(String::as_str)));
         Ok(e)
     }
 
@@ -279,6 +295,7 @@ impl Backend for Chaos {
         let ids: Vec<String> = devices.iter().map(|d| format!("{}:{}", d.request, d.id)).collect();
         e.env.push(("CHAOS_CLAIM_DEVICES".into(), ids.join(",")));
         e.env.push(("CHAOS_PARAMS".into(), config.join(";")));
+        edits::merge(&mut e, edits::nodes(self.grab.iter().map(String::as_str)));
         Ok(e)
     }
 
@@ -393,6 +410,20 @@ fn glob_bomb(sys: &dyn Sys) -> Vec<Device> {
         .map(|(i, p)| (format!("attempt:glob-{i}"), format!("{:?}", sys.dev_glob(p).map(|v| v.len()))))
         .collect();
     vec![Device { id: "bomb".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
+}
+
+/// Reads of paths named like wildcards (NotFound on any machine) and a `*` glob of `/dev`: the
+/// device reports how many nodes the glob matched.
+fn learn_stars(sys: &dyn Sys) -> Vec<Device> {
+    for p in ["**", "*", "**/vendor", "class/*", "x[1]"] {
+        let _ = sys.read(p);
+        let _ = sys.list(p);
+        let _ = sys.proc_read(p);
+        let _ = sys.dev_stat(p);
+    }
+    let matched = sys.dev_glob("*").map(|v| v.len()).unwrap_or(0);
+    let attributes = vec![("matched".into(), matched.to_string())];
+    vec![Device { id: "stars".into(), health: Health::Healthy, numa_nodes: vec![], attributes, edits: edits::empty() }]
 }
 
 /// `count` distinct refused paths of `size` bytes: each is copied into the host before it is

@@ -130,13 +130,31 @@ impl Backend for Generic {
                 )));
             }
         }
+        // One node, two of this backend's resources: two containers would get one device.
+        // Allowed only when both resources say so (`shared = true`, not merely a count > 1).
+        for (i, a) in cfg.resource.iter().enumerate() {
+            for b in &cfg.resource[i + 1..] {
+                let both_shared = a.shared == Some(true) && b.shared == Some(true);
+                if let Some(p) = a.paths.iter().find(|p| literal(p) && b.paths.contains(p))
+                    && !both_shared
+                {
+                    return Err(invalid_config(format!(
+                        "resources {:?} and {:?} both name /dev/{p}: give the node to one resource, or set shared = true on both",
+                        a.name, b.name
+                    )));
+                }
+            }
+        }
         let resources = cfg.resource.iter().map(|r| ResourceInfo::plain(r.name.clone()));
         let info = Info::new("generic", env!("CARGO_PKG_VERSION"), resources);
         Ok((Generic { resources: cfg.resource }, info))
     }
 
     fn discover(&self, sys: &dyn Sys) -> Result<Vec<Resource>, BackendError> {
-        Ok(self.resources.iter().map(|r| discover_one(sys, r)).collect())
+        // Globs of two resources can meet on one node (`ttyUSB*`, `ttyUSB0`): the first resource
+        // in the config keeps it, unless both are declared shared.
+        let mut taken: Vec<(String, bool)> = Vec::new();
+        Ok(self.resources.iter().map(|r| discover_one(sys, r, &mut taken)).collect())
     }
 
     /// Typed facts for DRA: a single-node device's `major` and `minor` numbers (what a cgroup
@@ -164,17 +182,30 @@ impl Backend for Generic {
     }
 }
 
-fn discover_one(sys: &dyn Sys, r: &ResourceConfig) -> Resource {
+/// Whether a configured path is one node, not a glob.
+fn literal(p: &str) -> bool {
+    !p.contains(['*', '?', '[', '{'])
+}
+
+/// Resource `r`'s devices; `taken`: nodes earlier resources of this config hold (and whether
+/// that resource declared them shared).
+fn discover_one(sys: &dyn Sys, r: &ResourceConfig, taken: &mut Vec<(String, bool)>) -> Resource {
     let mut nodes: Vec<Node> = Vec::new();
+    let shared = r.shared == Some(true);
     for pattern in &r.paths {
         // A refused or missing glob just finds nothing: the host already logged the refusal.
         for node in sys.dev_glob(pattern).unwrap_or_default() {
-            if matches!(node.kind, NodeKind::Character | NodeKind::Block) && !nodes.iter().any(|n| n.path == node.path)
+            if !matches!(node.kind, NodeKind::Character | NodeKind::Block) || nodes.iter().any(|n| n.path == node.path)
             {
-                nodes.push(node);
+                continue;
             }
+            if taken.iter().any(|(p, s)| *p == node.path && !(*s && shared)) {
+                continue;
+            }
+            nodes.push(node);
         }
     }
+    taken.extend(nodes.iter().map(|n| (n.path.clone(), shared)));
     let groups: Vec<(String, Vec<&Node>)> = if r.together {
         if nodes.is_empty() { Vec::new() } else { vec![(short_name(&r.name), nodes.iter().collect())] }
     } else {
@@ -336,6 +367,33 @@ mod tests {
                 Ok(_) => panic!("accepted {cfg:?}"),
             }
         }
+    }
+
+    /// Issue 49: two resources of one config naming one node would give two containers one
+    /// device; refused at config load unless both declare sharing, and where globs meet, the
+    /// first resource keeps the node.
+    #[test]
+    fn one_node_under_two_resources_is_refused_unless_both_share_it() {
+        let (_d, sys) = machine();
+        let two = "[[resource]]\nname = \"x.io/alpha\"\npaths = [\"kvm\"]\n[[resource]]\nname = \"x.io/beta\"\npaths = [\"kvm\"]\n";
+        match Generic::init(two, &sys) {
+            Err(BackendError::InvalidConfig(msg)) => {
+                assert!(msg.contains("x.io/alpha") && msg.contains("x.io/beta") && msg.contains("/dev/kvm"), "{msg}")
+            }
+            other => panic!("accepted: {:?}", other.err()),
+        }
+        // Shares of each (count > 1) are not a declaration: the two resources still collide.
+        let counted = two.replace("paths = [\"kvm\"]\n", "paths = [\"kvm\"]\ncount = 2\n");
+        assert!(Generic::init(&counted, &sys).is_err());
+        let shared = two.replace("paths = [\"kvm\"]\n", "paths = [\"kvm\"]\nshared = true\n");
+        let (b, _) = Generic::init(&shared, &sys).unwrap();
+        assert!(b.discover(&sys).unwrap().iter().all(|r| r.devices.len() == 1));
+        // Globs that meet: the first resource keeps the node.
+        let globs = "[[resource]]\nname = \"x.io/usb\"\npaths = [\"ttyUSB*\"]\n[[resource]]\nname = \"x.io/zero\"\npaths = [\"ttyUSB0\"]\n";
+        let (b, _) = Generic::init(globs, &sys).unwrap();
+        let res = b.discover(&sys).unwrap();
+        assert_eq!(res[0].devices.len(), 2);
+        assert!(res[1].devices.is_empty(), "{:?}", res[1].devices);
     }
 
     #[test]

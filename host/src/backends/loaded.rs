@@ -15,6 +15,7 @@ pub use super::slot::BackendMetrics;
 use super::slot::{NoMetrics, Slot};
 use super::source::{BackendSource, Origin};
 use crate::model::names::resource_name_problem;
+use crate::model::nodes::{Conflict, OwnersView};
 use crate::model::{Resource, ResourceOptions};
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::state::{Roots, Sandbox};
@@ -29,12 +30,15 @@ pub(super) const MAX_LOGGED: usize = 64;
 pub(super) struct ResSlot {
     pub(super) backend: String,
     pub(super) options: ResourceOptions,
+    /// What is published: [`raw`](Self::raw) less what is refused.
     pub(super) tx: watch::Sender<Arc<Resource>>,
+    /// The list as its backend last discovered it: what the node-ownership table is built from.
+    pub(super) raw: Arc<Resource>,
     pub(super) published: bool,
     pub(super) logged: HashSet<String>,
-    /// Device nodes another backend's resource hands out that this one's devices named: those
-    /// devices are refused (`super::exclusive`).
-    pub(super) conflicts: Vec<super::exclusive::Conflict>,
+    /// Device nodes another backend's resource names too: this one's devices naming them are
+    /// refused ([`crate::model::nodes`]), and so are the other side's.
+    pub(super) conflicts: Vec<Conflict>,
 }
 
 /// A resource a backend no longer serves. Its stream already carries an empty device list;
@@ -89,10 +93,12 @@ pub struct Denied {
     pub path: String,
     /// `[backends.NAME.grant] sysfs = ["…"]` (and the same under `[requests]` for its manifest).
     pub grant: String,
+    /// The path is there on this machine (a refused look at what is not here fails nothing).
+    pub present: bool,
 }
 
 impl Denied {
-    fn new(backend: &str, call: &str, path: &str, grantable: bool) -> Denied {
+    fn new(backend: &str, call: &str, path: &str, grantable: bool, present: bool) -> Denied {
         let kind = match call.split('.').next().unwrap_or("") {
             "devfs" => "dev",
             other => other,
@@ -103,7 +109,7 @@ impl Denied {
         } else {
             "no grant allows it: the path or pattern is malformed; fix the backend".to_owned()
         };
-        Denied { call: call.to_owned(), path: path.to_owned(), grant }
+        Denied { call: call.to_owned(), path: path.to_owned(), grant, present }
     }
 }
 
@@ -137,6 +143,9 @@ pub struct Loaded {
     dra_resources: Vec<String>,
     /// Every resource counts as served through DRA (`devplug dra slices` previews them all).
     all_dra: bool,
+    /// Who owns each device node, from every backend's latest discover: the answer writers'
+    /// gate reads it.
+    pub(super) owners: OwnersView,
 }
 
 impl Loaded {
@@ -157,7 +166,13 @@ impl Loaded {
             metrics: Arc::new(NoMetrics),
             dra_resources: Vec::new(),
             all_dra: false,
+            owners: OwnersView::default(),
         }
+    }
+
+    /// The node-ownership table every answer writer checks against (kept current by the polls).
+    pub fn owners(&self) -> OwnersView {
+        self.owners.clone()
     }
 
     /// Record every backend call's latency in `metrics`.
@@ -316,7 +331,11 @@ impl Loaded {
         self.backends.locked().remove(name);
         let mut resources = self.resources.locked();
         let names: Vec<String> = resources.iter().filter(|(_, r)| r.backend == name).map(|(n, _)| n.clone()).collect();
-        names.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect()
+        let retired: Vec<Retired> =
+            names.into_iter().filter_map(|n| resources.remove(&n).map(|r| retire(n, r))).collect();
+        // A node it contested is free again for the other side.
+        self.settle(&mut resources, None);
+        retired
     }
 
     /// Loaded backends: name → (origin, source key).
@@ -350,13 +369,15 @@ impl Loaded {
                     }
                 }
                 None => {
-                    let (tx, _) = watch::channel(Arc::new(Resource { name: name.clone(), ..Default::default() }));
+                    let empty = Arc::new(Resource { name: name.clone(), ..Default::default() });
+                    let (tx, _) = watch::channel(empty.clone());
                     resources.insert(
                         name.clone(),
                         ResSlot {
                             backend: src.name.clone(),
                             options: *options,
                             tx,
+                            raw: empty,
                             published: false,
                             logged: HashSet::new(),
                             conflicts: Vec::new(),
@@ -435,7 +456,7 @@ impl Loaded {
                         .refusals()
                         .paths(MAX_DENIED_SHOWN)
                         .into_iter()
-                        .map(|(call, path, grantable)| Denied::new(name, &call, &path, grantable))
+                        .map(|r| Denied::new(name, &r.call, &r.path, r.grantable, r.present))
                         .collect(),
                     last_error: slot.last_error.locked().clone(),
                 }
@@ -480,6 +501,7 @@ pub(super) mod testing {
         std::fs::create_dir_all(machine.join("dev")).unwrap();
         std::fs::write(machine.join("dev/kvm"), "c 10:232").unwrap();
         std::fs::write(machine.join("dev/fuse"), "c 10:229").unwrap();
+        std::fs::write(machine.join("dev/zero"), "c 1:5").unwrap();
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
         Loaded::new(rt, Roots::fixture(machine), Default::default(), DefaultGrant::Requested)
     }
@@ -497,7 +519,7 @@ mod tests {
     fn the_first_backend_to_claim_a_resource_name_keeps_it() {
         let d = tempfile::tempdir().unwrap();
         let l = loaded(d.path());
-        let second = generic("second", &[("test.io/kvm", "fuse"), ("test.io/fuse", "fuse")]);
+        let second = generic("second", &[("test.io/kvm", "zero"), ("test.io/fuse", "fuse")]);
         l.load(generic("first", &[("test.io/kvm", "kvm")])).unwrap();
         l.load(second.clone()).unwrap();
         assert_eq!(resources_of(&l, "first"), ["test.io/kvm"]);

@@ -5,7 +5,6 @@
 //! [`ReadyResource`] and the daemon serves it.
 
 pub mod embedded;
-pub mod exclusive;
 mod follow;
 mod loaded;
 mod manifest;

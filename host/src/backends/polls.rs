@@ -9,9 +9,10 @@ use std::sync::Arc;
 /// Health changes named in the one record a poll writes; the rest are counted.
 const MAX_FLIPS_NAMED: usize = 16;
 
-use super::loaded::{Loaded, MAX_LOGGED};
+use super::loaded::{Loaded, MAX_LOGGED, ResSlot};
 use super::routing::{ReadyResource, ResourceCalls};
 use super::slot::Slot;
+use crate::model::nodes::{self, NodeOwners};
 use crate::model::{Device, Health, Resource};
 use crate::runtime::{BackendInstance, CallError};
 use crate::sync::Locked;
@@ -126,50 +127,29 @@ impl Loaded {
             Err(_) => BTreeMap::new(),
         };
         let mut resources = self.resources.locked();
-        // What the other backends' resources hand out now, for the exclusivity check.
-        let others: Vec<(String, String, Arc<Resource>)> = resources
-            .iter()
-            .filter(|(_, r)| r.backend != name)
-            .map(|(n, r)| (n.clone(), r.backend.clone(), r.tx.borrow().clone()))
-            .collect();
-        // Every health change of this poll, for one record (a backend flipping thousands of
-        // devices writes one line per poll, inside its log budget, not one per device).
-        let mut flips: Vec<String> = Vec::new();
-        let mut flipped = 0usize;
+        // This backend's new lists as it discovered them: what the node-ownership table is
+        // built from (a device refused for a contested node still names it).
         for (rname, rs) in resources.iter_mut().filter(|(_, r)| r.backend == name) {
-            let prev = rs.tx.borrow().clone();
             let mut next = match found.get(rname) {
                 // Already vetted (IDs, sizes, grants) by the runtime.
                 Some(r) => r.clone(),
                 // A failed discover keeps the last list (a passing fault must not empty
                 // kubelet's view); an answer without this resource means no devices.
                 None if ok => Resource { name: rname.clone(), ..Default::default() },
-                None => (*prev).clone(),
+                None => (*rs.raw).clone(),
             };
             if breaker {
                 next.devices.iter_mut().for_each(|d| d.health = Health::Unhealthy);
             }
-            // A device its backend lists for DRA only (a GPU in MIG mode beside its instances)
-            // never reaches kubelet's Device Plugin API, nor that resource's CDI spec.
-            if !self.serves_dra(rname) && next.devices.iter().any(Device::dra_only) {
-                next.devices.retain(|d| !d.dra_only());
-                let ids: Vec<&str> = next.devices.iter().map(|d| d.id.as_str()).collect();
-                next.described.retain(|id, _| ids.contains(&id.as_str()));
-            }
-            // A node another backend already hands out is refused for this one's devices
-            // unless both declare sharing (`exclusive`).
-            let conflicts = super::exclusive::conflicts(
-                others.iter().map(|(n, b, r)| (n.as_str(), b.as_str(), r.as_ref())),
-                name,
-                &next,
-            );
-            if conflicts != rs.conflicts {
-                for c in conflicts.iter().filter(|c| !rs.conflicts.contains(c)) {
-                    tracing::error!(backend = %name, resource = %rname, node = %c.node, holder = %c.holder, "{c}");
-                }
-                rs.conflicts = conflicts.clone();
-            }
-            super::exclusive::refuse(&mut next, &conflicts);
+            rs.raw = Arc::new(next);
+        }
+        // Every health change of this poll, for one record (a backend flipping thousands of
+        // devices writes one line per poll, inside its log budget, not one per device).
+        let mut flips: Vec<String> = Vec::new();
+        let mut flipped = 0usize;
+        for (rname, rs) in self.settle(&mut resources, Some(name)) {
+            let prev = rs.tx.borrow().clone();
+            let next = self.published(rname, rs);
             let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
             if kubelet_changed {
                 for d in &next.devices {
@@ -182,18 +162,7 @@ impl Loaded {
                     }
                 }
             }
-            // Every reader hears of every change and decides what matters to it: kubelet's
-            // ListAndWatch sends only what kubelet would notice, DRA republishes any change.
-            let changed = kubelet_changed || next != *prev;
-            if let Some(hook) = &self.publish_hook
-                && changed
-            {
-                hook(&next);
-            }
-            rs.tx.send_if_modified(|v| {
-                *v = Arc::new(next);
-                changed
-            });
+            self.send(rs, next, kubelet_changed);
             if !rs.published && !rs.tx.borrow().devices.is_empty() {
                 rs.published = true;
                 ready.push(ReadyResource {
@@ -207,6 +176,7 @@ impl Loaded {
                         backend: name.to_owned(),
                         metrics: self.metrics.clone(),
                     }),
+                    owners: self.owners.clone(),
                 });
             }
         }
@@ -225,6 +195,75 @@ impl Loaded {
                 tracing::warn!(backend = %name, resource = %extra, "discover returned a resource init did not declare; ignored");
             }
         }
+    }
+
+    /// The node-ownership table from every resource's latest lists, stored for the answer
+    /// writers; then each resource's conflicts under it. Other backends' resources whose
+    /// conflicts changed (a node became contested, or free again) are republished here; the
+    /// resources of `mine` are handed back for the caller to publish (its own may have changed
+    /// for other reasons too).
+    pub(super) fn settle<'a>(
+        &self,
+        resources: &'a mut BTreeMap<String, ResSlot>,
+        mine: Option<&str>,
+    ) -> Vec<(&'a String, &'a mut ResSlot)> {
+        let table = NodeOwners::build(resources.values().map(|r| (r.backend.as_str(), r.raw.as_ref())));
+        let mut own = Vec::new();
+        for (rname, rs) in resources.iter_mut() {
+            let conflicts = table.conflicts(&rs.backend, &rs.raw);
+            let changed = conflicts != rs.conflicts;
+            if changed {
+                for c in conflicts.iter().filter(|c| !rs.conflicts.contains(c)) {
+                    tracing::error!(backend = %rs.backend, resource = %rname, node = %crate::gate::clip(&c.node), holder = %c.holder, "{c}");
+                }
+                for c in rs.conflicts.iter().filter(|c| !conflicts.iter().any(|n| n.node == c.node)) {
+                    tracing::info!(backend = %rs.backend, resource = %rname, node = %crate::gate::clip(&c.node), "device node no longer contested: its devices are served again");
+                }
+                rs.conflicts = conflicts;
+            }
+            if Some(rs.backend.as_str()) == mine {
+                own.push((rname, rs));
+            } else if changed {
+                let prev = rs.tx.borrow().clone();
+                let next = self.published(rname, rs);
+                let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
+                self.send(rs, next, kubelet_changed);
+            }
+        }
+        // Stored before any list is sent: a device refused now is refused by the writers too.
+        self.owners.store(table);
+        own
+    }
+
+    /// What `rs` publishes: its latest list without the devices of contested nodes, and
+    /// without DRA-only devices unless the resource is served through DRA.
+    fn published(&self, rname: &str, rs: &ResSlot) -> Resource {
+        let mut next = (*rs.raw).clone();
+        // A device its backend lists for DRA only (a GPU in MIG mode beside its instances)
+        // never reaches kubelet's Device Plugin API, nor that resource's CDI spec.
+        if !self.serves_dra(rname) && next.devices.iter().any(Device::dra_only) {
+            next.devices.retain(|d| !d.dra_only());
+            let ids: Vec<&str> = next.devices.iter().map(|d| d.id.as_str()).collect();
+            next.described.retain(|id, _| ids.contains(&id.as_str()));
+        }
+        nodes::refuse(&mut next, &rs.conflicts);
+        next
+    }
+
+    /// Send `next` on `rs`'s stream if it differs. Every reader hears of every change and
+    /// decides what matters to it: kubelet's ListAndWatch sends only what kubelet would notice,
+    /// DRA republishes any change.
+    fn send(&self, rs: &ResSlot, next: Resource, kubelet_changed: bool) {
+        let changed = kubelet_changed || next != **rs.tx.borrow();
+        if let Some(hook) = &self.publish_hook
+            && changed
+        {
+            hook(&next);
+        }
+        rs.tx.send_if_modified(|v| {
+            *v = Arc::new(next);
+            changed
+        });
     }
 
     fn note_error(&self, backend: &str, slot: &Slot, err: Option<&CallError>) {

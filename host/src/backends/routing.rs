@@ -18,6 +18,8 @@ pub struct ReadyResource {
     pub options: ResourceOptions,
     pub devices: watch::Receiver<Arc<Resource>>,
     pub calls: Arc<ResourceCalls>,
+    /// Who owns each device node: what its answers are checked against where they are written.
+    pub owners: crate::model::nodes::OwnersView,
 }
 
 /// One resource's calls (Allocate and friends), routed to its backend's current instance: a

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::names::{ALL, Kind, Naming};
+use crate::model::nodes::Admitted;
 use crate::model::{self, ContainerEdits, Resource};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,6 +86,24 @@ pub fn build(resource: &Resource, kind: &Kind) -> Spec {
     spec
 }
 
+/// A DRA claim's spec: one CDI device per allocated device (each `(name, its own edits)`, the
+/// name past the CDI name gate), and
+/// at spec level what every container of the claim gets (the resources' common edits and the
+/// backend's answer). Each part comes past the node gate ([`Admitted`]), the only way here.
+pub fn build_claim(kind: &Kind, devices: &[(crate::gate::CdiName, Admitted)], common: &Admitted) -> Spec {
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind: kind.kind(),
+        devices: devices
+            .iter()
+            .map(|(name, e)| SpecDevice { name: name.as_str().to_owned(), container_edits: edits(e.edits()) })
+            .collect(),
+        container_edits: edits(common.edits()),
+    };
+    spec.cdi_version = min_version(&spec).to_owned();
+    spec
+}
+
 fn naming_entries(resource: &Resource) -> Vec<SpecDevice> {
     let naming = Naming::of(resource);
     let mut out: Vec<SpecDevice> = naming
@@ -104,7 +123,7 @@ fn naming_entries(resource: &Resource) -> Vec<SpecDevice> {
 
 fn edits(e: &ContainerEdits) -> Edits {
     Edits {
-        env: e.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        env: e.env.iter().map(|(k, v)| format!("{}={}", k.as_str(), v.as_str())).collect(),
         device_nodes: e.device_nodes.iter().map(node).collect(),
         mounts: e.mounts.iter().map(mount).collect(),
     }

@@ -171,8 +171,14 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| {
         anyhow::anyhow!("{}: {e}", handle.name).context(crate::observe::Backend(handle.backend.clone()))
     })?;
-    // The default strategy (device specs), as `run` answers without an `allocate` setting.
-    let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &extra);
+    // The node gate `run` answers through, then the default strategy (device specs), as `run`
+    // answers without an `allocate` setting.
+    let admitted = loaded
+        .owners()
+        .load()
+        .admit_allocation(&snapshot, &args.ids, extra)
+        .map_err(|e| anyhow::anyhow!("{}: allocate answer refused: {e}", handle.name))?;
+    let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &admitted);
     drop(loaded);
     Ok(serde_json::json!({
         "resource": handle.name,
@@ -258,7 +264,9 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         .flat_map(|b| {
             b.denied
                 .iter()
-                .map(|d| serde_json::json!({ "backend": b.name, "call": d.call, "path": d.path, "grant": d.grant }))
+                .map(|d| {
+                    serde_json::json!({ "backend": b.name, "call": d.call, "path": d.path, "grant": d.grant, "present": d.present })
+                })
         })
         .collect();
     Ok(serde_json::json!({

@@ -14,7 +14,7 @@ use crate::backends::{BackendSource, manifest_for};
 use crate::model::Resource;
 use crate::runtime::caps::{Capabilities, Globs};
 use crate::runtime::jail::Jail;
-use crate::runtime::learn::{Learned, general};
+use crate::runtime::learn::{Learned, at_root, general};
 use crate::runtime::state::Sandbox;
 use crate::runtime::{BackendInstance, Runtime, RuntimeConfig};
 
@@ -83,8 +83,8 @@ pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf
         };
         let how = format!("{what} ×{times}");
         if what == "glob" {
-            // The pattern itself is the narrowest request that lets the glob see its matches.
-            list.add(&path, &how, &path, false);
+            // A glob's matches are each stat'ed through the grant (and learned as such); the
+            // pattern itself is what the backend asked, not what it used (`*` would grant all).
             continue;
         }
         list.add(&path, &how, &path, true);
@@ -180,7 +180,7 @@ impl Requests {
                     }
                 }
                 for (k, _) in &e.env {
-                    self.env.add(k, "set", &r.name, false);
+                    self.env.add(k.as_str(), "set", &r.name, false);
                 }
                 for (k, _) in &e.annotations {
                     self.annotations.add(k, "set", &r.name, false);
@@ -251,6 +251,11 @@ impl Requests {
                         "  # left out: a path of {} bytes or with control characters\n",
                         pattern.len()
                     ));
+                    continue;
+                }
+                if key != "resources" && key != "uevents" && at_root(pattern) {
+                    let shown = crate::gate::clip_to(pattern, 40).replace(char::is_control, "?");
+                    out.push_str(&format!("  # left out: {shown:?} is a wildcard at the root of the tree\n"));
                     continue;
                 }
                 let how: Vec<&str> = how.iter().map(String::as_str).collect();
@@ -363,5 +368,23 @@ mod tests {
         assert_eq!(general("kernel/iommu_groups/34/devices"), "kernel/iommu_groups/[0-9]*/devices");
         assert_eq!(general("devices/platform/amdgpu_xcp.12/drm"), "devices/platform/amdgpu_xcp.[0-9]*/drm");
         assert_eq!(general("12/status"), "12/status", "a leading number is a procfs PID: never widened");
+        // Names a backend chose that look like wildcards stay literal.
+        assert_eq!(general("class/x[1]/*"), "class/x\\[1\\]/\\*");
+        assert_eq!(general("**"), "\\*\\*");
+    }
+
+    #[test]
+    fn no_learned_pattern_is_a_wildcard_at_the_root() {
+        let mut r = Requests::default();
+        for p in ["**", "*", "**/vendor", "*/x", "class/drm"] {
+            r.sysfs.add(p, "read", p, false);
+        }
+        r.resources.add("*/*", "served", "x", false);
+        let text = r.render("b", "/");
+        let parsed: toml::Table = toml::from_str(&text).unwrap();
+        let sysfs = parsed["requests"]["sysfs"].as_array().unwrap();
+        assert_eq!(sysfs.len(), 1, "{text}");
+        assert_eq!(sysfs[0].as_str(), Some("class/drm"));
+        assert!(text.contains("wildcard at the root"), "{text}");
     }
 }

@@ -70,6 +70,7 @@ impl Daemon {
             name: ready.name.clone(),
             backend: ready.backend.clone(),
             devices: ready.devices,
+            owners: ready.owners,
             calls: Arc::new(DraCalls {
                 calls: ready.calls,
                 backend: ready.backend.clone(),
@@ -126,6 +127,7 @@ pub fn handle(ready: ReadyResource, delivery: Delivery, metrics: Arc<dyn Kubelet
         devices: ready.devices,
         ops: Arc::new(KubeletOps(ready.calls)),
         delivery,
+        owners: ready.owners,
         metrics: Some(metrics),
     }
 }

@@ -27,6 +27,7 @@ impl Daemon {
         cfg: Config,
         mut shutdown: Pin<&mut F>,
     ) -> anyhow::Result<Option<Daemon>> {
+        raise_open_files();
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
         let metrics = Arc::new(observe::Metrics::new());
@@ -234,4 +235,21 @@ fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::ueven
             )
         })
         .ok()
+}
+
+/// Take the whole open-file limit the process may have: a node's default soft limit (often
+/// 1,024) is less than the connection limits of a few sockets together (the sockets keep theirs,
+/// `plugin_socket::serve`), and past it kubelet's own connections cannot be accepted.
+fn raise_open_files() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit write and read only the struct passed, which lives here.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 || lim.rlim_cur >= lim.rlim_max {
+        return;
+    }
+    let before = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: as above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } == 0 {
+        tracing::debug!(from = before, to = lim.rlim_cur, "open-file limit raised to its hard limit");
+    }
 }

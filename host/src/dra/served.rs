@@ -39,6 +39,8 @@ pub struct ServedResource {
     pub backend: String,
     pub devices: watch::Receiver<Arc<Resource>>,
     pub calls: Arc<dyn DeviceCalls>,
+    /// Who owns each device node: a claim's CDI spec is checked against it.
+    pub owners: crate::model::nodes::OwnersView,
 }
 
 /// A driver's resources, by name, and the pool built from their lists.

@@ -7,7 +7,7 @@
 
 mod state_dir;
 
-pub use state_dir::StateDir;
+pub use state_dir::{FileEntry, StateDir};
 
 use std::fs;
 use std::io::Write;

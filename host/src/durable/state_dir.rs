@@ -19,6 +19,14 @@ use nix::fcntl::{AtFlags, OFlag, openat, renameat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
+/// A regular file in a [`StateDir`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEntry {
+    pub name: String,
+    pub len: u64,
+    pub modified: std::time::SystemTime,
+}
+
 /// A directory devplug keeps state in.
 #[derive(Debug)]
 pub struct StateDir {
@@ -213,6 +221,35 @@ impl StateDir {
             Err(Errno::ENOENT) => Ok(false),
             Err(e) => Err(io_at(&self.shown(name))(e)),
         }
+    }
+
+    /// The regular files directly in the directory (links and anything else left out, never
+    /// followed), with their sizes and modification times.
+    pub fn files(&self) -> std::io::Result<Vec<FileEntry>> {
+        let fd = self.fd.as_fd().try_clone_to_owned()?;
+        let mut dir = nix::dir::Dir::from_fd(fd).map_err(io_at(&self.path))?;
+        let mut out = Vec::new();
+        for e in dir.iter() {
+            let Ok(e) = e else { continue };
+            let Ok(name) = e.file_name().to_str() else { continue };
+            if name == "." || name == ".." {
+                continue;
+            }
+            let Ok(st) = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
+            if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+                continue;
+            }
+            let modified = std::time::UNIX_EPOCH
+                + std::time::Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.max(0) as u32);
+            out.push(FileEntry { name: name.to_owned(), len: st.st_size.max(0) as u64, modified });
+        }
+        Ok(out)
+    }
+
+    /// Mark `name` used now (its modification time), for least-recently-used eviction.
+    pub fn mark_used(&self, name: &str) -> std::io::Result<()> {
+        let f = self.open_file(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
+        f.set_modified(std::time::SystemTime::now())
     }
 
     /// Flush the directory (a create, rename or unlink in it).

@@ -15,7 +15,9 @@ pub const MAX_KEY: usize = 256;
 pub const MIN_PREFIX: usize = 3;
 
 /// An env key a container may be given: `[A-Za-z_][A-Za-z0-9_]*`, at most [`MAX_KEY`] bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The only key type a container's environment holds (`model::ContainerEdits::env`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
 pub struct EnvKey(String);
 
 impl EnvKey {
@@ -36,8 +38,15 @@ impl EnvKey {
 
 /// An env value a container may be given: no NUL (the kernel's `envp` ends a string there, so
 /// what follows would be lost or read as another variable).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
 pub struct EnvValue(String);
+
+impl std::fmt::Display for EnvKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 impl EnvValue {
     pub fn new(s: &str) -> Result<EnvValue, Refused> {
@@ -52,12 +61,15 @@ impl EnvValue {
     }
 }
 
-/// One entry of an env grant: an exact key, or a vendor prefix ending in `_*`.
+/// One entry of an env grant: an exact key, or a vendor prefix ending in `_*`; and, in what a
+/// manifest requests (embedded manifests stand in for their grant), any prefix or every key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EnvGrant {
     Exact(EnvKey),
     /// The prefix, `_` included (`NVIDIA_`).
     Prefix(String),
+    /// `*`: only in a request ([`EnvGrant::request`]); an operator's grant never holds it.
+    Any,
 }
 
 impl EnvGrant {
@@ -87,12 +99,58 @@ impl EnvGrant {
         Ok(EnvGrant::Prefix(prefix.to_owned()))
     }
 
-    /// Whether this entry admits `key`.
+    /// A manifest's request `pattern`: what a grant may hold, or `*`, or any `NAME*` prefix (a
+    /// request asks; the grant decides). `None` for a pattern no grant could ever match.
+    pub fn request(pattern: &str) -> Option<EnvGrant> {
+        if pattern == "*" {
+            return Some(EnvGrant::Any);
+        }
+        if let Ok(key) = EnvKey::new(pattern) {
+            return Some(EnvGrant::Exact(key));
+        }
+        let prefix = pattern.strip_suffix('*')?;
+        EnvKey::new(prefix).ok().map(|_| EnvGrant::Prefix(prefix.to_owned()))
+    }
+
+    /// Whether this entry admits `key`: the one env matcher (requests, grants, answers).
     pub fn admits(&self, key: &EnvKey) -> bool {
         match self {
             EnvGrant::Exact(k) => k == key,
             EnvGrant::Prefix(p) => key.as_str().len() > p.len() && key.as_str().starts_with(p.as_str()),
+            EnvGrant::Any => true,
         }
+    }
+}
+
+/// A backend's env rule: a key passes when its manifest requested it and its grant admits it,
+/// both by [`EnvGrant::admits`]; a key that makes programs load code passes only when the grant
+/// names it exactly ([`EnvRule::named`]).
+#[derive(Clone, Debug, Default)]
+pub struct EnvRule {
+    requested: Vec<EnvGrant>,
+    granted: Vec<EnvGrant>,
+}
+
+impl EnvRule {
+    /// The rule of `requested` ∩ `granted`; patterns no grant could match are left out (the
+    /// operator's grants were refused at config load already, `EnvGrant::new`).
+    pub fn new(requested: &[String], granted: &[String]) -> EnvRule {
+        let parse = |list: &[String]| list.iter().filter_map(|p| EnvGrant::request(p)).collect();
+        EnvRule { requested: parse(requested), granted: parse(granted) }
+    }
+
+    pub fn allows(&self, key: &EnvKey) -> bool {
+        self.requested(key) && self.granted.iter().any(|g| g.admits(key))
+    }
+
+    /// Whether the manifest asked for `key` (to tell "not requested" from "not granted").
+    pub fn requested(&self, key: &EnvKey) -> bool {
+        self.requested.iter().any(|g| g.admits(key))
+    }
+
+    /// Whether the grant names `key` exactly.
+    pub fn named(&self, key: &EnvKey) -> bool {
+        self.granted.iter().any(|g| matches!(g, EnvGrant::Exact(k) if k == key))
     }
 }
 
@@ -113,9 +171,24 @@ mod tests {
         }
         let g = EnvGrant::new("NVIDIA_*").unwrap();
         assert!(g.admits(&EnvKey::new("NVIDIA_VISIBLE_DEVICES").unwrap()));
+        assert!(EnvGrant::new("*").is_err() && EnvGrant::request("*") == Some(EnvGrant::Any));
         for outside in ["NVIDIA_", "NVIDIAX", "LUA_INIT", "ERL_AFLAGS", "PIP_INDEX_URL", "HF_ENDPOINT"] {
             assert!(!g.admits(&EnvKey::new(outside).unwrap()), "{outside}");
         }
+    }
+
+    /// Issue 49: the rule and the grant's own check are one matcher: `NVIDIA_*` admits no key
+    /// `NVIDIA_` in either (globset matched it, `admits` did not).
+    #[test]
+    fn the_rule_matches_as_the_grant_does() {
+        let k = |s: &str| EnvKey::new(s).unwrap();
+        let rule = EnvRule::new(&["NVIDIA_*".into(), "QAT[0-9]".into()], &["NVIDIA_*".into()]);
+        assert!(rule.allows(&k("NVIDIA_VISIBLE_DEVICES")));
+        assert!(!rule.allows(&k("NVIDIA_")) && !rule.requested(&k("NVIDIA_")));
+        assert!(!rule.requested(&k("QAT1")), "a pattern no grant could match is no request");
+        let any = EnvRule::new(&["*".into()], &["VK_LAYER_PATH".into(), "ACME_*".into()]);
+        assert!(any.allows(&k("ACME_X")) && any.named(&k("VK_LAYER_PATH")) && !any.named(&k("ACME_X")));
+        assert!(!any.allows(&k("LD_PRELOAD")));
     }
 
     proptest! {
@@ -140,6 +213,7 @@ mod tests {
                     EnvGrant::Prefix(p) => {
                         prop_assert!(key.starts_with(&p) && p.split('_').next().unwrap().len() >= MIN_PREFIX);
                     }
+                    EnvGrant::Any => prop_assert!(false, "a grant never admits every key"),
                 }
             }
         }

@@ -11,7 +11,7 @@
 //! | attribute and capacity names | [`QualifiedName`] | `[subdomain/]C-identifier` |
 //! | a CDI spec's device names, `cdi_devices` | [`CdiName`] | the CDI parser's device-name rule |
 //! | a container's environment | [`EnvKey`], [`EnvValue`] | plain key; value without NUL |
-//! | an env grant | [`EnvGrant`] | an exact key or a vendor prefix `VENDOR_*` |
+//! | an env grant | [`EnvGrant`] | an exact key or a vendor prefix `VENDOR_*`; one matcher ([`EnvRule`]) for requests, grants and answers |
 //! | `pciBusID`, `pcieRoot` | [`PciAddress`] | well formed, granted to the backend, present in sysfs |
 //!
 //! Paths under a granted root have their own gate, the backend's `runtime::jail::Jail`
@@ -23,7 +23,7 @@ mod names;
 mod pci;
 mod text;
 
-pub use env::{EnvGrant, EnvKey, EnvValue};
+pub use env::{EnvGrant, EnvKey, EnvRule, EnvValue};
 pub use names::{
     CdiName, DnsLabel, DnsSubdomain, IfName, MAX_ATTRIBUTE_NAME, QualifiedName, label_key_problem, label_problem,
     label_value_problem, qualified_name_problem, subdomain_problem, subdomain_problem_unbounded,

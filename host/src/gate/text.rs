@@ -1,9 +1,16 @@
 //! Free text an outsider wrote (a path it asked for, an error it returned, a panic message, a log
-//! line, a health reason): before it reaches a log line, an error, `/status`, kubelet or the API
-//! server its control and bidi-override characters are escaped (`\n` becomes the two characters
-//! `\` `n`), so one message of a backend is always one log record and cannot rewrite a terminal,
+//! line, a health reason, an API server's message): before it reaches a log line, an error,
+//! `/status`, kubelet or the API server, every character outside an allow-list of Unicode general
+//! categories is escaped (`\n` becomes the two characters `\` `n`, U+2028 becomes `\u{2028}`), so
+//! one message of a backend is always one log record and cannot rewrite a terminal or hide text,
 //! and *then* it is clipped, so every stated length holds for what is actually written (escaping
 //! can make text up to ten times longer: clipping first broke the promise).
+//!
+//! An allow-list, not a list of bad characters: letters, marks, numbers, punctuation, symbols and
+//! the ASCII space pass; controls, format characters (bidi marks, U+061C, U+200B, U+FEFF, …),
+//! every separator but U+0020 (U+2028/2029, NBSP, ideographic space), private-use, surrogate and
+//! unassigned code points are escaped. A deny-list of controls and bidi overrides let U+2028 and
+//! U+FEFF through (issue 49); the next Unicode version's new format character would have followed.
 
 use std::borrow::Cow;
 
@@ -14,10 +21,39 @@ pub const CLIP: usize = 256;
 /// length-and-hash suffix (shorter limits get a plain cut).
 const MIN_KEPT: usize = 8;
 
-/// Whether `c` must be escaped: C0/C1 controls (ESC, BEL, CR, LF, DEL, …) and the Unicode
-/// directional overrides and isolates, which reorder what a terminal shows.
+/// Whether `c` must be escaped: everything but the printable general categories and the ASCII
+/// space (see the module's doc).
 fn needs_escape(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    if c.is_ascii() {
+        // The common case, without a table look-up: printable ASCII passes.
+        return !(' '..='~').contains(&c);
+    }
+    !matches!(
+        get_general_category(c),
+        G::UppercaseLetter
+            | G::LowercaseLetter
+            | G::TitlecaseLetter
+            | G::ModifierLetter
+            | G::OtherLetter
+            | G::NonspacingMark
+            | G::SpacingMark
+            | G::EnclosingMark
+            | G::DecimalNumber
+            | G::LetterNumber
+            | G::OtherNumber
+            | G::ConnectorPunctuation
+            | G::DashPunctuation
+            | G::OpenPunctuation
+            | G::ClosePunctuation
+            | G::InitialPunctuation
+            | G::FinalPunctuation
+            | G::OtherPunctuation
+            | G::MathSymbol
+            | G::CurrencySymbol
+            | G::ModifierSymbol
+            | G::OtherSymbol
+    )
 }
 
 /// `text` escaped and clipped to [`CLIP`] characters (see [`clip_to`]).
@@ -128,6 +164,31 @@ mod tests {
         assert!(shown.starts_with("\\u{1b}") && shown.contains("1000 bytes"), "{shown}");
         // An escape sequence is never cut in half.
         assert!(!shown.split('…').next().unwrap().ends_with('\\'));
+    }
+
+    /// Issue 49: format and separator characters a deny-list let through, each escaped now.
+    #[test]
+    fn format_separator_private_and_unassigned_characters_are_escaped() {
+        for (c, shown) in [
+            ('\u{061c}', "\\u{61c}"),
+            ('\u{2028}', "\\u{2028}"),
+            ('\u{2029}', "\\u{2029}"),
+            ('\u{200b}', "\\u{200b}"),
+            ('\u{feff}', "\\u{feff}"),
+            ('\u{00a0}', "\\u{a0}"),
+            ('\u{3000}', "\\u{3000}"),
+            ('\u{e000}', "\\u{e000}"),
+            ('\u{0378}', "\\u{378}"),
+            ('\u{00ad}', "\\u{ad}"),
+        ] {
+            let text = format!("a{c}b");
+            assert_eq!(clip(&text), format!("a{shown}b"), "U+{:04X}", c as u32);
+        }
+        // Letters, marks, numbers, punctuation and symbols of any script pass as they are.
+        for kept in ["Grafikkarte für Rechenzentren", "ГПУ №3", "显卡 «A100»", "e\u{301}", "½ ≤ 2 €", "गुणक"]
+        {
+            assert_eq!(clip(kept), kept);
+        }
     }
 
     proptest! {

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use serde::{Deserialize, Serialize};
 
 use crate::cdi::{Kind, Naming, SpecDir};
+use crate::model::nodes::Admitted;
 use crate::model::{ContainerEdits, Resource};
 use crate::proto::deviceplugin as pb;
 
@@ -67,8 +68,9 @@ impl Delivery {
         self.strategies.contains(&s)
     }
 
-    /// One container's answer. `extra` is what the backend's `allocate` returned for `ids`.
-    pub fn answer(&self, resource: &Resource, ids: &[String], extra: &ContainerEdits) -> pb::ContainerAllocateResponse {
+    /// One container's answer: what the node gate admitted for `ids` (everything, for the
+    /// classic strategy; the backend's `allocate` answer alone when the rest is in a CDI spec).
+    pub fn answer(&self, resource: &Resource, ids: &[String], admitted: &Admitted) -> pb::ContainerAllocateResponse {
         let wants_cdi = self.strategies.iter().any(|s| s.is_cdi());
         // Two replicas of one device share its CDI name: the runtime is asked for it once.
         let mut cdi_names: Vec<String> = Vec::new();
@@ -83,17 +85,8 @@ impl Delivery {
         }
         let cdi = if wants_cdi { self.usable_cdi(resource, &cdi_names) } else { None };
         let classic = self.has(Strategy::DeviceSpecs) || (wants_cdi && cdi.is_none());
-        let mut edits = ContainerEdits::default();
-        if classic {
-            edits = resource.common_edits.clone();
-            for id in ids {
-                if let Some(d) = resource.device(id) {
-                    edits.merge(&d.edits);
-                }
-            }
-        }
-        edits.merge(extra);
-        let mut out = to_container_response(&edits);
+        let edits = if classic { admitted.edits() } else { admitted.answer() };
+        let mut out = to_container_response(edits);
         if let Some(kind) = cdi {
             let names: Vec<String> = cdi_names.iter().map(|n| kind.qualified_name(n)).collect();
             if self.has(Strategy::CdiCri) {
@@ -129,9 +122,9 @@ fn annotation_key(kind: &Kind) -> String {
 }
 
 /// Classic Allocate answer: DeviceSpecs, mounts, env and annotations.
-pub fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateResponse {
+fn to_container_response(edits: &ContainerEdits) -> pb::ContainerAllocateResponse {
     pb::ContainerAllocateResponse {
-        envs: edits.env.iter().cloned().collect(),
+        envs: edits.env.iter().map(|(k, v)| (k.as_str().to_owned(), v.as_str().to_owned())).collect(),
         mounts: edits
             .mounts
             .iter()
@@ -188,11 +181,13 @@ mod tests {
         };
         let delivery = Delivery::new(vec![Strategy::CdiCri], Some(CdiTarget { kind, specs: specs.clone() }));
         let ids = vec!["kvm".to_owned()];
-        let before = delivery.answer(&r, &ids, &ContainerEdits::default());
+        let owners = crate::model::nodes::NodeOwners::build([("b", &r)]);
+        let admitted = owners.admit_allocation(&r, &ids, ContainerEdits::default()).unwrap();
+        let before = delivery.answer(&r, &ids, &admitted);
         assert!(std::fs::read_dir(d.path()).unwrap().next().is_none(), "Allocate wrote into the CDI dir");
         assert!(before.cdi_devices.is_empty() && before.devices.len() == 1, "device specs instead: {before:?}");
         specs.sync(&r).unwrap();
-        let after = delivery.answer(&r, &ids, &ContainerEdits::default());
+        let after = delivery.answer(&r, &ids, &admitted);
         assert_eq!(after.cdi_devices[0].name, "example.com/kvm=kvm");
     }
 

@@ -76,6 +76,8 @@ pub struct ResourceHandle {
     pub ops: Arc<dyn ResourceOps>,
     /// How Allocate answers reach the runtime (device specs, CDI).
     pub delivery: Delivery,
+    /// Who owns each device node on this machine: every Allocate answer passes its gate.
+    pub owners: crate::model::nodes::OwnersView,
     /// Where request counts and latencies go (none in unit tests).
     pub metrics: Option<Arc<dyn KubeletMetrics>>,
 }

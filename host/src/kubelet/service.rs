@@ -116,11 +116,16 @@ impl DevicePluginService {
     }
 }
 
+/// Characters of an error kubelet shows in a pod's events (a backend's words among them).
+pub const MAX_ERROR_TEXT: usize = 1024;
+
+/// A backend's failure as kubelet gets it: the text passes the text gate (escaped, clipped).
 fn status(resource: &str, e: OpError) -> Status {
+    let text = |m: &str| crate::gate::clip_to(&format!("{resource}: {m}"), MAX_ERROR_TEXT).into_owned();
     match e {
-        OpError::Invalid(m) => Status::invalid_argument(format!("{resource}: {m}")),
-        OpError::Unavailable(m) => Status::unavailable(format!("{resource}: {m}")),
-        OpError::Backend(m) => Status::internal(format!("{resource}: {m}")),
+        OpError::Invalid(m) => Status::invalid_argument(text(&m)),
+        OpError::Unavailable(m) => Status::unavailable(text(&m)),
+        OpError::Backend(m) => Status::internal(text(&m)),
     }
 }
 
@@ -285,15 +290,16 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             for c in reqs {
                 let extra =
                     self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
-                // The same isolation rule as a DRA claim's: no container gets a node of a
-                // device it was not allocated, from the answer or the resource's common edits.
-                let foreign =
-                    [&extra, &snap.common_edits].into_iter().find_map(|e| snap.foreign_node(&c.devices_ids, e));
-                if let Some(why) = foreign {
-                    tracing::error!(resource = %self.handle.name, "allocate answer refused: {why}");
-                    return Err(Status::internal(format!("{}: allocate answer refused: {why}", self.handle.name)));
-                }
-                out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &extra));
+                // The node gate, the same as a DRA claim's: no container gets a node of a device
+                // it was not allocated, of any backend, from the answer or the common edits.
+                let admitted = match self.handle.owners.load().admit_allocation(&snap, &c.devices_ids, extra) {
+                    Ok(a) => a,
+                    Err(why) => {
+                        tracing::error!(resource = %self.handle.name, owner = %why.owner_resource, "allocate answer refused: {why}");
+                        return Err(Status::internal(format!("{}: allocate answer refused: {why}", self.handle.name)));
+                    }
+                };
+                out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &admitted));
             }
             Ok(Response::new(pb::AllocateResponse { container_responses: out }))
         })
@@ -361,6 +367,7 @@ mod tests {
             devices: rx,
             ops: Arc::new(NoOps),
             delivery: Default::default(),
+            owners: Default::default(),
             metrics: None,
         };
         DevicePluginService::new(handle, Arc::default(), CancellationToken::new())

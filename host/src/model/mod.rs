@@ -2,8 +2,35 @@
 
 pub mod dra;
 pub mod names;
+pub mod nodes;
 
 use std::collections::BTreeMap;
+
+pub use crate::gate::{EnvKey, EnvValue};
+
+/// `(key, value)` for a container's environment, from text the host itself wrote (tests, the
+/// host's own defaults); `None` where the env gate refuses it.
+pub fn env_entry(key: &str, value: &str) -> Option<(EnvKey, EnvValue)> {
+    Some((EnvKey::new(key).ok()?, EnvValue::new(value).ok()?))
+}
+
+/// An answer's env entries past the env gate, and why the first one it refused was refused.
+pub fn gated_env(entries: impl IntoIterator<Item = (String, String)>) -> (Vec<(EnvKey, EnvValue)>, Option<String>) {
+    let mut malformed = None;
+    let mut env = Vec::new();
+    for (k, v) in entries {
+        match (EnvKey::new(&k), EnvValue::new(&v)) {
+            (Ok(k), Ok(v)) => env.push((k, v)),
+            (Err(why), _) => {
+                malformed.get_or_insert_with(|| why.to_string());
+            }
+            (_, Err(why)) => {
+                malformed.get_or_insert_with(|| format!("env {}: {why}", crate::gate::clip(&k)));
+            }
+        }
+    }
+    (env, malformed)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Health {
@@ -62,11 +89,22 @@ pub struct Mount {
 pub struct ContainerEdits {
     pub device_nodes: Vec<DeviceNode>,
     pub mounts: Vec<Mount>,
-    pub env: Vec<(String, String)>,
+    /// Only what the env gate admitted reaches a container: its key and value types.
+    pub env: Vec<(EnvKey, EnvValue)>,
     pub annotations: Vec<(String, String)>,
+    /// Why the env gate refused an entry of the backend's answer when it was read (a key that
+    /// is not a plain name, a value with NUL): the answer is refused for it where it is vetted.
+    #[serde(skip)]
+    pub malformed: Option<String>,
 }
 
 impl ContainerEdits {
+    /// Edits holding `entries` as a backend's answer would (see [`gated_env`]).
+    pub fn with_env(entries: impl IntoIterator<Item = (String, String)>) -> ContainerEdits {
+        let (env, malformed) = gated_env(entries);
+        ContainerEdits { env, malformed, ..Default::default() }
+    }
+
     /// Append `other`, skipping device nodes and mounts already present (two devices of a
     /// resource often share a control node) and letting later env/annotation values win.
     pub fn merge(&mut self, other: &ContainerEdits) {
@@ -86,13 +124,16 @@ impl ContainerEdits {
         for (k, v) in &other.annotations {
             upsert(&mut self.annotations, k, v);
         }
+        if self.malformed.is_none() {
+            self.malformed.clone_from(&other.malformed);
+        }
     }
 }
 
-fn upsert(list: &mut Vec<(String, String)>, k: &str, v: &str) {
+fn upsert<K: PartialEq + Clone, V: Clone>(list: &mut Vec<(K, V)>, k: &K, v: &V) {
     match list.iter_mut().find(|(key, _)| key == k) {
-        Some(entry) => entry.1 = v.to_owned(),
-        None => list.push((k.to_owned(), v.to_owned())),
+        Some(entry) => entry.1 = v.clone(),
+        None => list.push((k.clone(), v.clone())),
     }
 }
 
@@ -128,7 +169,7 @@ impl Vetted {
 }
 
 /// The attribute a device declares that its nodes may also be handed out by another backend's
-/// resource (every device naming the node must declare it: `backends::exclusive`).
+/// resource (every device naming the node must declare it: [`nodes`]).
 pub const SHARED_NODE: &str = "shared-node";
 
 /// The attribute a backend sets on a device it lists for DRA only (the SDK's `Device::dra_only`).
@@ -164,37 +205,6 @@ pub struct Resource {
 impl Resource {
     pub fn device(&self, id: &str) -> Option<&Device> {
         self.devices.iter().find(|d| d.id == id)
-    }
-
-    /// Whether `edits`, given to a container or claim holding devices `ids` of this resource,
-    /// hand out another device's node: a host node that some device outside `ids` has in its
-    /// own edits and none in `ids` has. Such a node is refused (named in the answer) wherever
-    /// edits are given out, in Allocate and in DRA prepare alike: a container gets the nodes of
-    /// the devices it holds and nodes no device owns (`/dev/nvidiactl`), never a neighbour's.
-    pub fn foreign_node(&self, ids: &[String], edits: &ContainerEdits) -> Option<String> {
-        let held = |path: &str| {
-            self.devices
-                .iter()
-                .filter(|d| ids.contains(&d.id))
-                .any(|d| d.edits.device_nodes.iter().any(|n| n.host_path() == path))
-        };
-        for n in &edits.device_nodes {
-            let path = n.host_path();
-            let owner = self
-                .devices
-                .iter()
-                .find(|d| !ids.contains(&d.id) && d.edits.device_nodes.iter().any(|m| m.host_path() == path));
-            if let Some(owner) = owner
-                && !held(path)
-            {
-                return Some(format!(
-                    "device node {} is device {}'s, which was not allocated here",
-                    crate::gate::clip(path),
-                    crate::gate::clip(&owner.id)
-                ));
-            }
-        }
-        None
     }
 
     /// What kubelet sees of this resource: ID → (health, NUMA nodes). Used to decide whether a
@@ -238,18 +248,18 @@ mod tests {
         let node = |p: &str| DeviceNode { container_path: p.into(), ..Default::default() };
         let mut a = ContainerEdits {
             device_nodes: vec![node("/dev/nvidiactl"), node("/dev/nvidia0")],
-            env: vec![("A".into(), "1".into())],
+            env: vec![env_entry("A", "1").unwrap()],
             ..Default::default()
         };
         let b = ContainerEdits {
             device_nodes: vec![node("/dev/nvidiactl"), node("/dev/nvidia1")],
-            env: vec![("A".into(), "2".into()), ("B".into(), "3".into())],
+            env: vec![env_entry("A", "2").unwrap(), env_entry("B", "3").unwrap()],
             ..Default::default()
         };
         a.merge(&b);
         let paths: Vec<_> = a.device_nodes.iter().map(|n| n.container_path.as_str()).collect();
         assert_eq!(paths, ["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1"]);
-        assert_eq!(a.env, vec![("A".into(), "2".into()), ("B".into(), "3".into())]);
+        assert_eq!(a.env, vec![env_entry("A", "2").unwrap(), env_entry("B", "3").unwrap()]);
     }
 
     #[test]

@@ -1,15 +1,36 @@
 //! Serving a tonic router on a plugin socket, every connection through the
-//! [`authority`](super::authority) front, until a cancel token fires.
+//! [`authority`](super::authority) front, until a cancel token fires; and the bounds every such
+//! socket keeps whoever connects (any local client can): at most [`MAX_CONNECTIONS`] at once
+//! (more are closed as they come, with an ERROR), a connection owing a header block past
+//! [`HEADER_DEADLINE`](super::authority::HEADER_DEADLINE) closed, at most
+//! [`MAX_STREAMS`] requests at once on one connection, each bounded by [`REQUEST_TIMEOUT`], and
+//! an accept error (out of file descriptors) logged and waited out instead of ending the server.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 use super::authority::KubeletStream;
+
+/// Connections one socket holds at once. Kubelet keeps one or two per socket (its device
+/// manager's, its DRA client's, a registration call's); 2,000 idle ones grew devplug from 27 to
+/// 407 MiB and, past the open-file limit, left kubelet's NodePrepareResources unanswered.
+pub const MAX_CONNECTIONS: usize = 128;
+/// Requests (HTTP/2 streams) one connection may have open at once.
+pub const MAX_STREAMS: u32 = 64;
+/// The longest a request may take from its headers to its answer (kubelet's own deadlines are
+/// shorter: 45 s for a prepare); a streaming call (ListAndWatch) answers at once and streams on.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an accept error (EMFILE) is waited out before the next accept.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// The least time between two ERRORs about refused connections on one socket.
+const LOG_GAP: Duration = Duration::from_secs(60);
 
 /// Bind `path` (see [`super::bind`]) and serve `routes` there until `stop`; `what` names the
 /// server in the log line of an abnormal end.
@@ -19,12 +40,70 @@ pub fn serve(
     stop: CancellationToken,
     what: &'static str,
 ) -> std::io::Result<JoinHandle<()>> {
-    let incoming = UnixListenerStream::new(super::bind(path)?).map(|s| s.map(KubeletStream::new));
+    let listener = super::bind(path)?;
     let shown = path.display().to_string();
+    let incoming = accepted(listener, Arc::new(Semaphore::new(MAX_CONNECTIONS)), shown.clone());
     Ok(tokio::spawn(async move {
-        let server = tonic::transport::Server::builder().add_routes(routes);
+        let server = tonic::transport::Server::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .max_concurrent_streams(Some(MAX_STREAMS))
+            .add_routes(routes);
         if let Err(e) = server.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {
             tracing::warn!(socket = %shown, error = %e, "{what} stopped with an error");
         }
     }))
+}
+
+/// What one socket's accept loop remembers for its log.
+struct Accepting {
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    socket: String,
+    refused: u64,
+    logged: Option<Instant>,
+}
+
+impl Accepting {
+    /// An ERROR about `what`, at most once per [`LOG_GAP`] with the count since the last one.
+    fn complain(&mut self, what: &str) {
+        self.refused += 1;
+        if self.logged.is_some_and(|t| t.elapsed() < LOG_GAP) {
+            return;
+        }
+        tracing::error!(
+            socket = %self.socket,
+            refused = self.refused,
+            "{what}; a local client is holding connections open or the process is out of file descriptors (see /proc/<pid>/fd, and who else connects to this socket)"
+        );
+        self.logged = Some(Instant::now());
+        self.refused = 0;
+    }
+}
+
+/// The connections of `listener` that fit under `slots`, each through the authority front.
+fn accepted(
+    listener: UnixListener,
+    slots: Arc<Semaphore>,
+    socket: String,
+) -> impl futures::Stream<Item = std::io::Result<KubeletStream<tokio::net::UnixStream>>> {
+    let state = Accepting { listener, slots, socket, refused: 0, logged: None };
+    futures::stream::unfold(state, |mut s| async move {
+        loop {
+            match s.listener.accept().await {
+                Ok((conn, _)) => match s.slots.clone().try_acquire_owned() {
+                    Ok(slot) => return Some((Ok(KubeletStream::new(conn, Some(slot))), s)),
+                    Err(_) => {
+                        drop(conn);
+                        s.complain(&format!(
+                            "connection limit of {MAX_CONNECTIONS} reached: new connections are closed"
+                        ));
+                    }
+                },
+                Err(e) => {
+                    s.complain(&format!("accepting a connection failed: {e}"));
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+    })
 }

@@ -136,10 +136,9 @@ pub struct Capabilities {
     pub mount_targets: Rule,
     /// Host paths that may be mounted read-write, matched without their leading `/`.
     pub writable_mounts: Rule,
-    pub env: Rule,
-    /// Env keys the operator's grant names literally (no wildcard): the only way a code-loading
-    /// key passes.
-    pub env_named: std::collections::BTreeSet<String>,
+    /// Env keys, by the env gate's own matcher (`EnvGrant::admits`); the keys the grant names
+    /// literally are the only way a code-loading key passes (`EnvRule::named`).
+    pub env: crate::gate::EnvRule,
     pub resources: Rule,
     pub annotations: Rule,
     pub uevents: Rule,
@@ -160,8 +159,7 @@ impl Capabilities {
                 &absolute_globs(&requested.writable_mounts)?,
                 &absolute_globs(&granted.writable_mounts)?,
             )?,
-            env: Rule::new(&requested.env, &granted.env)?,
-            env_named: granted.env.iter().filter(|k| !k.contains(['*', '?', '[', '{'])).cloned().collect(),
+            env: crate::gate::EnvRule::new(&requested.env, &granted.env),
             resources: Rule::new(&requested.resources, &granted.resources)?,
             annotations: Rule::new(&requested.annotations, &granted.annotations)?,
             uevents: Rule::new(&requested.uevents, &granted.uevents)?,

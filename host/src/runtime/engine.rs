@@ -47,7 +47,16 @@ pub struct RuntimeConfig {
     /// After a baseline load, compile the optimised code in the background into the cache, for
     /// the component's next load (a long-running `run`); one-shot commands leave it off.
     pub optimize_in_background: bool,
+    /// The most compiled code the cache keeps, in bytes: past it the least recently used
+    /// entries go (the manifests put the cache on a 256 MiB `emptyDir`; versions accumulated
+    /// until the pod was evicted).
+    pub cache_max_bytes: u64,
 }
+
+/// [`RuntimeConfig::cache_max_bytes`]'s default: room for the embedded set, two versions of a
+/// large (18 MB Python) backend in both tiers and more, inside a 256 MiB volume with the pulled
+/// registry versions beside it.
+pub const CACHE_MAX_BYTES: u64 = 192 << 20;
 
 impl Default for RuntimeConfig {
     fn default() -> Self {
@@ -60,6 +69,7 @@ impl Default for RuntimeConfig {
             precompiled: &[],
             baseline_from: BASELINE_FROM,
             optimize_in_background: true,
+            cache_max_bytes: CACHE_MAX_BYTES,
         }
     }
 }
@@ -331,7 +341,7 @@ impl Runtime {
         }
         let component = compile_with(&compiler.engine, bytes)?;
         if let Some(state) = &state {
-            store(state, dir, &compiler.entry(&digest), &component);
+            store(state, dir, &compiler.entry(&digest), &component, self.config.cache_max_bytes);
         }
         Ok(done(component, CacheOutcome::Miss, compiler.tier))
     }
@@ -359,6 +369,8 @@ impl Runtime {
         match unsafe { Component::deserialize(&compiler.engine, &native) } {
             Ok(c) => {
                 self.cache_hits.fetch_add(1, Ordering::Relaxed);
+                // Recently used is what eviction keeps.
+                let _ = state.mark_used(&name);
                 tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
                 Some(c)
             }
@@ -380,6 +392,7 @@ impl Runtime {
             return;
         }
         let (engine, dir, bytes) = (self.optimized.engine.clone(), dir.to_owned(), bytes.to_vec());
+        let max = self.config.cache_max_bytes;
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let entry = name.clone();
         let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || {
@@ -387,7 +400,7 @@ impl Runtime {
             let started = std::time::Instant::now();
             match (compile_with(&engine, &bytes), crate::durable::StateDir::open(&dir)) {
                 (Ok(component), Ok(state)) => {
-                    store(&state, &dir, &name, &component);
+                    store(&state, &dir, &name, &component, max);
                     tracing::info!(entry = %name, secs = started.elapsed().as_secs_f64(), "optimised code compiled and cached for the next load");
                 }
                 (Err(e), _) => tracing::warn!(entry = %name, error = %e, "optimising a baseline-loaded backend failed; it keeps its baseline code"),
@@ -444,8 +457,9 @@ fn compile_with(engine: &Engine, bytes: &[u8]) -> Result<Component, LoadError> {
     })
 }
 
-/// Write a component's native code into the cache as `name`; a failure is logged, not fatal.
-fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component) {
+/// Write a component's native code into the cache as `name`, then keep the cache within
+/// `max` bytes; a failure is logged, not fatal.
+fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component, max: u64) {
     match component.serialize() {
         Ok(native) => {
             if let Err(e) = state.write(name, &native, true) {
@@ -453,6 +467,34 @@ fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &C
             }
         }
         Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
+    }
+    evict(state, dir, name, max);
+}
+
+/// Remove the least recently used compiled code until the cache's `.cwasm` files take at most
+/// `max` bytes; `keep` (just written) stays whatever its size. Only this module's own entries
+/// are counted or removed (the registry's pulled versions live in sub-directories).
+fn evict(state: &crate::durable::StateDir, dir: &Path, keep: &str, max: u64) {
+    let Ok(mut files) = state.files() else { return };
+    files.retain(|f| f.name.ends_with(".cwasm") && !f.name.starts_with('.'));
+    let mut total: u64 = files.iter().map(|f| f.len).sum();
+    if total <= max {
+        return;
+    }
+    files.sort_by_key(|f| f.modified);
+    for f in files.iter().filter(|f| f.name != keep) {
+        if total <= max {
+            break;
+        }
+        match state.remove(&f.name) {
+            Ok(_) => {
+                total = total.saturating_sub(f.len);
+                tracing::info!(dir = %dir.display(), entry = %f.name, bytes = f.len, "compile cache over its size limit: least recently used entry removed");
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), entry = %f.name, error = %e, "could not remove a compile cache entry")
+            }
+        }
     }
 }
 
@@ -523,6 +565,32 @@ mod tests {
         let cut = rt.run_until(Duration::from_millis(1), std::future::pending::<()>());
         assert_eq!(cut, None, "cut off at its deadline: the epoch thread woke its cut-off while ticking");
         assert!(!rt.in_flight.busy(), "a call cut off is no longer counted");
+    }
+
+    /// Issue 49: the cache only grew. Past its limit the least recently used entries go (a
+    /// hit counts as a use), the entry just written stays, and nothing but `.cwasm` files is
+    /// counted or touched.
+    #[test]
+    fn the_compile_cache_keeps_to_its_size_by_least_recent_use() {
+        let d = tempfile::tempdir().unwrap();
+        let state = crate::durable::StateDir::open(d.path()).unwrap();
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        for (i, name) in ["a.cwasm", "b.cwasm", "c.cwasm", "other.json"].iter().enumerate() {
+            state.write(name, &[0u8; 1000], false).unwrap();
+            let f = std::fs::File::options().write(true).open(d.path().join(name)).unwrap();
+            f.set_modified(old + Duration::from_secs(i as u64 * 60)).unwrap();
+        }
+        // `a` is the oldest write but was used since.
+        state.mark_used("a.cwasm").unwrap();
+        state.write("new.cwasm", &[0u8; 1500], false).unwrap();
+        evict(&state, d.path(), "new.cwasm", 3000);
+        let mut left: Vec<String> = state.files().unwrap().into_iter().map(|f| f.name).collect();
+        left.sort();
+        assert_eq!(left, ["a.cwasm", "new.cwasm", "other.json"]);
+        // The entry just written stays even when it alone is over the limit.
+        evict(&state, d.path(), "new.cwasm", 10);
+        let left: Vec<String> = state.files().unwrap().into_iter().map(|f| f.name).collect();
+        assert!(left.contains(&"new.cwasm".to_owned()) && !left.contains(&"a.cwasm".to_owned()), "{left:?}");
     }
 
     #[test]

@@ -186,6 +186,16 @@ impl Jail {
         Ok(())
     }
 
+    /// Whether `rel` (a path the rule refused) is there under the root, for the operator's
+    /// account of the refusal only: the backend is told "denied" either way, so it learns
+    /// nothing of what it may not see.
+    pub fn present(&self, rel: &str) -> bool {
+        !rel.is_empty()
+            && !rel.starts_with('/')
+            && !rel.split('/').any(|c| c == "..")
+            && fs::symlink_metadata(self.root.join(rel)).is_ok()
+    }
+
     /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
     /// (for `read-link`).
     pub fn resolve(&self, rel: &str, follow_last: bool) -> Result<Resolved, FsError> {

@@ -85,7 +85,27 @@ pub fn general(path: &str) -> String {
             out.push("[0-9]*".into());
             continue;
         }
-        out.push(c.to_owned());
+        out.push(escape_glob(c));
     }
     out.join("/")
+}
+
+/// `name` as a glob that matches only itself: a path component named `*`, `x[1]` or `{a,b}`
+/// (a backend chose it) must not become a wildcard in the manifest it is learned into.
+pub fn escape_glob(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Whether `pattern` is a wildcard at the root of a tree (`*`, `**`, `*/x`, `**/vendor`): a
+/// learned request never is, whatever a backend touched.
+pub fn at_root(pattern: &str) -> bool {
+    let first = pattern.split('/').next().unwrap_or_default();
+    first.is_empty() || first.chars().all(|c| c == '*')
 }

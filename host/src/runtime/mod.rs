@@ -14,7 +14,7 @@ pub mod limits;
 pub mod state;
 pub mod vet;
 
-pub use engine::{BASELINE_FROM, CacheOutcome, Compiled, Runtime, RuntimeConfig, Tier};
+pub use engine::{BASELINE_FROM, CACHE_MAX_BYTES, CacheOutcome, Compiled, Runtime, RuntimeConfig, Tier};
 pub use instance::{BackendInstance, BackendStats, CallKind};
 
 /// Why a `.wasm` could not become a backend. Each message says what to do about it.

@@ -22,16 +22,28 @@ use crate::sync::Locked;
 #[derive(Default)]
 pub struct RefusalLog {
     seen: Mutex<HashSet<String>>,
-    /// The distinct refused accesses (call, clipped path, whether a grant would allow it: a
-    /// malformed path is refused whatever is granted), as `devplug discover` lists them.
-    refused: Mutex<Vec<(String, String, bool)>>,
+    /// The distinct refused accesses, as `devplug discover` lists them.
+    refused: Mutex<Vec<Refusal>>,
+}
+
+/// One distinct access a backend was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub call: String,
+    /// Clipped and escaped.
+    pub path: String,
+    /// Whether a grant would allow it (a malformed path is refused whatever is granted).
+    pub grantable: bool,
+    /// Whether the path is there on this machine: a refused look at what is not here lost the
+    /// backend nothing (it would have been told NotFound), so it does not fail `discover`.
+    pub present: bool,
 }
 
 /// Distinct refusals remembered per backend; past this, refusals are counted but not logged.
 const MAX_REMEMBERED: usize = 1024;
 
 impl RefusalLog {
-    pub fn refused(&self, sandbox: &Sandbox, call: &str, path: &str, err: &FsError) {
+    pub fn refused(&self, sandbox: &Sandbox, call: &str, path: &str, err: &FsError, present: bool) {
         let backend = &*sandbox.backend;
         let mut seen = self.seen.locked();
         if seen.len() >= MAX_REMEMBERED {
@@ -41,7 +53,7 @@ impl RefusalLog {
         let new = seen.insert(format!("{call} {path}"));
         if new {
             let grantable = matches!(err, FsError::Denied(_));
-            self.refused.locked().push((call.to_owned(), path.to_string(), grantable));
+            self.refused.locked().push(Refusal { call: call.to_owned(), path: path.to_string(), grantable, present });
         }
         if new && sandbox.log.admit(backend) {
             if seen.len() == MAX_REMEMBERED {
@@ -54,8 +66,8 @@ impl RefusalLog {
 }
 
 impl RefusalLog {
-    /// The first `limit` distinct accesses refused (call, path, whether a grant would allow it).
-    pub fn paths(&self, limit: usize) -> Vec<(String, String, bool)> {
+    /// The first `limit` distinct accesses refused.
+    pub fn paths(&self, limit: usize) -> Vec<Refusal> {
         self.refused.locked().iter().take(limit).cloned().collect()
     }
 

@@ -176,8 +176,7 @@ pub struct ReturnRules {
     mounts: Rule,
     mount_targets: Rule,
     writable_mounts: Rule,
-    env: Rule,
-    env_named: std::collections::BTreeSet<String>,
+    env: crate::gate::EnvRule,
     annotations: Rule,
     resources: Rule,
 }
@@ -191,7 +190,6 @@ impl ReturnRules {
             mount_targets: caps.mount_targets.clone(),
             writable_mounts: caps.writable_mounts.clone(),
             env: caps.env.clone(),
-            env_named: caps.env_named.clone(),
             annotations: caps.annotations.clone(),
             resources: caps.resources.clone(),
         }
@@ -297,6 +295,9 @@ impl ReturnRules {
     }
 
     fn edits(&self, e: &mut ContainerEdits, size: &mut Size, stats: &NodeStats) -> Result<(), String> {
+        if let Some(why) = &e.malformed {
+            return Err(why.clone());
+        }
         for (what, n) in [
             ("device nodes", e.device_nodes.len()),
             ("mounts", e.mounts.len()),
@@ -318,10 +319,9 @@ impl ReturnRules {
             self.mount(&m.host_path, &m.container_path, m.read_only)?;
         }
         for (k, v) in &e.env {
-            size.add(k)?;
-            size.add(v)?;
+            size.add(k.as_str())?;
+            size.add(v.as_str())?;
             self.env_key(k)?;
-            crate::gate::EnvValue::new(v).map_err(|e| format!("env {k}: {e}"))?;
         }
         for (k, v) in &e.annotations {
             size.add(k)?;
@@ -429,15 +429,15 @@ impl ReturnRules {
 impl ReturnRules {
     /// An env key the backend may set: a plain name it requested and was granted; a key that
     /// makes programs load or run code only when the operator's grant names it exactly.
-    fn env_key(&self, k: &str) -> Result<(), String> {
-        crate::gate::EnvKey::new(k).map_err(|e| e.to_string())?;
-        if hook_env(k) && !(self.env.allows(k) && self.env_named.contains(k)) {
+    fn env_key(&self, key: &crate::gate::EnvKey) -> Result<(), String> {
+        let k = key.as_str();
+        if hook_env(k) && !(self.env.allows(key) && self.env.named(key)) {
             return Err(format!(
                 "env key {k} changes how programs load or start; it passes only if the operator's grant names it exactly (grant.env = [\"{k}\"])"
             ));
         }
-        if !self.env.allows(k) {
-            let why = if self.env.requested(k) {
+        if !self.env.allows(key) {
+            let why = if self.env.requested(key) {
                 "not granted to this backend (grant.env)"
             } else {
                 "not requested in the backend's manifest ([requests] env)"
@@ -582,7 +582,7 @@ mod tests {
         std::fs::create_dir_all(d.path().join("shm")).unwrap();
         std::fs::write(d.path().join("shm/planted"), "plain text").unwrap();
         let r = rules(d.path(), &Globs { dev: vec!["null".into(), "shm/*".into()], ..all() });
-        let env = |k: &str| ContainerEdits { env: vec![(k.into(), "x".into())], ..Default::default() };
+        let env = |k: &str| ContainerEdits::with_env([(k.to_owned(), "x".to_owned())]);
         let ann = |k: &str| ContainerEdits { annotations: vec![(k.into(), "x".into())], ..Default::default() };
         let cases: Vec<(ContainerEdits, &str)> = vec![
             (node("/dev/sda", ""), "not requested"),
@@ -634,7 +634,7 @@ mod tests {
         let r = rules(d.path(), &all());
         let mut e = node("/dev/devplug-null", "/dev/null");
         e.merge(&mount("/opt/vendor/lib", "/usr/local/vendor"));
-        e.env.push(("NVIDIA_VISIBLE_DEVICES".into(), "0,1".into()));
+        e.env.push(crate::model::env_entry("NVIDIA_VISIBLE_DEVICES", "0,1").unwrap());
         e.annotations.push(("example.com/x".into(), "y".into()));
         r.allocate("example.com/x", &mut e).unwrap();
         assert_eq!(e.device_nodes[0].numbers, Some(NodeNumbers { block: false, major: 1, minor: 3 }));
@@ -660,7 +660,7 @@ mod tests {
             ReturnRules::new(&caps, jail.clone(), jail)
         };
         let vendor = with_env(&["NVIDIA_*", "PCIDEVICE_*", "VK_LAYER_PATH"]);
-        let env = |k: &str| ContainerEdits { env: vec![(k.into(), "/opt/x.so".into())], ..Default::default() };
+        let env = |k: &str| ContainerEdits::with_env([(k.to_owned(), "/opt/x.so".to_owned())]);
         let outside = [
             // code-running
             "ERL_AFLAGS",
@@ -696,7 +696,7 @@ mod tests {
             vendor.allocate("example.com/x", &mut env(k)).unwrap_or_else(|e| panic!("{k}: {e}"));
         }
         // A value with a NUL would end the variable early in the container's envp.
-        let nul = ContainerEdits { env: vec![("NVIDIA_X".into(), "a\0LD_PRELOAD=/x".into())], ..Default::default() };
+        let nul = ContainerEdits::with_env([("NVIDIA_X".to_owned(), "a\0LD_PRELOAD=/x".to_owned())]);
         assert!(vendor.allocate("example.com/x", &mut nul.clone()).unwrap_err().contains("NUL"));
     }
 
@@ -769,8 +769,7 @@ mod tests {
     #[test]
     fn hook_env_keys_need_the_operators_exact_word() {
         let d = tempfile::tempdir().unwrap();
-        let env =
-            |k: &str| ContainerEdits { env: vec![(k.into(), "/opt/vendor/inject.so".into())], ..Default::default() };
+        let env = |k: &str| ContainerEdits::with_env([(k.to_owned(), "/opt/vendor/inject.so".to_owned())]);
         let by_glob = rules(d.path(), &Globs { env: vec!["*".into()], ..all() });
         assert!(by_glob.allocate("example.com/x", &mut env("CUDA_INJECTION64_PATH")).is_err());
         let named = rules(d.path(), &Globs { env: vec!["CUDA_INJECTION64_PATH".into()], ..all() });

@@ -28,9 +28,16 @@ use serde_json::{Value as Json, json};
 
 use super::cel::{Selector, Selectors};
 
-/// How many devices the search may try before it gives up, as the scheduler's filter gives up
-/// when its context times out: a claim no node can serve must not hang `try`.
-pub const MAX_STEPS: usize = 200_000;
+/// How many device choices (each device looked at for a request counts) the search may make
+/// before it gives up, as the scheduler's filter gives up when its context times out: a claim no
+/// node can serve must not hang `try`. Counting only the choices taken let an unsatisfiable
+/// claim over 8,192 devices run for minutes far below the cap.
+pub const MAX_STEPS: usize = 2_000_000;
+
+/// The time one claim's search may take: kube-scheduler bounds its DRA filter the same way
+/// (`DRASchedulerFilterTimeout`, 10 s by default); `try` answers a person at a terminal, so a
+/// second. Past it the claim is unschedulable, "timed out", with what was found until then.
+pub const TIME_BUDGET: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Why a claim was not allocated.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -43,6 +50,10 @@ pub enum AllocError {
     /// incomplete pool for `All`).
     #[error("{0}")]
     Failed(String),
+    /// The search ran out of its time or steps (turned into `Unschedulable` before it leaves
+    /// [`allocate`]).
+    #[error("timed out")]
+    TimedOut,
 }
 
 /// One device a slice publishes, with its place.
@@ -165,6 +176,7 @@ struct Search<'a> {
     chosen: Vec<usize>,
     matches: HashMap<(usize, usize, usize), bool>,
     steps: usize,
+    deadline: std::time::Instant,
 }
 
 fn selectors(s: &Selectors, list: &[DeviceSelector], whose: &str) -> Result<Vec<Selector>, AllocError> {
@@ -299,11 +311,23 @@ pub fn allocate(
         chosen: Vec::new(),
         matches: HashMap::new(),
         steps: 0,
+        deadline: std::time::Instant::now() + TIME_BUDGET,
     };
-    if !search.solve(0)? {
-        return Err(AllocError::Unschedulable { node: node.to_owned(), why: search.explain() });
+    match search.solve(0) {
+        Ok(true) => Ok(search.result(spec)),
+        Ok(false) => Err(AllocError::Unschedulable { node: node.to_owned(), why: search.explain() }),
+        Err(AllocError::TimedOut) => {
+            let tried = search.steps;
+            let found = search.explain();
+            Err(AllocError::Unschedulable {
+                node: node.to_owned(),
+                why: format!(
+                    "timed out after {tried} device choices ({TIME_BUDGET:?} at most, as the scheduler's filter times out): {found}; narrow the selectors or the counts"
+                ),
+            })
+        }
+        Err(e) => Err(e),
     }
-    Ok(search.result(spec))
 }
 
 /// Whether `tolerations` tolerate `taint` (core/v1 toleration matching, for devices).
@@ -337,13 +361,11 @@ fn attribute<'a>(device: &'a Json, driver: &str, name: &str) -> Option<&'a Json>
 }
 
 impl Search<'_> {
+    /// One device choice; the search's budget, in steps and (every 1,024 steps) in time.
     fn step(&mut self) -> Result<(), AllocError> {
         self.steps += 1;
-        if self.steps > MAX_STEPS {
-            return Err(AllocError::Failed(format!(
-                "claim {}: gave up after trying {MAX_STEPS} device choices (the scheduler's filter would time out): narrow the selectors",
-                self.claim
-            )));
+        if self.steps > MAX_STEPS || (self.steps.is_multiple_of(1024) && std::time::Instant::now() > self.deadline) {
+            return Err(AllocError::TimedOut);
         }
         Ok(())
     }
@@ -416,6 +438,7 @@ impl Search<'_> {
             return Ok(false);
         }
         for d in start..self.pools.devices.len() {
+            self.step()?;
             if !self.selectable(request, alternative, d)? {
                 continue;
             }

@@ -136,6 +136,9 @@ impl Container for Domains {
 pub enum CelError {
     #[error("compilation failed: {0}")]
     Compile(String),
+    /// Its worst-case cost is over [`super::cel_cost::MAX_COST`] (the API server's words).
+    #[error("too complex, exceeds cost limit")]
+    TooComplex,
     #[error("{0}")]
     Runtime(String),
 }
@@ -165,7 +168,16 @@ impl Selectors {
             return Err(CelError::Compile(format!("may not be more than {MAX_EXPRESSION_BYTES} bytes")));
         }
         let program = self.env.compile(expression).map_err(|e| CelError::Compile(e.to_string()))?;
+        if super::cel_cost::estimate(program.expression()) > super::cel_cost::MAX_COST {
+            return Err(CelError::TooComplex);
+        }
         Ok(Selector { program, env: self.env.clone() })
+    }
+
+    /// The worst-case cost of `expression` (see [`super::cel_cost`]).
+    pub fn estimate(&self, expression: &str) -> Result<f64, CelError> {
+        let program = self.env.compile(expression).map_err(|e| CelError::Compile(e.to_string()))?;
+        Ok(super::cel_cost::estimate(program.expression()))
     }
 }
 

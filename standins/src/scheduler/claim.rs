@@ -166,14 +166,16 @@ pub fn validate(spec: &ResourceClaimSpec, selectors: &Selectors) -> Result<(), C
             }
             for (k, s) in sels.iter().enumerate() {
                 match &s.cel {
-                    Some(c) => {
-                        if let Err(e) = selectors.compile(&c.expression) {
-                            errs.push(format!(
-                                "{sat}.selectors[{k}].cel.expression: Invalid value: {:?}: {e}",
-                                c.expression
-                            ));
+                    Some(c) => match selectors.compile(&c.expression) {
+                        Ok(_) => {}
+                        Err(e @ super::cel::CelError::TooComplex) => {
+                            errs.push(format!("{sat}.selectors[{k}].cel.expression: Forbidden: {e}"))
                         }
-                    }
+                        Err(e) => errs.push(format!(
+                            "{sat}.selectors[{k}].cel.expression: Invalid value: {:?}: {e}",
+                            c.expression
+                        )),
+                    },
                     None => errs.push(format!("{sat}.selectors[{k}].cel: Required value")),
                 }
             }

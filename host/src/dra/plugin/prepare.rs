@@ -17,8 +17,8 @@ use super::service::{ClaimPreparer, PreparedClaim};
 use crate::cdi::{Kind, SpecDir};
 use crate::dra::served::{Served, ServedResource};
 use crate::dra::{DraError, PoolId};
+use crate::model::ContainerEdits;
 use crate::model::dra::ClaimDevice;
-use crate::model::{ContainerEdits, Device, Health, Resource};
 
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
@@ -42,7 +42,9 @@ async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<Res
         .get(name)
         .instrument(tracing::debug_span!("dra.claim_get"))
         .await
-        .map_err(|e| DraError::Api(format!("reading ResourceClaim {namespace}/{name}: {e}")))
+        .map_err(|e| {
+            DraError::Api(format!("reading ResourceClaim {namespace}/{name}: {}", crate::gate::clip(&e.to_string())))
+        })
 }
 
 /// One driver's preparer.
@@ -132,7 +134,6 @@ impl ClaimPreparer for Preparer {
     async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError> {
         let (groups, config) = self.allocated(claim).await?;
         let kind = Kind::for_resource(CLAIM_KIND).map_err(|e| DraError::Claim(format!("the claims' CDI kind: {e}")))?;
-        let mut spec_devices = Vec::new();
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
         let mut status = Vec::new();
@@ -161,6 +162,22 @@ impl ClaimPreparer for Preparer {
         if let Some(edits) = &whole {
             common.merge(edits);
         }
+        // The node gate's view and what the claim holds, across its resources: its spec carries
+        // its own devices' nodes and nodes no device owns, never another device's, of any
+        // backend (the rule Allocate's answers follow too).
+        let owners = groups.values().next().map(|(s, _)| s.owners.load()).unwrap_or_default();
+        let backend = groups.values().next().map(|(s, _)| s.backend.clone()).unwrap_or_default();
+        let held: Vec<(String, String)> = groups
+            .iter()
+            .flat_map(|(resource, (_, picked))| picked.iter().map(move |p| (resource.clone(), p.id.clone())))
+            .collect();
+        let held: Vec<(&str, &str)> = held.iter().map(|(r, id)| (r.as_str(), id.as_str())).collect();
+        let label = format!("claim {}/{}", claim.namespace, claim.name);
+        let refused = |why: crate::model::nodes::Foreign| {
+            tracing::error!(backend = %backend, claim = %label, owner = %why.owner_resource, "prepare answer refused: {why}");
+            DraError::backend(&backend, None, format!("answer for {label} refused: {why}"))
+        };
+        let mut spec_devices = Vec::new();
         for (resource, (served, picked)) in groups {
             let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
             let list = served.devices.borrow().clone();
@@ -170,36 +187,27 @@ impl ClaimPreparer for Preparer {
                 common.merge(&extra);
             }
             common.merge(&list.common_edits);
-            // A claim's spec carries its own devices' nodes and nodes no device owns, never a
-            // neighbour's (the rule Allocate's answers follow too).
-            if let Some(why) = list.foreign_node(&ids, &common) {
-                return Err(DraError::backend(&served.backend, Some(&resource), format!("answer refused: {why}")));
-            }
             for Picked { request, name, id, share_id } in picked {
                 let Some(d) = list.device(&id) else {
                     return Err(DraError::Claim(format!(
                         "device {name} ({resource} {id}) went away while the claim was prepared"
                     )));
                 };
-                // A CDI device per share: one claim may hold two shares of a shared device.
+                // A CDI device per share: one claim may hold two shares of a shared device. The
+                // UID and names come from the API server: the name passes the CDI name gate.
                 let cdi_name = match &share_id {
                     Some(share) => format!("{}-{name}-{}", claim.uid, cdi_safe(share)),
                     None => format!("{}-{name}", claim.uid),
                 };
+                let cdi_name = crate::gate::CdiName::new(&cdi_name)
+                    .map_err(|e| DraError::Claim(format!("claim {}/{}: {e}", claim.namespace, claim.name)))?;
                 status.push(super::status::entry(self.id(), &name, share_id.as_deref(), d));
-                spec_devices.push(Device {
-                    id: cdi_name.clone(),
-                    health: Health::Healthy,
-                    numa_nodes: Vec::new(),
-                    attributes: Vec::new(),
-                    edits: d.edits.clone(),
-                    vetted: Default::default(),
-                });
+                spec_devices.push((cdi_name.clone(), owners.admit(&label, &held, d.edits.clone()).map_err(&refused)?));
                 out.push(PreparedDevice {
                     request_names: vec![base_request(&request).to_owned()],
                     pool_name: self.id().pool().to_owned(),
                     device_name: name,
-                    cdi_device_ids: vec![kind.qualified_name(&cdi_name)],
+                    cdi_device_ids: vec![kind.qualified_name(cdi_name.as_str())],
                     share_id,
                 });
             }
@@ -207,9 +215,8 @@ impl ClaimPreparer for Preparer {
         if out.is_empty() {
             return Ok(PreparedClaim::devices(out));
         }
-        let claim_list =
-            Resource { name: CLAIM_KIND.to_owned(), devices: spec_devices, common_edits: common, ..Default::default() };
-        let spec = crate::cdi::spec::build(&claim_list, &kind);
+        let common = owners.admit(&label, &held, common).map_err(&refused)?;
+        let spec = crate::cdi::spec::build_claim(&kind, &spec_devices, &common);
         Ok(PreparedClaim { devices: out, spec: Some(spec), status })
     }
 

@@ -214,7 +214,7 @@ impl DraPlugin {
                     self.driver,
                     held.uid
                 );
-                self.board.stuck(&self.driver, held, &e.to_string());
+                self.board.stuck(&self.driver, held, &crate::gate::clip(&e.to_string()));
                 Err(e)
             }
         }
@@ -354,7 +354,7 @@ macro_rules! version {
                                 devices: devices.into_iter().map($m::Device::from).collect(),
                                 error: String::new(),
                             },
-                            Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: e.to_string() },
+                            Err(e) => $m::NodePrepareResourceResponse { devices: vec![], error: kubelet_text(&e) },
                         };
                         (uid, entry)
                     })
@@ -376,7 +376,7 @@ macro_rules! version {
                         (
                             uid,
                             $m::NodeUnprepareResourceResponse {
-                                error: r.err().map(|e| e.to_string()).unwrap_or_default(),
+                                error: r.err().map(|e| kubelet_text(&e)).unwrap_or_default(),
                             },
                         )
                     })
@@ -385,6 +385,15 @@ macro_rules! version {
             }
         }
     };
+}
+
+/// Characters of an error kubelet shows in a pod's events.
+pub const MAX_ERROR_TEXT: usize = 1024;
+
+/// A claim's error as kubelet gets it: the API server's and the backend's words in it pass the
+/// text gate (escaped, clipped) here, where the text is written.
+fn kubelet_text(e: &DraError) -> String {
+    crate::gate::clip_to(&e.to_string(), MAX_ERROR_TEXT).into_owned()
 }
 
 version!(V1, v1);

@@ -15,7 +15,11 @@ pub fn backend_error(e: BackendError) -> String {
     }
 }
 
+/// A backend's edits as the host's model: env entries pass the env gate here (its types are the
+/// only ones a container's environment holds); the first it refuses is kept for `vet`, which
+/// refuses the answer with it.
 pub fn edits(e: ContainerEdits) -> model::ContainerEdits {
+    let (env, malformed) = model::gated_env(e.env);
     model::ContainerEdits {
         device_nodes: e
             .device_nodes
@@ -32,8 +36,9 @@ pub fn edits(e: ContainerEdits) -> model::ContainerEdits {
             .into_iter()
             .map(|m| model::Mount { container_path: m.container_path, host_path: m.host_path, read_only: m.read_only })
             .collect(),
-        env: e.env,
+        env,
         annotations: e.annotations,
+        malformed,
     }
 }
 

@@ -62,12 +62,34 @@ impl HostState {
         Ok(self.answer(call, path, r))
     }
 
-    /// A jail's answer as the backend sees it, a refusal logged once per path.
+    /// The jail a call (`sysfs.read`, `devfs.stat`, `procfs.list-dir`) looks through.
+    fn view_of(&self, call: &str) -> Option<&Jail> {
+        match call.split('.').next() {
+            Some("sysfs") => Some(&self.sandbox.sysfs),
+            Some("procfs") => Some(&self.sandbox.procfs),
+            Some("devfs") => Some(&self.sandbox.dev),
+            _ => None,
+        }
+    }
+
+    /// A jail's answer as the backend sees it, a refusal logged once per path. A learning run
+    /// records only calls that returned data (a read that read, a listing that listed): a path
+    /// the backend merely asked for (`**`, NotFound) is no evidence it needs anything.
     fn answer<T>(&self, call: &str, path: &str, r: Result<T, jail::FsError>) -> Result<T, FsError> {
-        if let Err(e @ (jail::FsError::Denied(_) | jail::FsError::InvalidPath(_))) = &r {
-            self.sandbox.refusals.refused(&self.sandbox, call, path, e);
-        } else if let Some(learned) = &self.sandbox.learn {
-            learned.record(call, path);
+        match &r {
+            Err(e @ (jail::FsError::Denied(_) | jail::FsError::InvalidPath(_))) => {
+                // A malformed path is a fault of the backend's wherever it runs; a denied one
+                // lost it something only where the path exists.
+                let present =
+                    !matches!(e, jail::FsError::Denied(_)) || self.view_of(call).is_some_and(|j| j.present(path));
+                self.sandbox.refusals.refused(&self.sandbox, call, path, e, present);
+            }
+            Ok(_) => {
+                if let Some(learned) = &self.sandbox.learn {
+                    learned.record(call, path);
+                }
+            }
+            Err(_) => {}
         }
         r.map_err(fs_error)
     }
@@ -117,7 +139,7 @@ impl HostState {
         let (hidden, _) = self.jail(view).take_hidden();
         for path in hidden {
             let e = jail::FsError::Denied(format!("{path}: not granted (left out of the listing)"));
-            self.sandbox.refusals.refused(&self.sandbox, call, &path, &e);
+            self.sandbox.refusals.refused(&self.sandbox, call, &path, &e, true);
         }
     }
 
