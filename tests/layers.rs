@@ -278,3 +278,28 @@ fn the_checker_sees_what_it_must() {
     let names: Vec<String> = uses(text).into_iter().map(|(_, n)| n).collect();
     assert_eq!(names, ["kubelet", "model"]);
 }
+
+/// Issue 50: the node build (`--no-default-features`, the DaemonSet image) links no stand-in,
+/// CEL or scheduler code; only the vendor build's `try` feature brings them.
+#[test]
+fn the_node_build_links_no_stand_in_or_cel() {
+    let tree = |features: &[&str]| -> String {
+        let out = std::process::Command::new(env!("CARGO"))
+            .args(["tree", "--offline", "--locked", "-p", "devplug", "-e", "normal", "--prefix", "none"])
+            .args(features)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .expect("run cargo tree");
+        assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let crate_names = |t: &str| -> BTreeSet<String> {
+        t.lines().filter_map(|l| l.split_whitespace().next()).map(str::to_owned).collect()
+    };
+    let node = crate_names(&tree(&["--no-default-features"]));
+    for absent in ["devplug-standins", "cel", "antlr4rust", "kube_quantity"] {
+        assert!(!node.contains(absent), "the node build links {absent}");
+    }
+    let vendor = crate_names(&tree(&[]));
+    assert!(vendor.contains("devplug-standins") && vendor.contains("cel"), "the vendor build has try");
+}

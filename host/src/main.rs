@@ -7,6 +7,7 @@ use devplug::cli::{
 };
 use devplug::observe;
 
+#[cfg(feature = "try")]
 mod local_kubelet;
 
 fn main() -> std::process::ExitCode {
@@ -55,7 +56,13 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             anyhow::ensure!(!args.kubelet_only, "--kubelet-only is for `devplug try`: `run` is the devplug itself");
             devplug::daemon::run(args.config()?, shutdown_signal()).await
         }
+        #[cfg(feature = "try")]
         Command::Try(args) => local_kubelet::run(&args, shutdown_signal()).await,
+        #[cfg(not(feature = "try"))]
+        Command::Try(_) => anyhow::bail!(
+            "this devplug is the node build, without `try` (it links no kubelet, API-server or scheduler stand-in); \
+             run `try` from the vendor build: `cargo install --path host` (default features) or `cargo run -- try`"
+        ),
         Command::Config(_) => {
             print!("{}", devplug::config::REFERENCE);
             Ok(())
@@ -113,6 +120,10 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     // A refused access is why a device goes missing or Unhealthy: said with its grant, and a
     // failure, so a vendor's CI sees it.
     let refused = v["refused"].as_array().cloned().unwrap_or_default();
+    // A refused look at a path this machine does not have lost nothing here (the backend
+    // would have been told NotFound): said, but not a failure.
+    let (refused, absent): (Vec<_>, Vec<_>) =
+        refused.into_iter().partition(|r| r["present"] != serde_json::Value::Bool(false));
     for (backend, grant, accesses) in cli::refusals_by_grant(&refused) {
         let more = match accesses.len() {
             1 => String::new(),
@@ -122,6 +133,20 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
             tracing::Level::WARN,
             Some(&backend),
             &format!("backend {backend} was refused {}{more}: to allow it, {grant}", accesses[0]),
+        );
+    }
+    for r in &absent {
+        let s = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+        observe::say_about(
+            tracing::Level::INFO,
+            Some(&s("backend")),
+            &format!(
+                "backend {} was refused {} {}, which this machine does not have (nothing lost here; where it exists: {})",
+                s("backend"),
+                s("call"),
+                s("path"),
+                s("grant")
+            ),
         );
     }
     anyhow::ensure!(
