@@ -1443,6 +1443,12 @@ async fn another_backends_device_node_reaches_no_container_and_no_claim() {
     assert!(error_with("grab.devplug.io/x", "owner.devplug.io/disk"), "{log}");
     assert!(error_with("claim ml/grab", "owner.devplug.io/disk"), "{log}");
     assert!(error_with("common.devplug.io/x", "owner.devplug.io/disk") && log.contains("/dev/random"), "{log}");
+    // Issue 50: the refused prepare is counted by class.
+    let (_, metrics) = devplug::cli::http_get(&d.metrics_addr(), "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("devplug_dra_claim_errors_total{driver=\"claimer.devplug.io\",class=\"backend\"} 1"),
+        "{metrics}"
+    );
     // Issue 50: a resource served through DRA has its claims' specs, none of its own.
     let spec = |r: &str| m.root().join("cdi").join(devplug::cdi::Kind::for_resource(r).unwrap().file_name());
     assert!(spec("owner.devplug.io/disk").exists() && !spec("claim.devplug.io/x").exists());

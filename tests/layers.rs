@@ -25,9 +25,9 @@ const MAY_USE: &[(&str, &[&str])] = &[
     ("observe", &["backends", "kubelet", "dra", "model", "runtime", "oci", "sync", "gate", "plugin_socket", "durable"]),
     ("config", &["backends", "kubelet", "runtime", "oci", "model", "dra", "gate"]),
 ];
-/// The process and its commands; `local_kubelet` is the binary's `devplug try` (the test suite's
+/// The process and its commands; `try` is the binary's `devplug try` (the test suite's
 /// kubelet stand-in, compiled in).
-const ANYTHING: &[&str] = &["daemon", "cli", "main", "lib", "local_kubelet"];
+const ANYTHING: &[&str] = &["daemon", "cli", "main", "lib", "try"];
 
 fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).expect("read host/src") {
@@ -40,12 +40,30 @@ fn files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The non-comment lines of `text` before its `#[cfg(test)]`, numbered from 1.
+/// The non-comment lines of `text` outside its `#[cfg(test)]` items (an item's braces counted
+/// from the attribute to where they close, so production code after a test module is read
+/// too), numbered from 1.
 fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
+    let mut depth: Option<i64> = None;
     text.lines()
         .enumerate()
-        .take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]"))
-        .filter(|(_, l)| !l.trim_start().starts_with("//"))
+        .filter(move |(_, l)| {
+            let t = l.trim_start();
+            if depth.is_none() && t.starts_with("#[cfg(test)]") {
+                depth = Some(0);
+                return false;
+            }
+            if let Some(d) = depth.as_mut() {
+                let opened = t.matches('{').count() as i64;
+                *d += opened - t.matches('}').count() as i64;
+                // The item ends where its braces close (or at a `;` before any opened).
+                if *d <= 0 && (opened > 0 || t.ends_with('}') || t.ends_with(';')) {
+                    depth = None;
+                }
+                return false;
+            }
+            !t.starts_with("//")
+        })
         .map(|(i, l)| (i + 1, l))
 }
 
@@ -302,4 +320,39 @@ fn the_node_build_links_no_stand_in_or_cel() {
     }
     let vendor = crate_names(&tree(&[]));
     assert!(vendor.contains("devplug-standins") && vendor.contains("cel"), "the vendor build has try");
+}
+
+/// Issue 50: README's layout names every room of the host (each folder of `host/src`) and every
+/// top-level folder, and names no folder that is not there.
+#[test]
+fn the_readme_layout_names_every_folder_and_only_real_ones() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let mut missing = Vec::new();
+    let dirs = |p: &Path| -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(p)
+            .expect("read dir")
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.') && n != "target")
+            .collect();
+        out.sort();
+        out
+    };
+    for room in dirs(&root.join("host/src")) {
+        if !readme.contains(&format!("`host/src/{room}/`")) {
+            missing.push(format!("host/src/{room}/"));
+        }
+    }
+    for top in dirs(&root) {
+        if top != "host" && !readme.contains(&format!("`{top}/`")) {
+            missing.push(format!("{top}/"));
+        }
+    }
+    assert!(missing.is_empty(), "README's layout does not name: {missing:?}");
+    for (at, _) in readme.match_indices("`host/src/") {
+        let name: String = readme[at + 1..].chars().take_while(|c| *c != '`').collect();
+        assert!(root.join(&name).exists(), "README names {name}, which is not there");
+    }
 }

@@ -246,10 +246,7 @@ fn run(kdir: &Path, work: &Path, m: &Machine, reg: &Registry, reference: &str, e
 
 /// The `--metrics-addr` the daemon bound, from its log.
 fn metrics_addr(d: &Devplug) -> String {
-    d.wait_log("serving /healthz", T).unwrap();
-    let log = d.log();
-    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
-    line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned()
+    d.metrics_addr()
 }
 
 /// The first registry source in `/status`.

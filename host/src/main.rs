@@ -7,8 +7,10 @@ use devplug::cli::{
 };
 use devplug::observe;
 
+/// `devplug try` (the `try` room: `try` is a keyword, so the module has another name).
 #[cfg(feature = "try")]
-mod local_kubelet;
+#[path = "try/mod.rs"]
+mod try_node;
 
 fn main() -> std::process::ExitCode {
     devplug::daemon::tune_allocator();
@@ -16,7 +18,7 @@ fn main() -> std::process::ExitCode {
     observe::init_logging(cli.log_format);
     if std::env::args().any(|a| a == "--backends" || a.starts_with("--backends=")) {
         tracing::warn!(
-            "--backends is spelled --backends-dir since devplug 0.3 (as the config's backends_dir); the old spelling still works"
+            "--backends is now spelled --backends-dir (as the config's backends_dir); the old spelling still works"
         );
     }
     if !matches!(cli.command, Command::Run(_) | Command::Try(_)) {
@@ -57,7 +59,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
             devplug::daemon::run(args.config()?, shutdown_signal()).await
         }
         #[cfg(feature = "try")]
-        Command::Try(args) => local_kubelet::run(&args, shutdown_signal()).await,
+        Command::Try(args) => try_node::run(&args, shutdown_signal()).await,
         #[cfg(not(feature = "try"))]
         Command::Try(_) => anyhow::bail!(
             "this devplug is the node build, without `try` (it links no kubelet, API-server or scheduler stand-in); \

@@ -61,6 +61,14 @@ impl Devplug {
     }
 
     /// Block until the log contains `needle` (bounded by `timeout`).
+    /// The address `/healthz`, `/readyz` and `/metrics` are served on (from its log line).
+    pub fn metrics_addr(&self) -> String {
+        self.wait_log("serving /healthz", Duration::from_secs(30)).expect("the HTTP endpoints came up");
+        let log = self.log();
+        let line = log.lines().find(|l| l.contains("serving /healthz")).expect("the log line");
+        line.split("addr=").nth(1).and_then(|a| a.split_whitespace().next()).expect("an address").to_owned()
+    }
+
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         let (m, cv) = &*self.log;

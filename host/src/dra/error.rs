@@ -31,7 +31,45 @@ pub enum DraError {
     Stuck(String),
 }
 
+/// What kind of failure a [`DraError`] is, as `dra_claim_errors_total{driver,class}` counts it:
+/// an operator tells a broken backend from a claim this node cannot serve, the API server's
+/// reach and devplug's own files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ErrorClass {
+    Backend,
+    Claim,
+    Api,
+    Spec,
+    Checkpoint,
+    Stuck,
+}
+
+impl ErrorClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Backend => "backend",
+            ErrorClass::Claim => "claim",
+            ErrorClass::Api => "api",
+            ErrorClass::Spec => "spec",
+            ErrorClass::Checkpoint => "checkpoint",
+            ErrorClass::Stuck => "stuck",
+        }
+    }
+}
+
 impl DraError {
+    /// Its class, for the metric and for callers that branch on the kind of failure.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            DraError::Backend { .. } => ErrorClass::Backend,
+            DraError::Claim(_) => ErrorClass::Claim,
+            DraError::Api(_) => ErrorClass::Api,
+            DraError::Spec { .. } => ErrorClass::Spec,
+            DraError::Checkpoint(_) => ErrorClass::Checkpoint,
+            DraError::Stuck(_) => ErrorClass::Stuck,
+        }
+    }
+
     /// A backend's failure of `resource` (when one is meant).
     pub fn backend(backend: &str, resource: Option<&str>, message: impl Into<String>) -> Self {
         DraError::Backend {

@@ -143,7 +143,7 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
 }
 
 async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
-    let body = h.metrics.render(&h.loaded, &h.pods.get(), &h.sources.all(), &h.claims.counts("stuck"));
+    let body = h.metrics.render(&h.loaded, &h.pods.get(), &h.sources.all(), &h.claims);
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 

@@ -121,11 +121,18 @@ pub struct Metrics {
     registry_source_failing: Family<BackendLabel, Gauge>,
     registry_source_checked: Family<BackendLabel, Gauge>,
     claims_stuck: Family<DriverLabel, Gauge>,
+    claim_errors: Family<ClaimErrorLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DriverLabel {
     driver: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimErrorLabels {
+    driver: String,
+    class: String,
 }
 
 impl Default for Metrics {
@@ -153,6 +160,7 @@ impl Metrics {
             registry_source_failing: Family::default(),
             registry_source_checked: Family::default(),
             claims_stuck: Family::default(),
+            claim_errors: Family::default(),
         };
         {
             let mut r = m.registry.locked();
@@ -195,6 +203,11 @@ impl Metrics {
                 "DRA claims whose backend could not unprepare them, by driver (see /status claims; devplug dra release)",
                 m.claims_stuck.clone(),
             );
+            r.register(
+                "dra_claim_errors",
+                "Failed DRA prepares and unprepares, by driver and class (backend, claim, api, spec, checkpoint, stuck)",
+                m.claim_errors.clone(),
+            );
         }
         m
     }
@@ -205,7 +218,7 @@ impl Metrics {
         backends: &Loaded,
         pods: &[Assignment],
         sources: &[SourceStatus],
-        stuck: &std::collections::BTreeMap<String, usize>,
+        claims: &crate::dra::plugin::claims::ClaimBoard,
     ) -> String {
         // One scrape at a time from clearing the state families to encoding them: a second
         // scrape clearing them in between would hand out a half-filled set.
@@ -246,8 +259,13 @@ impl Metrics {
                 .set(1);
         }
         self.claims_stuck.clear();
-        for (driver, n) in stuck {
-            self.claims_stuck.get_or_create(&DriverLabel { driver: driver.clone() }).set(*n as i64);
+        for (driver, n) in claims.counts("stuck") {
+            self.claims_stuck.get_or_create(&DriverLabel { driver }).set(n as i64);
+        }
+        // The board counts; the counter catches up to it (it only ever grows).
+        for ((driver, class), n) in claims.errors() {
+            let c = self.claim_errors.get_or_create(&ClaimErrorLabels { driver, class: class.to_owned() });
+            c.inc_by(n.saturating_sub(c.get()));
         }
         self.allocated.clear();
         for a in pods {
@@ -343,7 +361,10 @@ mod tests {
                 let (r, m) = (loaded.clone(), metrics.clone());
                 std::thread::spawn(move || {
                     (0..300)
-                        .filter(|_| !m.render(&r, &[], &[], &Default::default()).contains("devplug_devices{"))
+                        .filter(|_| {
+                            !m.render(&r, &[], &[], &crate::dra::plugin::claims::ClaimBoard::default())
+                                .contains("devplug_devices{")
+                        })
                         .count()
                 })
             })

@@ -243,8 +243,15 @@ pub fn allocate(
         };
         for (alt_name, class_name, sels, mode, count, tolerations, capacity) in subs {
             let class = classes.get(class_name).ok_or_else(|| {
+                let closest = classes
+                    .keys()
+                    .map(|k| (strsim::levenshtein(k, class_name), k))
+                    .min()
+                    .filter(|(d, _)| *d <= class_name.len() / 2)
+                    .map(|(_, k)| format!("; did you mean {k}?"))
+                    .unwrap_or_default();
                 AllocError::Failed(format!(
-                    "claim {claim}, request {alt_name}: could not retrieve device class {class_name}: deviceclass.resource.k8s.io {class_name:?} not found (classes here: {})",
+                    "claim {claim}, request {alt_name}: could not retrieve device class {class_name}: deviceclass.resource.k8s.io {class_name:?} not found (classes here: {}){closest}",
                     classes.keys().cloned().collect::<Vec<_>>().join(", ")
                 ))
             })?;
@@ -836,6 +843,30 @@ mod tests {
         // gpu-0 comes first, but no NIC shares its root: the search backs up to gpu-2.
         assert_eq!(picked(&a), ["gpu:gpu-2", "nic:nic-0"]);
         assert_eq!(a["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0], "node-a");
+    }
+
+    /// Issue 52: a claim naming a class the node does not have is told the closest one.
+    #[test]
+    fn an_unknown_class_names_the_closest() {
+        let (slices, classes) = machine();
+        let e = run(
+            &slices,
+            &classes,
+            &[],
+            json!({ "requests": [{ "name": "g", "exactly": { "deviceClassName": "gpus" } }] }),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("\"gpus\" not found") && e.ends_with("did you mean gpu?"), "{e}");
+        let far = run(
+            &slices,
+            &classes,
+            &[],
+            json!({ "requests": [{ "name": "g", "exactly": { "deviceClassName": "fpga-card" } }] }),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!far.contains("did you mean"), "{far}");
     }
 
     #[test]

@@ -19,8 +19,13 @@ pub struct ClaimError(pub String);
 
 /// `doc` as a `T` of `kind`, refusing any field `resource.k8s.io/v1` does not have.
 pub fn strict<T: DeserializeOwned + Serialize>(doc: &Json, kind: &str) -> Result<T, ClaimError> {
-    let typed: T = serde_json::from_value(doc.clone())
-        .map_err(|e| ClaimError(format!("{kind} in version \"v1\" cannot be handled as a {kind}: {e}")))?;
+    // A value of the wrong type names its field path too, as an unknown field does.
+    let typed: T = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
+        let at = e.path().to_string();
+        let why = e.into_inner();
+        let at = if at == "." { String::new() } else { format!("{at}: ") };
+        ClaimError(format!("{kind} in version \"v1\" cannot be handled as a {kind}: {at}{why}"))
+    })?;
     let back = serde_json::to_value(&typed).map_err(|e| ClaimError(format!("{kind}: {e}")))?;
     let mut unknown = Vec::new();
     unknown_fields(doc, &back, String::new(), &mut unknown);
@@ -224,6 +229,14 @@ mod tests {
         );
         let ok = claim(json!([{ "name": "gpu", "exactly": { "deviceClassName": "g", "selectors": [] } }]));
         assert!(document(&ok).is_ok());
+    }
+
+    /// Issue 52: a value of the wrong type is refused by its path too.
+    #[test]
+    fn a_type_error_is_refused_by_its_path() {
+        let doc = claim(json!([{ "name": "gpu", "exactly": { "deviceClassName": "g", "count": "two" } }]));
+        let e = document(&doc).err().map(|e| e.0).unwrap_or_default();
+        assert!(e.contains("spec.devices.requests[0].exactly.count: invalid type: string \"two\""), "{e}");
     }
 
     #[test]

@@ -35,9 +35,21 @@ pub struct ClaimStatus {
 #[derive(Default)]
 pub struct ClaimBoard {
     claims: Mutex<BTreeMap<(String, String), ClaimStatus>>,
+    /// Failed prepares and unprepares, by (driver, error class).
+    errors: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 impl ClaimBoard {
+    /// A prepare or unprepare of `driver` failed with `e`.
+    pub fn failed(&self, driver: &str, e: &crate::dra::DraError) {
+        *self.errors.locked().entry((driver.to_owned(), e.class().as_str())).or_default() += 1;
+    }
+
+    /// Failures so far, by (driver, class): `dra_claim_errors_total`.
+    pub fn errors(&self) -> BTreeMap<(String, &'static str), u64> {
+        self.errors.locked().clone()
+    }
+
     pub fn prepared(&self, driver: &str, claim: &ClaimRef) {
         let status = ClaimStatus {
             driver: driver.to_owned(),

@@ -256,7 +256,8 @@ impl DraPlugin {
                 (Err(e), _) => Err(e),
             };
             if let Err(e) = &answer {
-                tracing::warn!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, "prepare failed: {e}");
+                self.board.failed(&self.driver, e);
+                tracing::warn!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, class = e.class().as_str(), "prepare failed: {e}");
             }
             out.insert(claim.uid.clone(), answer);
         }
@@ -292,6 +293,9 @@ impl DraPlugin {
                 (Ok(false), _) => Ok(()),
                 (Err(e), _) => Err(e),
             };
+            if let Err(e) = &answer {
+                self.board.failed(&self.driver, e);
+            }
             out.insert(claim.uid.clone(), answer);
         }
         out

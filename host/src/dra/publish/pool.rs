@@ -194,7 +194,17 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
     }
     if d.health == Health::Unhealthy {
         let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
-        let value: String = why.chars().filter(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c)).take(63).collect();
+        // A label value keeps `[A-Za-z0-9_.-]`: every run of anything else becomes one `_`, so
+        // the words stay apart (`bound to 4xxxvf, not vfio-pci` → `bound_to_4xxxvf_not_vfio-pci`).
+        let mut value = String::new();
+        for c in why.chars() {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                value.push(c);
+            } else if !value.is_empty() && !value.ends_with(['_', '-', '.']) {
+                value.push('_');
+            }
+        }
+        let value: String = value.chars().take(63).collect();
         let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
         device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
     }
@@ -436,7 +446,7 @@ mod tests {
         assert_eq!(p.slices.len(), 2);
         let taint = &p.slices[0]["spec"]["devices"][7]["taints"][0];
         assert_eq!(taint["key"], UNHEALTHY_TAINT);
-        assert_eq!(taint["value"], "AER3fatalerrors");
+        assert_eq!(taint["value"], "AER_3_fatal_errors", "words stay apart");
     }
 
     #[test]

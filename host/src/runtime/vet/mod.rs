@@ -19,7 +19,15 @@
 //! - Counts and sizes are capped, so a backend cannot make the host hold or stream megabytes.
 //!
 //! A refusal refuses the whole answer (never half of one) and says which backend, resource,
-//! device, field and rule.
+//! device, field and rule. What no grant changes (hook env keys, protected mount targets) is in
+//! [`policy`]; what a backend says of itself and its `describe` answer, in [`describe`].
+
+mod describe;
+mod policy;
+
+pub use describe::{MAX_COUNTER_SETS, MAX_RESOURCE_NAME, MAX_VERSION, described, info};
+pub use policy::hook_env;
+use policy::{clean_absolute, protected_target};
 
 use super::caps::{Capabilities, Rule};
 use super::jail::{FsError, Jail, MAX_BATCH, NodeStat, NodeType, OpenDirs};
@@ -38,111 +46,6 @@ pub const MAX_ATTRIBUTES: usize = 64;
 pub const MAX_STRING: usize = 4096;
 /// All the strings of one answer together.
 pub const MAX_ANSWER_BYTES: usize = 8 << 20;
-
-/// Env keys a dynamic loader, libc, shell or language runtime acts on before or as the workload
-/// runs (code to load, options to inject, where to find modules): a backend that could set them
-/// could run code in every container that gets its devices. Refused unless the operator's grant
-/// names the exact key.
-const HOOK_ENV: &[&str] = &[
-    "BASHOPTS",
-    "BASH_ENV",
-    "CLASSPATH",
-    "DOTNET_STARTUP_HOOKS",
-    "ENV",
-    "GCONV_PATH",
-    "GETCONF_DIR",
-    "GIO_EXTRA_MODULES",
-    "GIO_MODULE_DIR",
-    "GLIBC_TUNABLES",
-    "GTK_MODULES",
-    "HOSTALIASES",
-    "IFS",
-    "JAVA_TOOL_OPTIONS",
-    "JDK_JAVA_OPTIONS",
-    "LOCALDOMAIN",
-    "LOCPATH",
-    "LUA_CPATH",
-    "LUA_PATH",
-    "NIS_PATH",
-    "NLSPATH",
-    "NODE_OPTIONS",
-    "NODE_PATH",
-    "PATH",
-    "PERL5LIB",
-    "PERL5OPT",
-    "PERLLIB",
-    "PROMPT_COMMAND",
-    "PS4",
-    "QT_PLUGIN_PATH",
-    "RESOLV_HOST_CONF",
-    "RES_OPTIONS",
-    "RUBYLIB",
-    "RUBYOPT",
-    "SHELLOPTS",
-    "TMPDIR",
-    "TZDIR",
-    "_JAVA_OPTIONS",
-];
-/// Prefixes of the same kind: the loader's and libc's (`LD_`, `DYLD_`, `MALLOC_`), CUDA's
-/// injection hooks, OpenSSL's config and engines, exported bash functions, .NET profilers, and
-/// Python's startup knobs.
-const HOOK_ENV_PREFIXES: &[&str] =
-    &["LD_", "DYLD_", "MALLOC_", "CUDA_INJECTION", "OPENSSL_", "BASH_FUNC_", "CORECLR_", "COMPlus_", "PYTHON"];
-
-/// Whether env key `k` is one of the known loader, libc, shell and runtime hooks above: those
-/// need the operator's exact word even inside a granted prefix. Every other key is judged by
-/// the grant alone, which admits exact keys and vendor prefixes only (`crate::gate::EnvGrant`).
-pub fn hook_env(k: &str) -> bool {
-    HOOK_ENV.contains(&k) || HOOK_ENV_PREFIXES.iter().any(|p| k.starts_with(p))
-}
-
-/// Container paths no mount may cover, whatever the grants: a container's root, kernel views,
-/// the directories its programs and libraries come from.
-const FORBIDDEN_MOUNT_TARGETS: &[&str] = &[
-    "/",
-    "/proc",
-    "/sys",
-    "/dev",
-    "/etc",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/usr",
-    "/usr/bin",
-    "/usr/sbin",
-    "/usr/lib",
-    "/usr/lib32",
-    "/usr/lib64",
-    "/usr/libexec",
-    "/var/run",
-    "/run",
-];
-/// Files no mount may cover: the loader's config and cache, and the user and group databases.
-const FORBIDDEN_MOUNT_FILES: &[&str] = &[
-    "/etc/ld.so.preload",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/passwd",
-    "/etc/shadow",
-    "/etc/group",
-    "/etc/gshadow",
-    "/etc/sudoers",
-    "/etc/nsswitch.conf",
-];
-/// Trees no mount may land in: kernel views, the loader's config dir, and where Kubernetes puts
-/// a pod's service-account token and other secrets.
-const FORBIDDEN_MOUNT_TREES: &[&str] =
-    &["/proc/", "/sys/", "/etc/ld.so.conf.d/", "/var/run/secrets/", "/run/secrets/", "/etc/sudoers.d/"];
-/// Program directories whose shells and loader and libc files no mount may replace.
-const PROGRAM_DIRS: &[&str] =
-    &["/bin", "/sbin", "/usr/bin", "/usr/sbin", "/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64"];
-/// Shells (and `env`, which scripts run through), by file name.
-const SHELLS: &[&str] = &["sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "busybox", "env"];
-/// File-name prefixes of the dynamic loader and the C library's parts.
-const LOADER_FILES: &[&str] =
-    &["ld-linux", "ld-musl", "ld.so", "libc.so", "libc-", "libc.musl", "libpthread", "libdl.", "libm.so", "librt."];
 
 /// The discover attribute a backend names a device's PCI address in (standard `pciBusID`,
 /// `pcieRoot` are derived from it).
@@ -448,52 +351,16 @@ impl ReturnRules {
     }
 }
 
-/// Why no mount may land on container path `p` (clean and absolute), if it is protected.
-fn protected_target(p: &str) -> Option<&'static str> {
-    if FORBIDDEN_MOUNT_TARGETS.contains(&p) {
-        return Some("a directory the container's programs or kernel views live in");
-    }
-    if FORBIDDEN_MOUNT_FILES.contains(&p) {
-        return Some("the loader's configuration or the user and group databases");
-    }
-    if FORBIDDEN_MOUNT_TREES.iter().any(|t| p.starts_with(t)) {
-        return Some("kernel views, the loader's configuration, or the pod's secrets");
-    }
-    let (dir, name) = p.rsplit_once('/')?;
-    let dir = if dir.is_empty() { "/" } else { dir };
-    // A program dir itself, or a dir inside one (`/usr/lib/x86_64-linux-gnu`), holds the shells,
-    // the loader and libc.
-    let in_program_dir = PROGRAM_DIRS.iter().any(|d| dir == *d || dir.starts_with(&format!("{d}/")));
-    if in_program_dir && (SHELLS.contains(&name) || LOADER_FILES.iter().any(|f| name.starts_with(f))) {
-        return Some("a shell, the dynamic loader or libc");
-    }
-    None
-}
-
-/// Absolute, and no `.`, `..`, empty component or NUL.
-fn clean_absolute(p: &str) -> Result<(), String> {
-    let Some(rest) = p.strip_prefix('/') else {
-        return Err(format!("{} is not an absolute path", clip(p)));
-    };
-    if p.contains('\0') {
-        return Err(format!("{} contains NUL", clip(p)));
-    }
-    if p != "/" && rest.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-        return Err(format!("{} is not clean ('.', '..' or an empty component)", clip(p)));
-    }
-    Ok(())
-}
-
 /// Host node path (below `/dev`) → what the dev jail said about it.
 #[derive(Default)]
 struct NodeStats(std::collections::HashMap<String, Result<NodeStat, FsError>>);
 
 /// Running total of an answer's string bytes.
 #[derive(Default)]
-struct Size(usize);
+pub(super) struct Size(usize);
 
 impl Size {
-    fn add(&mut self, s: &str) -> Result<(), String> {
+    pub(super) fn add(&mut self, s: &str) -> Result<(), String> {
         if s.len() > MAX_STRING {
             return Err(format!("a string of {} bytes, more than {MAX_STRING}: {}", s.len(), clip(s)));
         }
@@ -816,202 +683,5 @@ mod tests {
             let e = r.discover(&mut [forged]).unwrap_err();
             assert!(e.contains("written by the host"), "{key}: {e}");
         }
-    }
-}
-
-/// Longest backend version the host keeps (it shows in `/status`, tables and a metric label).
-pub const MAX_VERSION: usize = 64;
-/// Longest resource name (a qualified Kubernetes name is at most 253 + 1 + 63 bytes).
-pub const MAX_RESOURCE_NAME: usize = 317;
-
-/// Bound what a backend says of itself at `init`: its name and version clipped (controls
-/// escaped, at most [`MAX_VERSION`] characters), at most [`MAX_RESOURCES`] resources, names no
-/// longer than a Kubernetes name can be. The version shows on every surface, so it is cut here
-/// once rather than at each.
-pub fn info(info: &mut crate::model::BackendInfo) {
-    info.name = crate::gate::clip_to(&info.name, MAX_VERSION).into_owned();
-    info.version = crate::gate::clip_to(&info.version, MAX_VERSION).into_owned();
-    info.resources.truncate(MAX_RESOURCES);
-    info.resources.retain(|(name, _)| {
-        let ok = name.len() <= MAX_RESOURCE_NAME;
-        if !ok {
-            tracing::error!(
-                "resource not served: a name of {} bytes, more than {MAX_RESOURCE_NAME}: {}",
-                name.len(),
-                clip(name)
-            );
-        }
-        ok
-    });
-}
-
-/// Counter sets a description may name, and counters in one set or use.
-pub const MAX_COUNTER_SETS: usize = 64;
-
-/// Attach a `describe` answer to the resources of the `discover` it follows. Only devices that
-/// discover listed, under the resource it listed them in, are described; a description naming
-/// another is refused whole (a backend must not describe what it does not serve), as is one
-/// past the host's caps. The API server's own rules (names, lengths, counts) are checked where
-/// the slices are built, per backend and device.
-pub fn described(resources: &mut [Resource], d: crate::model::dra::PoolDescription) -> Result<(), String> {
-    // One total for the whole answer, as for `discover`'s: every string counts once.
-    let size = std::cell::RefCell::new(Size::default());
-    let strings = |s: &str| -> Result<(), String> { size.borrow_mut().add(s).map_err(|e| format!("describe: {e}")) };
-    if d.counter_sets.len() > MAX_COUNTER_SETS || d.devices.len() > MAX_DEVICES {
-        return Err(format!(
-            "describe: {} counter sets and {} devices, more than {MAX_COUNTER_SETS} and {MAX_DEVICES}",
-            d.counter_sets.len(),
-            d.devices.len()
-        ));
-    }
-    for set in &d.counter_sets {
-        strings(&set.name)?;
-        if set.counters.len() > MAX_ATTRIBUTES {
-            return Err(format!("describe: counter set {}: more than {MAX_ATTRIBUTES} counters", clip(&set.name)));
-        }
-        for (k, v) in &set.counters {
-            strings(k)?;
-            strings(v)?;
-        }
-    }
-    let mut by_resource: std::collections::BTreeMap<String, Vec<(String, crate::model::dra::Described)>> =
-        Default::default();
-    for (resource, id, desc) in d.devices {
-        strings(&resource)?;
-        strings(&id)?;
-        let Some(r) = resources.iter().find(|r| r.name == resource) else {
-            return Err(format!("describe: resource {} is not one discover listed", clip(&resource)));
-        };
-        if r.device(&id).is_none() {
-            return Err(format!("describe: device {} is not one of {}'s devices", clip(&id), clip(&resource)));
-        }
-        let place = format!("describe: {resource} device {}", clip(&id));
-        if desc.attributes.len() + desc.capacity.len() > MAX_ATTRIBUTES || desc.consumes.len() > MAX_COUNTER_SETS {
-            return Err(format!("{place}: more than {MAX_ATTRIBUTES} attributes and capacities"));
-        }
-        for (k, v) in &desc.attributes {
-            strings(k)?;
-            if let Some(why) = crate::model::dra::reserved_attribute(k) {
-                return Err(format!("{place}: {}", clip(&why)));
-            }
-            if let crate::model::dra::AttributeValue::Text(s) | crate::model::dra::AttributeValue::Version(s) = v {
-                strings(s)?;
-            }
-        }
-        for (k, v) in desc.capacity.iter().chain(desc.consumes.iter().flat_map(|u| u.counters.iter())) {
-            strings(k)?;
-            strings(v)?;
-        }
-        for u in &desc.consumes {
-            if !d.counter_sets.iter().any(|s| s.name == u.name) {
-                return Err(format!(
-                    "{place}: consumes from counter set {}, which it does not describe",
-                    clip(&u.name)
-                ));
-            }
-        }
-        by_resource.entry(resource).or_default().push((id, desc));
-    }
-    for r in resources.iter_mut() {
-        let Some(described) = by_resource.remove(&r.name) else { continue };
-        let used: std::collections::BTreeSet<&str> =
-            described.iter().flat_map(|(_, d)| d.consumes.iter().map(|u| u.name.as_str())).collect();
-        r.counter_sets = d.counter_sets.iter().filter(|s| used.contains(s.name.as_str())).cloned().collect();
-        r.described = described.into_iter().collect();
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod described_tests {
-    use super::described;
-    use crate::model::dra::{AttributeValue, CounterSet, Described, PoolDescription};
-    use crate::model::{Device, Health, Resource};
-
-    fn listed() -> Vec<Resource> {
-        let d = |id: &str| Device {
-            id: id.into(),
-            vetted: Default::default(),
-            health: Health::Healthy,
-            numa_nodes: vec![],
-            attributes: vec![],
-            edits: Default::default(),
-        };
-        vec![Resource { name: "a.io/x".into(), devices: vec![d("x0"), d("x1")], ..Default::default() }]
-    }
-
-    fn about(resource: &str, id: &str, set: &str) -> (String, String, Described) {
-        let desc = Described {
-            attributes: vec![("n".into(), AttributeValue::Int(1))],
-            consumes: vec![CounterSet { name: set.into(), counters: vec![("m".into(), "1Gi".into())] }],
-            ..Default::default()
-        };
-        (resource.into(), id.into(), desc)
-    }
-
-    #[test]
-    fn a_description_attaches_only_to_what_discover_listed() {
-        let sets = vec![CounterSet { name: "pool".into(), counters: vec![("m".into(), "4Gi".into())] }];
-        let mut r = listed();
-        let ok = PoolDescription { counter_sets: sets.clone(), devices: vec![about("a.io/x", "x1", "pool")] };
-        described(&mut r, ok).unwrap();
-        assert_eq!(r[0].described["x1"].attributes[0].1, AttributeValue::Int(1));
-        assert_eq!(r[0].counter_sets, sets);
-        for (bad, why) in [
-            (about("a.io/x", "stranger", "pool"), "not one of a.io/x's devices"),
-            (about("b.io/y", "x1", "pool"), "not one discover listed"),
-            (about("a.io/x", "x0", "elsewhere"), "which it does not describe"),
-        ] {
-            let mut r = listed();
-            let e = described(&mut r, PoolDescription { counter_sets: sets.clone(), devices: vec![bad] }).unwrap_err();
-            assert!(e.contains(why), "{e}");
-            assert!(r[0].described.is_empty(), "nothing of a refused description is kept");
-        }
-    }
-
-    /// Issue 33: one `describe` answer of legal strings (thirty 64-byte attributes on each of
-    /// 8,192 devices, ~18 MiB) is refused whole by the same 8 MiB total as `discover`'s.
-    #[test]
-    fn a_description_is_bounded_as_a_whole_not_only_string_by_string() {
-        let dev = |i: usize| Device {
-            id: format!("d{i}"),
-            vetted: Default::default(),
-            health: Health::Healthy,
-            numa_nodes: vec![],
-            attributes: vec![],
-            edits: Default::default(),
-        };
-        let mut r =
-            vec![Resource { name: "a.io/x".into(), devices: (0..8192).map(dev).collect(), ..Default::default() }];
-        let devices = (0..8192)
-            .map(|i| {
-                let attributes =
-                    (0..30).map(|a| (format!("a{a:02}"), AttributeValue::Text(format!("{a:064}")))).collect();
-                ("a.io/x".to_owned(), format!("d{i}"), Described { attributes, ..Default::default() })
-            })
-            .collect();
-        let e = described(&mut r, PoolDescription { counter_sets: vec![], devices }).unwrap_err();
-        assert!(e.contains("larger than 8388608 bytes"), "{e}");
-        assert!(r[0].described.is_empty());
-    }
-
-    /// The host writes `resource` and `numa` (DeviceClasses select on the one, the scheduler
-    /// aligns on the other) and Kubernetes' standard names: a description naming them is refused.
-    #[test]
-    fn a_description_cannot_take_the_hosts_attribute_names() {
-        for key in ["resource", "numa", "chaos.devplug.io/numa", "devplug.io/x", "resource.kubernetes.io/pcieRoot"] {
-            let mut r = listed();
-            let desc = Described { attributes: vec![(key.into(), AttributeValue::Int(0))], ..Default::default() };
-            let d = PoolDescription { counter_sets: vec![], devices: vec![("a.io/x".into(), "x0".into(), desc)] };
-            let e = described(&mut r, d).unwrap_err();
-            assert!(e.contains("host"), "{key}: {e}");
-        }
-        let mut r = listed();
-        let desc = Described { attributes: vec![("numa_ok".into(), AttributeValue::Int(0))], ..Default::default() };
-        described(
-            &mut r,
-            PoolDescription { counter_sets: vec![], devices: vec![("a.io/x".into(), "x0".into(), desc)] },
-        )
-        .unwrap();
     }
 }

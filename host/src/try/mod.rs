@@ -1,0 +1,202 @@
+//! `devplug try`: devplug served to a local kubelet, for a vendor or operator without a cluster.
+//! This file runs it and reads the prompt; [`claims`] is the DRA side (claim files, allocation,
+//! prepare), [`print`] what it prints and the Device Plugin commands. Only in the vendor build
+//! (the `try` feature): the node binary links none of it.
+//!
+//! The kubelet here is the test suite's stand-in itself (the `devplug-standins` crate, built from
+//! upstream's rules and recorded answers, not devplug's), so it enforces exactly what the tests
+//! hold devplug to: kubelet's
+//! registration rules, its dial back inside `Register`, `ListAndWatch` and `Allocate` over real
+//! Unix sockets. It prints every registration and device-list change, and takes commands on
+//! stdin: `allocate RESOURCE ID...` or `allocate RESOURCE COUNT` (kubelet's own way: healthy
+//! devices, the plugin's preferred allocation when it offers one), `list`, `quit`. With resources
+//! served through DRA (`--dra RESOURCE`) it also brings the API-server stand-in, kube-scheduler's
+//! allocator and kubelet's DRA side, on node `--node-name` (default `local`): `slices`,
+//! `claim FILE` (the ResourceClaims of a YAML/JSON file, validated as the API server does,
+//! allocated as kube-scheduler does: CEL selectors, several requests, `firstAvailable`,
+//! constraints across drivers, counters, taints; then prepared through kubelet's
+//! `NodePrepareResources` by each driver of the claim, its CDI specs printed), `claim DRIVER
+//! DEVICE...` (those devices, by DRA name or device ID) and `unprepare CLAIM`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use devplug::cli::RunArgs;
+use devplug::kubelet::RegistrationMode;
+use tokio::io::AsyncBufReadExt;
+
+use devplug_standins::{apiserver, kubelet, kubelet_dra, scheduler};
+use kubelet::Kubelet;
+
+/// The node `try` plays, for DRA, unless `--node-name` (or `$NODE_NAME`) names another.
+const DEFAULT_NODE: &str = "local";
+
+/// A line to stdout; a reader that went away is not an error (SIGPIPE stays ignored here, as in
+/// `run`, because the daemon inside writes to sockets whose peers may be gone).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+mod claims;
+mod print;
+
+use claims::Dra;
+use print::{allocate, list, print_changes, print_pools};
+
+/// Run devplug (configured by `args`, its kubelet local) until `quit`, end of input or `shutdown`.
+pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let mut cfg = args.config()?;
+    let scratch = tempfile::tempdir()?;
+    // A local kubelet of its own, CDI specs and the HTTP endpoints beside it, unless the user
+    // chose: never a real node's directories by surprise.
+    if args.kubelet_dir.is_none() {
+        cfg.kubelet_dir = scratch.path().join("device-plugins");
+    }
+    if args.cdi_dir.is_none() {
+        cfg.cdi_dir = scratch.path().join("cdi");
+    }
+    if args.metrics_addr.is_none() {
+        cfg.metrics_addr = "127.0.0.1:0".parse()?;
+    }
+    // The compile cache every command shares (a vendor's `discover` compiled it already).
+    if cfg.cache_dir.is_none() {
+        cfg.cache_dir = devplug::cli::cache::dir(None);
+    }
+    // Resources served through DRA (`--dra RESOURCE`, or `api = "dra"` in the config) get a
+    // local API server (the test suite's stand-in, which validates slices and claim status as
+    // kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's
+    // plugin watcher, as on a real node.
+    let dra_on = cfg.uses_dra();
+    let node = args.node_name.clone().unwrap_or_else(|| DEFAULT_NODE.to_owned());
+    if let Some(why) = devplug::dra::publish::rules::subdomain_problem(&node) {
+        anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give another --node-name");
+    }
+    let (kubelet, dra) = if dra_on {
+        let api = Arc::new(
+            apiserver::ApiServer::try_start(&[node.as_str()])
+                .await
+                .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
+        );
+        let kubeconfig = scratch.path().join("kubeconfig");
+        // The token is a secret: written `0600`, never through a link (devplug's own state files).
+        devplug::durable::StateDir::open(scratch.path())
+            .and_then(|d| d.write("kubeconfig", api.kubeconfig().as_bytes(), false))
+            .map_err(|e| anyhow::anyhow!("write the local kubeconfig {}: {e}", kubeconfig.display()))?;
+        cfg.dra.kubeconfig = Some(kubeconfig);
+        cfg.dra.node_name = Some(node.clone());
+        if args.dra_plugins_dir.is_none() {
+            cfg.dra.plugins_dir = Some(scratch.path().join("plugins"));
+        }
+        if args.plugins_registry_dir.is_none() {
+            cfg.plugins_registry_dir = Some(scratch.path().join("plugins_registry"));
+        }
+        cfg.registration = RegistrationMode::PluginWatcher;
+        let registry = cfg.plugins_registry_dir();
+        let kubelet = Arc::new(Kubelet::start_with_watcher(&cfg.kubelet_dir, &registry).await);
+        let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, &node, api.clone());
+        kubelet.handle("DRAPlugin", dra.clone());
+        let dra = Dra {
+            api,
+            kubelet: dra,
+            cdi: cfg.cdi_dir.clone(),
+            node: node.clone(),
+            selectors: scheduler::cel::Selectors::new(),
+            claims: Default::default(),
+            made: Default::default(),
+        };
+        (kubelet, Some(dra))
+    } else {
+        cfg.registration = RegistrationMode::KubeletSocket;
+        (Arc::new(Kubelet::start(&cfg.kubelet_dir).await), None)
+    };
+    let commands = if dra.is_some() {
+        "allocate RESOURCE ID...|COUNT, list, slices, claim FILE, claim DRIVER DEVICE..., unprepare CLAIM, quit"
+    } else {
+        "allocate RESOURCE ID...|COUNT, list, quit"
+    };
+    say!("local kubelet at {} — commands: {commands}", cfg.kubelet_dir.display());
+    let (quit_tx, quit_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = quit_rx => {}
+        }
+    };
+    // `--kubelet-only`: the devplug under test is another process, registering here.
+    let daemon = if args.kubelet_only {
+        tokio::spawn(async move {
+            stop.await;
+            anyhow::Ok(())
+        })
+    } else {
+        tokio::spawn(devplug::daemon::run(cfg, stop))
+    };
+    let printer = tokio::spawn(print_changes(kubelet.clone()));
+    let dra_printer = dra.as_ref().map(|d| tokio::spawn(print_pools(d.api.clone(), d.node.clone())));
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    loop {
+        tokio::select! {
+            line = lines.next_line() => {
+                let Some(line) = line? else { break };
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    [] => {}
+                    ["quit" | "exit"] => break,
+                    ["list"] => list(&kubelet).await,
+                    ["allocate", rest @ ..] => match allocate(&kubelet, rest).await {
+                        Ok(v) => say!("{}", serde_json::to_string_pretty(&v)?),
+                        Err(e) => say!("allocate failed: {e:#}"),
+                    },
+                    ["slices"] if dra.is_some() => {
+                        if let Some(d) = &dra {
+                            say!("{}", serde_json::to_string_pretty(&d.api.slices(&d.node, None).into_values().collect::<Vec<_>>())?);
+                        }
+                    }
+                    ["claim", file] if dra.is_some() => {
+                        if let Some(d) = &dra {
+                            match d.claim_file(file).await {
+                                Ok(text) => say!("{text}"),
+                                Err(e) => say!("claim failed: {e:#}"),
+                            }
+                        }
+                    }
+                    ["claim", driver, devices @ ..] if dra.is_some() && !devices.is_empty() => {
+                        if let Some(d) = &dra {
+                            match d.claim_devices(driver, devices).await {
+                                Ok(text) => say!("{text}"),
+                                Err(e) => say!("claim failed: {e:#}"),
+                            }
+                        }
+                    }
+                    ["unprepare", name] if dra.is_some() => {
+                        if let Some(d) = &dra {
+                            match d.unprepare(name).await {
+                                Ok(()) => say!("unprepared {name}"),
+                                Err(e) => say!("unprepare failed: {e:#}"),
+                            }
+                        }
+                    }
+                    _ => say!("commands: {commands}"),
+                }
+            }
+            _ = daemon_done(&daemon) => break,
+        }
+    }
+    printer.abort();
+    if let Some(p) = dra_printer {
+        p.abort();
+    }
+    let _ = quit_tx.send(());
+    daemon.await?
+}
+
+/// Resolves once the daemon task ended (it stops on its own only on a fatal error).
+async fn daemon_done(daemon: &tokio::task::JoinHandle<anyhow::Result<()>>) {
+    while !daemon.is_finished() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
