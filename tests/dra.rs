@@ -1404,7 +1404,7 @@ async fn another_backends_device_node_reaches_no_container_and_no_claim() {
     let requests =
         |r: String| r.replace("dev = [\"null\", \"zero\"]", "dev = [\"null\", \"zero\", \"full\", \"random\"]");
     let config = "[resources.\"claim.devplug.io/x\"]\napi = \"dra\"\n[dra]\nresync = \"1s\"\n";
-    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos, requests, config).await;
+    let BinaryNode { api, dra, d, kubelet, root, .. } = binary_node(&m, &chaos, requests, config).await;
     // /dev/random is in the commoner's common edits and is the owner's widget-1: contested, so
     // both sides are refused (the owner's widget-1, every device of the commoner).
     let owned = kubelet.wait_devices("owner.devplug.io/disk", T, |d| d.len() == 1).await.unwrap();
@@ -1443,6 +1443,21 @@ async fn another_backends_device_node_reaches_no_container_and_no_claim() {
     assert!(error_with("grab.devplug.io/x", "owner.devplug.io/disk"), "{log}");
     assert!(error_with("claim ml/grab", "owner.devplug.io/disk"), "{log}");
     assert!(error_with("common.devplug.io/x", "owner.devplug.io/disk") && log.contains("/dev/random"), "{log}");
+    // Issue 50: `/status` shows a DRA resource's registration (its driver's), not `NotServed`.
+    let status_socket = root.path().join("plugins/devplug/status.sock").display().to_string();
+    let end = tokio::time::Instant::now() + T;
+    loop {
+        let (_, status) = devplug::cli::http_get(&status_socket, "/status").await.unwrap();
+        let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+        let r = status["resources"].as_array().unwrap().iter().find(|r| r["name"] == "claim.devplug.io/x").cloned();
+        let endpoint = r.map(|r| r["endpoint"].clone()).unwrap_or_default();
+        if endpoint == "DRA driver claimer.devplug.io: Registered" {
+            break;
+        }
+        assert!(endpoint.as_str().is_some_and(|e| e.starts_with("DRA driver claimer.devplug.io")), "{status}");
+        assert!(tokio::time::Instant::now() < end, "{status}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // Issue 50: the refused prepare is counted by class.
     let (_, metrics) = devplug::cli::http_get(&d.metrics_addr(), "/metrics").await.unwrap();
     assert!(

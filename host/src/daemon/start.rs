@@ -73,6 +73,10 @@ impl Daemon {
             sources: statuses.clone(),
             claims,
             device_pages: observe::Probes::device_pages(),
+            dra_driver: {
+                let cfg = cfg.clone();
+                Arc::new(move |backend: &str| cfg.dra_driver(backend))
+            },
         };
         observe::serve(cfg.metrics_addr, probes.clone(), stop.clone()).await?;
         let loading = tokio::spawn({

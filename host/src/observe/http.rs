@@ -40,6 +40,8 @@ pub struct Probes {
     pub claims: Arc<crate::dra::plugin::claims::ClaimBoard>,
     /// Permits for building `/status/devices` pages.
     pub device_pages: Arc<tokio::sync::Semaphore>,
+    /// The DRA driver a backend's resources are served through (the config's rule).
+    pub dra_driver: Arc<dyn Fn(&str) -> String + Send + Sync>,
 }
 
 impl Probes {
@@ -150,23 +152,39 @@ async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
 async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
     let states: std::collections::BTreeMap<String, String> =
         h.endpoints.states().await.into_iter().map(|(n, s)| (n, s.to_string())).collect();
+    let summaries = h.loaded.summaries();
+    let registrations = h.endpoints.board().all();
+    // A resource served through DRA has no endpoint of its own: its driver's registration is.
+    let dra_endpoint = |resource: &str| -> Option<String> {
+        if !h.loaded.serves_dra(resource) {
+            return None;
+        }
+        let backend = summaries.iter().find(|b| b.resources.iter().any(|r| r == resource))?;
+        let driver = (h.dra_driver)(&backend.name);
+        let subject = format!("DRA driver {driver}");
+        Some(match registrations.iter().find(|r| r.subject == subject) {
+            Some(r) => format!("{subject}: {}", r.stage),
+            None => format!("{subject}: not started"),
+        })
+    };
     let resources: Vec<serde_json::Value> = h
         .loaded
         .snapshot()
         .iter()
         .map(|r| {
             let healthy = r.devices.iter().filter(|d| d.health == crate::model::Health::Healthy).count();
+            let endpoint = states.get(&r.name).cloned().or_else(|| dra_endpoint(&r.name));
             serde_json::json!({
                 "name": r.name,
                 "healthy": healthy,
                 "unhealthy": r.devices.len() - healthy,
-                "endpoint": states.get(&r.name).cloned().unwrap_or_else(|| "NotServed".into()),
+                "endpoint": endpoint.unwrap_or_else(|| "NotServed".into()),
             })
         })
         .collect();
     Json(serde_json::json!({
         "resources": resources,
-        "backends": h.loaded.summaries(),
+        "backends": summaries,
         "allocations": *h.pods.get(),
         "sources": h.sources.all(),
         "registrations": h.endpoints.board().json(),
