@@ -434,6 +434,39 @@ fn a_node_two_backends_hand_out_is_refused_to_both_whatever_loads_first() {
     }
 }
 
+/// Issue 49: the generic backend served one path under two of its resources (`alpha`, `beta`
+/// both `/dev/kvm`) with no error. `discover` with such a config now fails, naming both
+/// resources and the node; declared shared on both, they serve.
+#[test]
+fn the_generic_backend_refuses_one_path_under_two_resources() {
+    let m = Machine::generic_box();
+    let dir = tempfile::tempdir().unwrap();
+    let two = "[[resource]]\nname = \"x.io/alpha\"\npaths = [\"kvm\"]\n[[resource]]\nname = \"x.io/beta\"\npaths = [\"kvm\"]\n";
+    let discover = |generic: &str| {
+        let cfg = dir.path().join("devplug.toml");
+        std::fs::write(&cfg, format!("[backends.generic]\nconfig = '''\n{generic}'''\n")).unwrap();
+        let s = |p: std::path::PathBuf| p.display().to_string();
+        let args = [
+            "discover".to_owned(),
+            "--config".into(),
+            s(cfg),
+            "--sysfs-root".into(),
+            s(m.root().join("sys")),
+            "--dev-root".into(),
+            s(m.root().join("dev")),
+            "--dev-fixtures".into(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args)
+    };
+    let (code, out, err) = discover(two);
+    assert_ne!(code, 0, "{out}\n{err}");
+    assert!(err.contains("x.io/alpha") && err.contains("x.io/beta") && err.contains("/dev/kvm"), "{err}");
+    let (code, out, err) = discover(&two.replace("paths = [\"kvm\"]\n", "paths = [\"kvm\"]\nshared = true\n"));
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("x.io/alpha") && out.contains("x.io/beta"), "{out}");
+}
+
 /// Issue 42: `devplug allocate` needed `--resource` even when the device IDs name the
 /// resource; the one resource whose devices they are is taken, and IDs of two resources still
 /// ask for it.
