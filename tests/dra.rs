@@ -1021,6 +1021,10 @@ fn try_with_dra_prepares_a_claim_and_prints_its_cdi_spec() {
     t.send("claim chaos.devplug.io nosuch");
     let lines = t.wait_for("claim failed");
     assert!(lines.last().unwrap().contains("no device nosuch"), "{lines:?}");
+    // Issue 52: `allocate` of a resource served through DRA says so and what to use instead.
+    t.send("allocate test.devplug.io/widget 1");
+    let why = t.wait_for("allocate failed").pop().unwrap();
+    assert!(why.contains("served through DRA") && why.contains("claim FILE"), "{why}");
     t.send("unprepare claim-1");
     t.wait_for("unprepared claim-1");
     assert!(!std::path::Path::new(&spec_path).exists(), "unprepare removes the claim's spec");

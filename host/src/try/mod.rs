@@ -75,6 +75,8 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     if let Some(why) = devplug::dra::publish::rules::subdomain_problem(&node) {
         anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give another --node-name");
     }
+    // Which resources go through DRA: `allocate` of one says so instead of "not registered".
+    let dra_resources = cfg.dra_resources();
     let (kubelet, dra) = if dra_on {
         let api = Arc::new(
             apiserver::ApiServer::try_start(&[node.as_str()])
@@ -147,7 +149,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
                     [] => {}
                     ["quit" | "exit"] => break,
                     ["list"] => list(&kubelet).await,
-                    ["allocate", rest @ ..] => match allocate(&kubelet, rest).await {
+                    ["allocate", rest @ ..] => match allocate(&kubelet, rest, &dra_resources).await {
                         Ok(v) => say!("{}", serde_json::to_string_pretty(&v)?),
                         Err(e) => say!("allocate failed: {e:#}"),
                     },

@@ -78,10 +78,19 @@ pub(super) async fn list(kubelet: &Kubelet) {
 }
 
 /// `RESOURCE ID...` or `RESOURCE COUNT`, asked as kubelet asks: one container.
-pub(super) async fn allocate(kubelet: &Kubelet, words: &[&str]) -> anyhow::Result<serde_json::Value> {
+/// `dra`: the resources served through DRA, which kubelet never sees through the Device Plugin API.
+pub(super) async fn allocate(kubelet: &Kubelet, words: &[&str], dra: &[String]) -> anyhow::Result<serde_json::Value> {
     let [resource, rest @ ..] = words else { anyhow::bail!("allocate RESOURCE ID...|COUNT") };
     anyhow::ensure!(!rest.is_empty(), "allocate RESOURCE ID...|COUNT");
-    let p = kubelet.plugin(resource).await.ok_or_else(|| anyhow::anyhow!("{resource} is not registered"))?;
+    if dra.iter().any(|r| r == resource) {
+        anyhow::bail!(
+            "{resource} is served through DRA here (api = \"dra\"), not the Device Plugin API: ask for it with `claim FILE` or `claim DRIVER DEVICE...`"
+        );
+    }
+    let Some(p) = kubelet.plugin(resource).await else {
+        let registered: Vec<String> = kubelet.plugins().await.into_iter().map(|p| p.resource).collect();
+        anyhow::bail!("{resource} is not registered with this kubelet (registered: {})", registered.join(", "));
+    };
     let mut client = p.client.clone();
     let ids: Vec<String> = match rest {
         [count] if count.parse::<usize>().is_ok() => {
