@@ -133,6 +133,39 @@ fn inspect_shows_version_exports_and_requested_capabilities() {
     assert_eq!(v["manifest"]["requests"]["dev"][0], "null");
 }
 
+/// Issue 52 (5): a request the host never grants (`env = ["QAT*"]`: a grant takes `KEY`,
+/// `VENDOR_*` or `STEM#`) passed `inspect` with no warning and `discover` with exit 0, and was
+/// refused at the first Allocate. Both warn now, naming what to write; `discover --strict`
+/// fails on it.
+#[test]
+fn requests_no_grant_can_hold_are_warned_about_and_fail_discover_strict() {
+    let (wasm, manifest) = chaos_paths();
+    let bdir = tempfile::tempdir().unwrap();
+    let chaos = bdir.path().join("chaos.wasm");
+    std::fs::copy(&wasm, &chaos).unwrap();
+    let text =
+        std::fs::read_to_string(&manifest).unwrap().replace("env = [\"CHAOS_*\"]", "env = [\"CHAOS_*\", \"QAT*\"]");
+    assert!(text.contains("\"QAT*\""), "the chaos manifest's env line moved: {text}");
+    std::fs::write(bdir.path().join("chaos.toml"), &text).unwrap();
+    let (code, out, err) = run(&["inspect", chaos.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let warnings = v["warnings"].to_string();
+    assert!(warnings.contains("QAT*") && warnings.contains("QAT#"), "{v}");
+    let m = support::fixtures::Machine::generic_box();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (code, _, err) = support::binary::discover_backend(&chaos, &m, &cache);
+    assert_eq!(code, 0, "a warning, not a failure: {err}");
+    assert!(err.contains("backend chaos's manifest") && err.contains("QAT#"), "{err}");
+    let mut strict = vec!["discover", "--strict", "--backend", chaos.to_str().unwrap()];
+    let (sys, dev) = (m.sys().display().to_string(), m.dev().display().to_string());
+    let cache = cache.display().to_string();
+    strict.extend(["--sysfs-root", &sys, "--dev-root", &dev, "--dev-fixtures", "--cache-dir", &cache]);
+    let (code, _, err) = run(&strict);
+    assert_ne!(code, 0, "--strict fails on it: {err}");
+    assert!(err.contains("failing as --strict asks"), "{err}");
+}
+
 #[test]
 fn discover_on_this_machine_lists_what_is_really_there() {
     let (code, out, err) = run(&["discover", "--format", "json"]);

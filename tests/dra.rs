@@ -160,9 +160,33 @@ async fn first_party_devices_on_the_fixtures_make_valid_pools() {
     }
 }
 
-/// What a backend and the API server would decide, for the plugin tests: a claim named `bad`
-/// fails, every other gets one device with a CDI ID named after it. It counts its calls, so the
-/// tests see the checkpoint answering instead.
+/// The API server as the plugin tests meet it: every claim `NAME` in it has UID `uid-NAME` and is
+/// allocated (to nothing: the preparers below decide the devices), but `replaced`, whose UID
+/// is new.
+struct AllocatedClaims;
+
+#[async_trait::async_trait]
+impl devplug::dra::plugin::ClaimApi for AllocatedClaims {
+    async fn get(&self, _: &str, name: &str) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, DraError> {
+        use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimStatus};
+        let mut rc = ResourceClaim::default();
+        rc.metadata.uid = Some(if name == "replaced" { "uid-new".into() } else { format!("uid-{name}") });
+        rc.status = Some(ResourceClaimStatus { allocation: Some(AllocationResult::default()), ..Default::default() });
+        Ok(rc)
+    }
+    async fn apply_status(
+        &self,
+        _: &str,
+        _: &devplug::dra::plugin::ClaimRef,
+        _: &[serde_json::Value],
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a backend would decide, for the plugin tests: a claim named `bad` fails, every other
+/// gets one device with a CDI ID named after it. It counts its calls, so the tests see the
+/// checkpoint answering instead.
 #[derive(Default)]
 struct CountingPreparer {
     prepares: std::sync::atomic::AtomicU32,
@@ -171,10 +195,14 @@ struct CountingPreparer {
 
 #[async_trait::async_trait]
 impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
-    async fn prepare(&self, claim: &devplug::dra::plugin::checkpoint::ClaimRef) -> Result<PreparedClaim, DraError> {
+    async fn prepare(
+        &self,
+        claim: &devplug::dra::plugin::checkpoint::ClaimRef,
+        _: &devplug::dra::plugin::Allocation,
+    ) -> Result<PreparedClaim, DraError> {
         self.prepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if claim.name == "bad" {
-            return Err(DraError::Claim("no device fits claim bad".into()));
+            return Err(DraError::claim(&claim.namespace, &claim.name, "no device fits it"));
         }
         Ok(PreparedClaim::devices(vec![devplug::dra::plugin::checkpoint::PreparedDevice {
             request_names: vec!["gpu".into()],
@@ -218,7 +246,14 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
     let state = dir.path().join("state");
     let preparer = Arc::new(CountingPreparer::default());
     let start = || {
-        let plugin = Arc::new(DraPlugin::new(preparer.clone(), Checkpoint::open(&state).unwrap()));
+        let checkpoint = Checkpoint::open(&state).unwrap();
+        let plugin = Arc::new(DraPlugin::new(
+            "gpu.devplug.io",
+            preparer.clone(),
+            Arc::new(AllocatedClaims),
+            checkpoint,
+            Arc::default(),
+        ));
         let stop = tokio_util::sync::CancellationToken::new();
         (serve(plugin, None, &socket, stop.clone()).unwrap(), stop)
     };
@@ -231,8 +266,14 @@ async fn the_dra_plugin_prepares_idempotently_in_both_versions_and_survives_a_re
     assert_eq!(first.claims.len(), 2, "one entry per claim");
     assert_eq!(first.claims["uid-train"].devices[0].cdi_device_ids, ["devplug.io/gpu=train"]);
     assert!(first.claims["uid-train"].error.is_empty());
-    assert_eq!(first.claims["uid-bad"].error, "no device fits claim bad");
+    assert_eq!(first.claims["uid-bad"].error, "ResourceClaim ml/bad: no device fits it");
     assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2);
+    // A claim deleted and created again under its name is refused before the driver sees it
+    // (the service reads every claim, as upstream's kubeletplugin does).
+    let replaced = v1::NodePrepareResourcesRequest { claims: vec![claim("replaced")] };
+    let replaced = kubelet.node_prepare_resources(replaced).await.unwrap().into_inner();
+    assert!(replaced.claims["uid-replaced"].error.contains("deleted and created again"), "{replaced:?}");
+    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2, "the preparer was not asked");
     // Asked again: the prepared claim comes from the checkpoint; the failed one is tried again.
     let again = kubelet.node_prepare_resources(req.clone()).await.unwrap().into_inner();
     assert_eq!(again.claims["uid-train"], first.claims["uid-train"]);
@@ -281,7 +322,10 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     let state = plugins.path().join(driver);
     let preparer = Arc::new(CountingPreparer::default());
     let board = Arc::new(ClaimBoard::default());
-    let start = || DraPlugin::on_board(preparer.clone(), Checkpoint::open(&state).unwrap(), driver, board.clone());
+    let start = || {
+        let checkpoint = Checkpoint::open(&state).unwrap();
+        DraPlugin::new(driver, preparer.clone(), Arc::new(AllocatedClaims), checkpoint, board.clone())
+    };
     let claim = ClaimRef { namespace: "ml".into(), uid: "uid-stuck".into(), name: "stuck".into() };
     let plugin = start();
     assert!(plugin.prepare(vec![claim.clone()]).await["uid-stuck"].is_ok());
@@ -292,8 +336,8 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     }
     assert_eq!(preparer.unprepares.load(Ordering::SeqCst), 1, "the backend is asked once");
     let again = plugin.unprepare(vec![claim.clone()]).await.remove("uid-stuck").unwrap().unwrap_err();
-    assert!(matches!(again, DraError::Stuck(_)), "{again:?}");
-    let again = again.to_string();
+    assert!(matches!(again, DraError::Stuck { .. }), "{again:?}");
+    let again = again.report();
     assert!(again.contains("devplug dra release --driver chaos.devplug.io uid-stuck"), "{again}");
     let shown = board.all();
     assert_eq!((shown[0].state, shown[0].retries), ("stuck", Some(3)), "{shown:?}");
@@ -1028,6 +1072,91 @@ fn try_with_dra_prepares_a_claim_and_prints_its_cdi_spec() {
     t.send("unprepare claim-1");
     t.wait_for("unprepared claim-1");
     assert!(!std::path::Path::new(&spec_path).exists(), "unprepare removes the claim's spec");
+    t.quit();
+}
+
+/// Issue 52 (6): `claim DRIVER DEVICE` prepared an Unhealthy, tainted device with no word,
+/// where the scheduler (and the device-plugin path) refuse it. Now it is refused with its taint
+/// and what to add; `--tolerate-taints` prepares it, as a claim tolerating the taint would get it.
+#[test]
+fn try_claims_a_tainted_device_only_when_told_to_tolerate_it() {
+    let m = support::fixtures::Machine::generic_box();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let extra = ["--cache-dir", cache.to_str().unwrap(), "--dra", "test.devplug.io/widget"];
+    let (_dir, mut t) = support::binary::try_chaos_with(&m, "--backends-dir", Some("sick=widget-2"), &extra);
+    t.send("claim chaos.devplug.io widget-2");
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("tainted devplug.io/unhealthy=") && why.contains(":NoSchedule"), "{why}");
+    assert!(why.contains("claim chaos.devplug.io widget-2 --tolerate-taints"), "{why}");
+    t.send("claim chaos.devplug.io widget-2 --tolerate-taints");
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("device-0 chaos.devplug.io widget-2: CDI devplug.io/claim="), "{printed}");
+    t.send("claim chaos.devplug.io widget-1");
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("widget-1"), "a healthy device needs no toleration: {printed}");
+    t.quit();
+}
+
+/// Issue 52 (2): a claim piped into `try --dra` before a slower backend had loaded failed: the
+/// wait ended at the first pool (`could not retrieve device class …`). Now a claim waits until
+/// every resource the configuration serves through DRA has devices published (a stated 30 s at
+/// most, then it names what is missing).
+#[test]
+fn try_waits_for_every_dra_backend_before_answering_a_claim() {
+    let m = support::fixtures::Machine::generic_box();
+    let work = tempfile::tempdir().unwrap();
+    let backends = work.path().join("backends");
+    std::fs::create_dir_all(&backends).unwrap();
+    let (wasm, manifest) = support::daemon::chaos_paths();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::copy(&wasm, backends.join("chaos.wasm")).unwrap();
+    std::fs::write(backends.join("chaos.toml"), &text).unwrap();
+    std::fs::copy(&wasm, backends.join("slow.wasm")).unwrap();
+    let slow = format!(
+        "config = \"resource=test.devplug.io/slow init-ms=1500\"\n{}",
+        text.replace("name = \"chaos\"", "name = \"slow\"")
+    );
+    std::fs::write(backends.join("slow.toml"), slow).unwrap();
+    let config = work.path().join("devplug.toml");
+    std::fs::write(
+        &config,
+        "[limits]\ndiscover_timeout = \"20s\"\n[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n\
+         [resources.\"test.devplug.io/slow\"]\napi = \"dra\"\n",
+    )
+    .unwrap();
+    let class = devplug::dra::publish::classes::class_name("test.devplug.io/slow");
+    let claim = work.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: slow-one\nspec:\n  devices:\n    requests:\n    - name: w\n      exactly:\n        deviceClassName: {class}\n"
+        ),
+    )
+    .unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (sys, dev) = (m.sys().display().to_string(), m.dev().display().to_string());
+    let mut t = support::binary::Interactive::spawn(&[
+        "try",
+        "--no-embedded",
+        "--backends-dir",
+        backends.to_str().unwrap(),
+        "--default-grant",
+        "requested",
+        "--config",
+        config.to_str().unwrap(),
+        "--sysfs-root",
+        &sys,
+        "--dev-root",
+        &dev,
+        "--dev-fixtures",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    // Sent at once: the fast backend publishes first, the slow one 1.5 s later.
+    t.send(&format!("claim {}", claim.display()));
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("prepared slow-one"), "{printed}");
+    assert!(printed.contains("slow.devplug.io"), "{printed}");
     t.quit();
 }
 
@@ -1797,78 +1926,6 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
     assert!(kubelet.health().values().all(|h| *h == "Unknown"));
 }
 
-/// A reboot empties `/var/run/cdi` but not the checkpoint under `/var/lib/kubelet`: a claim
-/// recorded in another boot, or whose spec is gone, is prepared again (same CDI IDs) instead of
-/// answered from the record; a claim of this boot with its spec in place is answered from it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
-    use devplug::dra::plugin::checkpoint::{Checkpoint, ClaimRef};
-    use devplug::dra::plugin::{ClaimPreparer, DraPlugin};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-    /// Writes a claim "spec" file in `cdi` on prepare, as the real preparer does.
-    struct SpecPreparer {
-        cdi: std::path::PathBuf,
-        prepares: AtomicU32,
-        boom: AtomicBool,
-    }
-    #[async_trait::async_trait]
-    impl ClaimPreparer for SpecPreparer {
-        async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError> {
-            assert!(!self.boom.load(Ordering::SeqCst), "prepared again although nothing was lost");
-            self.prepares.fetch_add(1, Ordering::SeqCst);
-            std::fs::write(self.cdi.join(&claim.uid), b"spec").unwrap();
-            Ok(PreparedClaim::devices(vec![devplug::dra::plugin::checkpoint::PreparedDevice {
-                request_names: vec!["gpu".into()],
-                pool_name: NODE.into(),
-                device_name: "gpu-0".into(),
-                cdi_device_ids: vec![format!("devplug.io/claim={}-gpu-0", claim.uid)],
-                share_id: None,
-            }]))
-        }
-        fn intact(&self, claim: &ClaimRef) -> bool {
-            self.cdi.join(&claim.uid).exists()
-        }
-        async fn unprepare(
-            &self,
-            _: &ClaimRef,
-            _: &[devplug::dra::plugin::checkpoint::PreparedDevice],
-        ) -> Result<(), DraError> {
-            Ok(())
-        }
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let (state, cdi) = (dir.path().join("state"), dir.path().join("cdi"));
-    std::fs::create_dir_all(&cdi).unwrap();
-    let preparer =
-        Arc::new(SpecPreparer { cdi: cdi.clone(), prepares: AtomicU32::new(0), boom: AtomicBool::new(false) });
-    let claim = ClaimRef { namespace: "ml".into(), uid: "uid-train".into(), name: "train".into() };
-    let first = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-a").unwrap());
-    let answer = first.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
-    // Same boot, spec in place: from the record.
-    preparer.boom.store(true, Ordering::SeqCst);
-    let same = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-a").unwrap());
-    assert_eq!(same.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap(), answer);
-    preparer.boom.store(false, Ordering::SeqCst);
-    // The machine reboots: /var/run/cdi is empty, the checkpoint is from boot-a.
-    std::fs::remove_dir_all(&cdi).unwrap();
-    std::fs::create_dir_all(&cdi).unwrap();
-    let rebooted = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-b").unwrap());
-    let again = rebooted.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
-    assert_eq!(again, answer, "the same CDI IDs");
-    assert!(cdi.join("uid-train").exists(), "the spec is back");
-    assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2);
-    // Recorded in boot-b now: answered from the record again.
-    preparer.boom.store(true, Ordering::SeqCst);
-    let later = DraPlugin::new(preparer.clone(), Checkpoint::open_in_boot(&state, "boot-b").unwrap());
-    assert_eq!(later.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap(), answer);
-    // A spec deleted under devplug in the same boot is written again too.
-    preparer.boom.store(false, Ordering::SeqCst);
-    std::fs::remove_file(cdi.join("uid-train")).unwrap();
-    later.prepare(vec![claim]).await.remove("uid-train").unwrap().unwrap();
-    assert!(cdi.join("uid-train").exists());
-}
-
 /// The real server adds `timeAdded` to every taint and drops empty lists (so does the stand-in
 /// now): a pool with an Unhealthy, tainted device is written once and then left alone however
 /// often it is synced, and no empty pool goes out before the first device list.
@@ -1949,7 +2006,7 @@ async fn empty_and_tainted_pools_are_written_once_however_often_synced() {
     let mut writer = PoolWriter::new(client, id.clone());
     for devices in lists {
         let resources = [Resource { name: "devplug.io/gpu".into(), devices, ..Default::default() }];
-        let pool = devplug::dra::publish::pool("gpu", &id, &resources).unwrap();
+        let pool = devplug::dra::publish::pool_on(None, "gpu", &id, &resources).unwrap();
         let before = writes(&api);
         let first = writer.sync(&pool).await.unwrap();
         assert!(first.changed(), "a new pool is written");
@@ -1995,7 +2052,8 @@ async fn a_refused_generation_leaves_the_previous_pool_whole() {
     let mut writer = PoolWriter::new(client, id.clone());
     let sync = async |writer: &mut PoolWriter, model: &str| {
         let resources = [Resource { name: "devplug.io/gpu".into(), devices: devices(model), ..Default::default() }];
-        let pool = devplug::dra::publish::pool("gpu", &PoolId::new("gpu.devplug.io", NODE), &resources).unwrap();
+        let pool =
+            devplug::dra::publish::pool_on(None, "gpu", &PoolId::new("gpu.devplug.io", NODE), &resources).unwrap();
         writer.sync(&pool).await
     };
     sync(&mut writer, "a100").await.unwrap();

@@ -7,9 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use devplug::kubelet::{
-    EndpointState, Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps,
-};
+use devplug::kubelet::{Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps, Stage};
 use devplug::model::{ContainerEdits, Resource, ResourceOptions};
 use devplug_standins::proto::deviceplugin as pb;
 use prost::Message;
@@ -258,7 +256,7 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
     assert!(kubelet.refusals().last().unwrap().contains("invalid extended resource name"));
     let states = endpoints.states().await;
     assert!(
-        matches!(&states[0].1, EndpointState::Refused(why) if why.contains("invalid extended resource name")),
+        matches!(&states[0].1, Stage::Refused(why) if why.contains("invalid extended resource name")),
         "{states:?}"
     );
     endpoints.shutdown().await;

@@ -327,3 +327,63 @@ async fn the_network_port_serves_probes_and_metrics_only_and_status_stays_on_the
     assert!(v["backends"].is_array(), "{v}");
     drop(d);
 }
+
+/// The scheduling policy of process `pid`'s thread named `name` (kernel `comm`, at most 15
+/// bytes), from `/proc/PID/task/TID/stat` (field 41).
+fn thread_policy(pid: i32, name: &str) -> Option<u32> {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+        // Fields after the `(comm)` one, which may hold spaces: state is field 3, policy 41.
+        let rest = stat.rsplit_once(')')?.1;
+        return rest.split_whitespace().nth(41 - 3).and_then(|p| p.parse().ok());
+    }
+    None
+}
+
+/// Issue 51: a large backend (`baseline_from_mb = 0` makes the chaos backend one) is served
+/// from baseline code as soon as that is ready; its optimised code is compiled after, on a
+/// thread at idle priority (`SCHED_IDLE`), and swapped into the running backend without a
+/// reload (before, it was only cached for the next load); `/status` and `devplug status` say
+/// which code serves, and kubelet's Allocate is answered by the optimised code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_backend_serves_baseline_code_first_and_its_optimised_code_swaps_in_at_idle_priority() {
+    const SCHED_IDLE: u32 = 5;
+    let s = setup();
+    let kubelet = Kubelet::start(&s.kdir).await;
+    let cfg = s.backends.parent().unwrap().join("devplug.toml");
+    std::fs::write(&cfg, "baseline_from_mb = 0\n").unwrap();
+    let mut args = run_args(&s.kdir, &s.backends, &s.machine);
+    args.extend(["--config".into(), cfg.display().to_string()]);
+    let d = Devplug::spawn(&args);
+    let plugin = kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let loaded = d.log();
+    let loaded =
+        loaded.lines().find(|l| l.contains("backend loaded") && l.contains("backend=chaos")).unwrap().to_owned();
+    assert!(loaded.contains("compiler=Baseline"), "served from baseline code first: {loaded}");
+    d.wait_log("optimised code swapped in", T).unwrap();
+    assert_eq!(thread_policy(d.pid(), "devplug-optimiz"), Some(SCHED_IDLE), "the optimiser runs at idle priority");
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains("serving /healthz")).unwrap();
+    let addr = line.split("addr=").nth(1).unwrap().split_whitespace().next().unwrap().to_owned();
+    let body = wait_http(&addr, "/status", "the optimised code", |_, b| b.contains("\"optimized\"")).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let chaos = v["backends"].as_array().unwrap().iter().find(|b| b["name"] == "chaos").unwrap().clone();
+    assert_eq!(
+        (chaos["compiler"].as_str(), chaos["optimizing"].as_bool()),
+        (Some("optimized"), Some(false)),
+        "{chaos}"
+    );
+    let socket = s.kdir.parent().unwrap().join("plugins/devplug/status.sock").display().to_string();
+    let (code, table, err) = tokio::task::spawn_blocking(move || run(&["status", "--addr", &socket])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(table.lines().any(|l| l.starts_with("chaos") && l.contains("optimized")), "{table}");
+    let mut c = plugin.client.clone();
+    let answer = c.allocate(alloc("widget-1")).await.unwrap().into_inner();
+    assert!(!answer.container_responses.is_empty());
+    assert_eq!(log.matches("backend loaded").count(), 1, "no reload: {log}");
+    drop(d);
+}

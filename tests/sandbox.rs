@@ -171,22 +171,36 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
     };
     let rt = Runtime::new(config(false)).unwrap();
     let inst = load(&rt, &m, "devices=2").unwrap();
-    assert_eq!((inst.tier, inst.cache), (Tier::Baseline, CacheOutcome::Miss));
+    assert_eq!((inst.tier(), inst.cache), (Tier::Baseline, CacheOutcome::Miss));
     assert_eq!(inst.allocate("r", &["spin-0".into()]).unwrap_err(), CallError::Timeout(Duration::from_millis(100)));
     let roomy = Runtime::new(RuntimeConfig { call_deadline: Duration::from_secs(10), ..config(false) }).unwrap();
     let hog = load(&roomy, &m, "devices=2").unwrap();
-    assert_eq!(hog.tier, Tier::Baseline);
+    assert_eq!(hog.tier(), Tier::Baseline);
     assert_eq!(hog.allocate("r", &["hog-0".into()]).unwrap_err(), CallError::MemoryCap(64 << 20));
     assert!(matches!(inst.allocate("r", &["trap-0".into()]).unwrap_err(), CallError::Trap(_)));
     assert_eq!(inst.discover().unwrap()[0].devices.len(), 2, "fresh instance after the faults");
     assert_eq!(load(&roomy, &m, "devices=2").unwrap().cache, CacheOutcome::Hit, "baseline code is cached too");
-    // In the background: optimised code, cached; the next load runs it.
+    // Issue 51: after it serves, the optimised code is compiled in the background, swapped
+    // into the running instance (its calls then run optimised code) and cached; the next load
+    // runs it from the cache.
     let rt = Runtime::new(config(true)).unwrap();
-    assert_eq!(load(&rt, &m, "devices=2").unwrap().tier, Tier::Baseline);
+    let served = load(&rt, &m, "devices=2").unwrap();
+    assert_eq!(served.tier(), Tier::Baseline);
     rt.finish_background_compiles();
+    assert_eq!(served.tier(), Tier::Optimized, "swapped in without a reload");
+    assert!(!served.optimizing());
+    assert_eq!(served.discover().unwrap()[0].devices.len(), 2);
+    assert_eq!(served.allocate("r", &["spin-0".into()]).unwrap_err(), CallError::Timeout(Duration::from_millis(100)));
     let next = load(&Runtime::new(config(true)).unwrap(), &m, "devices=3").unwrap();
-    assert_eq!((next.tier, next.cache), (Tier::Optimized, CacheOutcome::Hit));
+    assert_eq!((next.tier(), next.cache), (Tier::Optimized, CacheOutcome::Hit));
     assert_eq!(next.discover().unwrap()[0].devices.len(), 3);
+    // Without a cache (`--no-cache`, a `run` with no cache_dir) the path is the same: baseline
+    // first, optimised swapped in.
+    let bare = Runtime::new(RuntimeConfig { cache_dir: None, ..config(true) }).unwrap();
+    let first = load(&bare, &m, "devices=2").unwrap();
+    assert_eq!((first.tier(), first.cache), (Tier::Baseline, CacheOutcome::Disabled));
+    bare.finish_background_compiles();
+    assert_eq!(first.tier(), Tier::Optimized);
 }
 
 #[test]

@@ -184,6 +184,10 @@ pub struct Config {
     pub cache_dir: Option<PathBuf>,
     /// The most compiled code `cache_dir` keeps, in MiB (least recently used goes first).
     pub cache_max_mb: u64,
+    /// Components at least this large (MiB) with no optimised code cached are served from
+    /// baseline code first, their optimised code compiled after at idle priority and swapped
+    /// in (0: every component).
+    pub baseline_from_mb: u64,
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     pub default_grant: DefaultGrant,
@@ -223,6 +227,7 @@ impl Default for Config {
             pod_resources_interval: Duration::from_secs(10),
             cache_dir: None,
             cache_max_mb: crate::runtime::CACHE_MAX_BYTES >> 20,
+            baseline_from_mb: (crate::runtime::BASELINE_FROM >> 20) as u64,
             poll_interval: Duration::from_secs(5),
             default_grant: DefaultGrant::None,
             limits: Limits::default(),
@@ -405,6 +410,7 @@ impl Config {
             breaker_threshold: self.limits.breaker_threshold.max(1),
             cache_dir: self.cache_dir.clone(),
             cache_max_bytes: self.cache_max_mb.saturating_mul(1 << 20),
+            baseline_from: usize::try_from(self.baseline_from_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
             precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
             ..crate::runtime::RuntimeConfig::default()
         }

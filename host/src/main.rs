@@ -106,7 +106,7 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
         print!("{text}");
         return Ok(());
     }
-    let format = args.format;
+    let (format, strict) = (args.format, args.strict);
     let v = cli::discover(args).await?;
     match format {
         Format::Json => print_json(&v)?,
@@ -119,6 +119,17 @@ async fn discover(args: DiscoverArgs) -> anyhow::Result<()> {
     for f in v["failures"].as_array().into_iter().flatten() {
         observe::say_about(tracing::Level::ERROR, f["backend"].as_str(), f["error"].as_str().unwrap_or_default());
     }
+    // What a manifest asks that no grant can hold: a warning, a failure with --strict.
+    let mut warned = 0;
+    for b in v["backends"].as_array().into_iter().flatten() {
+        for w in b["warnings"].as_array().into_iter().flatten().filter_map(|w| w.as_str()) {
+            let name = b["name"].as_str().unwrap_or_default();
+            let level = if strict { tracing::Level::ERROR } else { tracing::Level::WARN };
+            observe::say_about(level, Some(name), &format!("backend {name}'s manifest: {w}"));
+            warned += 1;
+        }
+    }
+    anyhow::ensure!(!strict || warned == 0, "{warned} manifest warning(s), failing as --strict asks");
     // A refused access is why a device goes missing or Unhealthy: said with its grant, and a
     // failure, so a vendor's CI sees it.
     let refused = v["refused"].as_array().cloned().unwrap_or_default();

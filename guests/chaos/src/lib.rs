@@ -9,7 +9,8 @@
 //! `nodes=a,b` (device N gets `/dev/<Nth name>` instead of `/dev/null`), `exclusive` (its
 //! devices do not declare `shared-node`: another backend naming their nodes conflicts),
 //! `grab=a,b` (every `allocate` and `prepare` answer hands out `/dev/a`, `/dev/b`: another
-//! backend's device nodes, say), `common=a,b` (the resource's common edits hand them out).
+//! backend's device nodes, say), `common=a,b` (the resource's common edits hand them out),
+//! `init-ms=N` (every `init` takes N ms more: a backend that loads slowly).
 //! For DRA (WIT 0.3.0): `describe=typed` (typed attributes, a `memory` capacity, each device
 //! drawing 16Gi from a 64Gi counter set `chaos-memory`), `describe=stranger` (describes a device
 //! discover did not list), `describe=bomb` (thirty 64-byte attributes per device); `prepare=whole` (prepare answers `CHAOS_CLAIM`, `CHAOS_CLAIM_DEVICES`
@@ -108,6 +109,10 @@ impl Backend for Chaos {
                 Some(("nodes", v)) => me.nodes = v.split(',').map(str::to_owned).collect(),
                 Some(("grab", v)) => me.grab = v.split(',').map(str::to_owned).collect(),
                 Some(("common", v)) => me.common = v.split(',').map(str::to_owned).collect(),
+                Some(("init-ms", v)) => {
+                    let ms = v.parse().map_err(|_| devplug_sdk::invalid_config(word))?;
+                    std::thread::sleep(std::time::Duration::from_millis(ms));
+                }
                 None if word == "exclusive" => me.exclusive = true,
                 _ => return Err(devplug_sdk::invalid_config(format!("unknown setting {word:?}"))),
             }

@@ -80,6 +80,12 @@ pub struct BackendSummary {
     pub denied: Vec<Denied>,
     /// Device nodes another backend already hands out, refused for this one's devices.
     pub conflicts: Vec<String>,
+    /// Which compiler made the code serving now (`baseline` until the optimised code of a large
+    /// backend is swapped in), and whether that optimised compile is pending.
+    pub compiler: crate::runtime::Tier,
+    pub optimizing: bool,
+    /// Requests of its manifest no grant can hold, each with what to write instead.
+    pub warnings: Vec<String>,
 }
 
 /// Refused accesses a summary names (the count is in [`StatsSnapshot::denied`]).
@@ -301,7 +307,7 @@ impl Loaded {
             digest = &inst.digest()[..12],
             origin = %src.origin,
             cache = ?inst.cache,
-            compiler = ?inst.tier,
+            compiler = ?inst.compiled_as,
             "{what}"
         );
     }
@@ -402,12 +408,14 @@ impl Loaded {
             Some(slot) => {
                 slot.origin.store(Arc::new((src.origin.clone(), src.key.clone())));
                 slot.current.store(inst);
+                slot.warnings.store(Arc::new(src.manifest.never_granted()));
             }
             None => {
                 let slot = Slot {
                     origin: ArcSwap::from_pointee((src.origin.clone(), src.key.clone())),
                     current: ArcSwap::new(inst),
                     last_error: Mutex::new(None),
+                    warnings: ArcSwap::from_pointee(src.manifest.never_granted()),
                 };
                 backends.insert(src.name.clone(), Arc::new(slot));
             }
@@ -434,6 +442,9 @@ impl Loaded {
                     digest: inst.digest().to_owned(),
                     origin: slot.origin.load().0.to_string(),
                     breaker_open: inst.breaker_open(),
+                    compiler: inst.tier(),
+                    optimizing: inst.optimizing(),
+                    warnings: slot.warnings.load().to_vec(),
                     resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
                     conflicts: resources
                         .iter()

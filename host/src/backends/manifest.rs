@@ -30,6 +30,26 @@ impl Manifest {
          its init declares, e.g. \"example.com/*\"); until then it serves only the names the operator grants \
          explicitly in [backends.NAME.grant] resources";
 
+    /// The requests no grant can hold as written, each with what to write instead: an operator's
+    /// grant of them is refused when the config loads, and `default_grant = "requested"` drops
+    /// them, so the backend would learn it only at its first Allocate. (`*` stays: it asks for
+    /// whatever keys the operator grants.)
+    pub fn never_granted(&self) -> Vec<String> {
+        use crate::gate::EnvGrant;
+        self.requests
+            .env
+            .iter()
+            .filter(|p| p.as_str() != "*")
+            .filter_map(|p| match EnvGrant::request(p) {
+                None => Some(format!(
+                    "[requests] env {:?} matches no key (a request names KEY, VENDOR_*, STEM# or *): it is never granted",
+                    crate::gate::clip(p)
+                )),
+                Some(_) => EnvGrant::new(p).err().map(|e| format!("[requests] env: no grant can hold it as written: {e}")),
+            })
+            .collect()
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
         Capabilities::new(&m.requests, &m.requests)?;
@@ -51,6 +71,19 @@ mod tests {
         assert!(Manifest::parse("[requests]\nsysfs = [\"../x\"]\n").unwrap_err().contains(".."));
         assert!(Manifest::parse("[requests]\nsysfs = [\"/x\"]\n").is_err());
         assert!(Manifest::parse("[requests]\nnetwork = true\n").is_err());
+    }
+
+    /// Issue 52 (5): `env = ["QAT*"]` passed every pre-flight check and was refused at the first
+    /// Allocate. Requests no grant can hold are named, with what to write.
+    #[test]
+    fn requests_no_grant_can_hold_are_named_with_what_to_write() {
+        let m =
+            Manifest::parse("[requests]\nenv = [\"QAT*\", \"QAT[0-9]\", \"QAT#\", \"ACME_*\", \"MY_KEY\", \"*\"]\n")
+                .unwrap();
+        let w = m.never_granted();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("\"QAT*\"") && w[0].contains("QAT#"), "{}", w[0]);
+        assert!(w[1].contains("\"QAT[0-9]\"") && w[1].contains("matches no key"), "{}", w[1]);
     }
 
     #[test]

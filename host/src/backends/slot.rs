@@ -32,4 +32,6 @@ pub(super) struct Slot {
     pub(super) origin: ArcSwap<(Origin, String)>,
     pub(super) current: ArcSwap<BackendInstance>,
     pub(super) last_error: Mutex<Option<String>>,
+    /// What its manifest gets wrong that loading does not refuse (requests no grant can hold).
+    pub(super) warnings: ArcSwap<Vec<String>>,
 }

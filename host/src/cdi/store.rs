@@ -141,16 +141,10 @@ impl SpecDir {
     /// Write the spec of a DRA claim's devices of `driver`, prepared
     /// (`devplug-claim-<uid>-<driver>.json`). It is not one of the resources' specs: it lives as
     /// long as the claim is prepared, across devplug restarts, and only
-    /// [`SpecDir::remove_claim`] removes it.
-    pub fn write_claim(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
-        let file = self.dir.join(claim_file(uid, driver)?);
-        write_atomically(&self.dir, &file, spec)?;
-        Ok(file)
-    }
-
-    /// [`SpecDir::write_claim`] without flushing (whole old or whole new file, never torn): a
-    /// claim's spec is written again whenever it may have been lost (a reboot changes the boot
-    /// ID its record holds; a missing spec is noticed), so its record's one flush is enough.
+    /// [`SpecDir::remove_claim`] removes it. Whole old or whole new file, never torn, but not
+    /// flushed: a claim's spec is written again whenever it may have been lost (a reboot changes
+    /// the boot ID its record holds; a missing spec is noticed), so its record's one flush is
+    /// enough.
     pub fn write_claim_unflushed(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
         let file = self.dir.join(claim_file(uid, driver)?);
         let mut bytes =
@@ -231,15 +225,15 @@ mod tests {
         let dir = SpecDir::open(tmp.path()).unwrap();
         let kind = Kind::for_resource("devplug.io/claim").unwrap();
         let spec = spec::build(&Resource { name: "devplug.io/claim".into(), ..Default::default() }, &kind);
-        dir.write_claim("uid-1", "gpu.devplug.io", &spec).unwrap();
-        dir.write_claim("uid-1", "nic.devplug.io", &spec).unwrap();
+        dir.write_claim_unflushed("uid-1", "gpu.devplug.io", &spec).unwrap();
+        dir.write_claim_unflushed("uid-1", "nic.devplug.io", &spec).unwrap();
         std::fs::write(tmp.path().join("devplug-claim-uid-1.json"), b"{}").unwrap();
         assert!(dir.has_claim("uid-1", "gpu.devplug.io") && dir.has_claim("uid-1", "nic.devplug.io"));
         dir.remove_claim("uid-1", "gpu.devplug.io").unwrap();
         assert!(!dir.has_claim("uid-1", "gpu.devplug.io") && dir.has_claim("uid-1", "nic.devplug.io"));
         assert!(!tmp.path().join("devplug-claim-uid-1.json").exists(), "the 0.3 file goes with the claim");
         for (uid, driver) in [("../x", "gpu.devplug.io"), ("uid-1", "../../etc"), ("uid-1", "a/b"), ("uid-1", "")] {
-            assert!(dir.write_claim(uid, driver, &spec).is_err(), "{uid} {driver}");
+            assert!(dir.write_claim_unflushed(uid, driver, &spec).is_err(), "{uid} {driver}");
         }
     }
 }

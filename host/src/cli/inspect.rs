@@ -21,6 +21,13 @@ pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
     Ok(version)
 }
 
+/// What a manifest gets wrong that loading it does not refuse: no `resources` (old manifests),
+/// requests no grant can hold.
+pub fn warnings(m: &Manifest) -> Vec<String> {
+    let old = m.resources_unstated.then(|| Manifest::MISSING_RESOURCES.to_owned());
+    old.into_iter().chain(m.never_granted()).collect()
+}
+
 pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_json::Value> {
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let runtime = Runtime::new(super::cache::one_shot(RuntimeConfig::default(), None, false))?;
@@ -47,7 +54,7 @@ pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_jso
         "exports": exports,
         "imports": imports,
         "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
-        "warnings": manifest.as_ref().filter(|m| m.resources_unstated).map(|_| vec![Manifest::MISSING_RESOURCES]).unwrap_or_default(),
+        "warnings": manifest.as_ref().map(warnings).unwrap_or_default(),
         "manifest_file": manifest_path.map(|p| p.display().to_string()),
     }))
 }

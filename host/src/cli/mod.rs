@@ -367,7 +367,8 @@ pub struct SourceArgs {
     /// by every command), so a backend compiles once.
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
-    /// Compile without the cache (every command then compiles each backend again).
+    /// Compile without the cache: every command compiles each backend again, as a node that
+    /// has never seen it does (a large one from baseline code, as in a first load).
     #[arg(long, conflicts_with = "cache_dir")]
     pub no_cache: bool,
 }
@@ -433,6 +434,9 @@ pub struct DiscoverArgs {
     /// or partition mode) from FILE, so one manifest covers them all. Repeatable.
     #[arg(long, value_name = "FILE", requires = "learn_requests")]
     pub merge: Vec<PathBuf>,
+    /// Fail (exit 1) on every warning too: a manifest request no grant can hold as written.
+    #[arg(long)]
+    pub strict: bool,
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
 }

@@ -14,6 +14,13 @@ fn cell(x: &serde_json::Value) -> String {
     }
 }
 
+/// Which code a backend runs: `optimized`, or `baseline` (with `, optimising` while its
+/// optimised compile is pending).
+fn code(b: &serde_json::Value) -> String {
+    let tier = cell(&b["compiler"]);
+    if b["optimizing"].as_bool() == Some(true) { format!("{tier}, optimising") } else { tier }
+}
+
 /// `devplug status` as a table for people.
 pub fn status_table(v: &serde_json::Value) -> String {
     use std::fmt::Write;
@@ -37,7 +44,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
     }
     let mut rows = vec![
-        ["BACKEND", "VERSION", "COMPONENT SHA256", "BREAKER", "TRAPS", "TIMEOUTS", "DENIED", "LAST ERROR"]
+        ["BACKEND", "VERSION", "COMPONENT SHA256", "CODE", "BREAKER", "TRAPS", "TIMEOUTS", "DENIED", "LAST ERROR"]
             .map(str::to_owned)
             .to_vec(),
     ];
@@ -49,6 +56,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
             str_of(&b["name"]),
             str_of(&b["version"]),
             digest,
+            code(b),
             breaker.to_owned(),
             str_of(&b["stats"]["traps"]),
             str_of(&b["stats"]["timeouts"]),
@@ -71,7 +79,7 @@ pub fn status_table(v: &serde_json::Value) -> String {
         }
     }
     let _ = writeln!(out);
-    out.push_str(&table(&rows, &[false, false, false, false, true, true, true, false]));
+    out.push_str(&table(&rows, &[false, false, false, false, false, true, true, true, false]));
     for line in denied_lines {
         let _ = writeln!(out, "{line}");
     }
@@ -252,6 +260,18 @@ pub fn discover_table(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 51: which code a backend serves from, and a pending optimised compile, show.
+    #[test]
+    fn the_status_table_says_which_code_serves() {
+        let v = serde_json::json!({ "resources": [], "backends": [
+            { "name": "qat", "version": "1", "digest": "ab", "compiler": "baseline", "optimizing": true, "stats": {} },
+            { "name": "gpu", "version": "1", "digest": "cd", "compiler": "optimized", "optimizing": false, "stats": {} },
+        ]});
+        let t = status_table(&v);
+        assert!(t.lines().any(|l| l.starts_with("qat") && l.contains("baseline, optimising")), "{t}");
+        assert!(t.lines().any(|l| l.starts_with("gpu") && l.contains("optimized") && !l.contains("optimising")), "{t}");
+    }
 
     /// Issue 42: the table said Unhealthy without why; the backend's reason is its last column.
     #[test]

@@ -76,24 +76,20 @@ impl Driver {
         let checkpoint = Checkpoint::open(&dir)?;
         let id = PoolId::new(&setup.driver, &setup.node);
         let served = Arc::new(Served::new(id, Some(setup.sysfs_root.clone())));
+        let api: Arc<dyn super::plugin::ClaimApi> = Arc::new(super::plugin::ApiServer(setup.client.clone()));
         let preparer = Arc::new(Preparer {
-            client: setup.client.clone(),
             served: served.clone(),
             specs: setup.specs.clone(),
-            status: super::plugin::status::Reporter::new(
-                setup.client.clone(),
-                setup.driver.clone(),
-                setup.claim_status,
-            ),
+            status: super::plugin::status::Reporter::new(api.clone(), setup.driver.clone(), setup.claim_status),
         });
-        let plugin = Arc::new(DraPlugin::on_board(preparer, checkpoint, &setup.driver, setup.claims.clone()));
+        let plugin = Arc::new(DraPlugin::new(&setup.driver, preparer, api, checkpoint, setup.claims.clone()));
         let wake = Arc::new(Notify::new());
         let stop = CancellationToken::new();
         let (health, changes) = tokio::sync::watch::channel(0u64);
         let reg_path = registration::registration_socket(&setup.registry_dir, &setup.driver);
         let (registration, shown) = tokio::sync::watch::channel(RegistrationState::new(
             format!("DRA driver {}", setup.driver),
-            "plugin-watcher",
+            crate::plugin_socket::Mode::PluginWatcher,
             reg_path.clone(),
         ));
         setup.board.show(shown.clone());

@@ -1,34 +1,51 @@
 //! What goes wrong on the DRA side, typed so callers can tell a backend's failure (kubelet's
 //! retry may succeed once the backend is fixed) from a claim this node cannot prepare (it was
-//! allocated elsewhere, or its device went away) and from devplug's own files. Every variant's
-//! text names where it happened and is what kubelet shows in the pod's events.
+//! allocated elsewhere, or its device went away) and from devplug's own files. Each variant
+//! says where it happened; the error it wraps stays its `source` (not flattened into text), and
+//! [`DraError::report`] joins the chain for what kubelet shows in the pod's events and the log.
+
+use std::sync::Arc;
 
 use crate::cdi::CdiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
-    /// The backend's call failed, or its answer was refused at a gate.
+    /// The backend's call failed, or its answer was refused at a gate. The backend's own words
+    /// are the message: they come out of the sandbox as text.
     #[error("backend {backend}{}: {message}", resource.as_deref().map(|r| format!(", resource {r}")).unwrap_or_default())]
     Backend { backend: String, resource: Option<String>, message: String },
-    /// The claim, as the API server has it, cannot be prepared on this node.
-    #[error("{0}")]
-    Claim(String),
+    /// The claim, as the API server has it, cannot be prepared on this node (`claim` is
+    /// `namespace/name`).
+    #[error("ResourceClaim {claim}: {problem}")]
+    Claim { claim: String, problem: String },
     /// The API server could not be asked.
-    #[error("{0}")]
-    Api(String),
-    /// A claim's CDI spec could not be written or removed.
-    #[error("{doing} the claim's CDI spec: {source}")]
+    #[error("{doing}")]
+    Api {
+        doing: String,
+        #[source]
+        source: Arc<kube::Error>,
+    },
+    /// A claim's CDI spec could not be built, written or removed.
+    #[error("{doing} the claim's CDI spec")]
     Spec {
         doing: &'static str,
         #[source]
         source: CdiError,
     },
     /// The checkpoint could not be written: the claim's outcome would not survive a restart.
-    #[error("{0}")]
-    Checkpoint(String),
-    /// The backend failed to unprepare this claim before; it is not asked again.
-    #[error("{0}")]
-    Stuck(String),
+    /// One write serves every claim of a call, so its error is shared.
+    #[error("{doing}, but the checkpoint could not be written")]
+    Checkpoint {
+        doing: &'static str,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The backend failed to unprepare this claim before; it is not asked again. `error` is
+    /// that failure as reported then.
+    #[error(
+        "{error} (not retried: the backend is asked once; restart devplug to ask it again, or `devplug dra release --driver {driver} {uid}` to drop the claim)"
+    )]
+    Stuck { error: String, driver: String, uid: String },
 }
 
 /// What kind of failure a [`DraError`] is, as `dra_claim_errors_total{driver,class}` counts it:
@@ -62,11 +79,11 @@ impl DraError {
     pub fn class(&self) -> ErrorClass {
         match self {
             DraError::Backend { .. } => ErrorClass::Backend,
-            DraError::Claim(_) => ErrorClass::Claim,
-            DraError::Api(_) => ErrorClass::Api,
+            DraError::Claim { .. } => ErrorClass::Claim,
+            DraError::Api { .. } => ErrorClass::Api,
             DraError::Spec { .. } => ErrorClass::Spec,
-            DraError::Checkpoint(_) => ErrorClass::Checkpoint,
-            DraError::Stuck(_) => ErrorClass::Stuck,
+            DraError::Checkpoint { .. } => ErrorClass::Checkpoint,
+            DraError::Stuck { .. } => ErrorClass::Stuck,
         }
     }
 
@@ -77,5 +94,53 @@ impl DraError {
             resource: resource.map(str::to_owned),
             message: message.into(),
         }
+    }
+
+    /// Claim `namespace/name` cannot be prepared here, for `problem`.
+    pub fn claim(namespace: &str, name: &str, problem: impl Into<String>) -> Self {
+        DraError::Claim { claim: format!("{namespace}/{name}"), problem: problem.into() }
+    }
+
+    /// The whole chain, outermost first (`context: cause: cause`), unescaped: callers pass it
+    /// through the text gate where it is written. A cause whose text its wrapper already shows
+    /// (some errors print their source too) is not repeated.
+    pub fn report(&self) -> String {
+        let mut out = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            let text = e.to_string();
+            if !out.ends_with(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
+            next = e.source();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_carries_the_cause_and_the_class_stays_branchable() {
+        let io = Arc::new(std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device"));
+        let e = DraError::Checkpoint { doing: "prepared", source: io };
+        assert_eq!(e.to_string(), "prepared, but the checkpoint could not be written");
+        assert_eq!(e.report(), "prepared, but the checkpoint could not be written: no space left on device");
+        assert_eq!(e.class(), ErrorClass::Checkpoint);
+        let source = std::error::Error::source(&e).expect("the io error is kept");
+        assert!(source.downcast_ref::<Arc<std::io::Error>>().is_some() || source.to_string().contains("no space"));
+        let cdi = DraError::Spec {
+            doing: "writing",
+            source: CdiError::Io { path: "/var/run/cdi/x.json".into(), source: std::io::Error::other("read-only") },
+        };
+        assert_eq!(cdi.report(), "writing the claim's CDI spec: /var/run/cdi/x.json: read-only", "no cause twice");
+        let c = DraError::claim("ml", "train", "is not allocated");
+        assert_eq!(c.report(), "ResourceClaim ml/train: is not allocated");
+        assert_eq!(c.class(), ErrorClass::Claim);
+        let s = DraError::Stuck { error: "backend x: busy".into(), driver: "x.devplug.io".into(), uid: "u-1".into() };
+        assert!(s.report().contains("devplug dra release --driver x.devplug.io u-1"), "{}", s.report());
     }
 }

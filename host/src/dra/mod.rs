@@ -11,8 +11,9 @@
 //! - [`driver`], [`node`]: the task that keeps one driver's pool and sockets, and this node's
 //!   set of drivers; [`client`]: the API server connection.
 //!
-//! A claim's path: kubelet → `plugin::service` (locks, checkpoint) → `plugin::prepare` (claim,
-//! backend, [`plugin::PreparedClaim`]) → `cdi::SpecDir::write_claim_unflushed`.
+//! A claim's path, as values: kubelet → `plugin::service` (locks, checkpoint; the claim read
+//! through `plugin::claim_api` into an [`plugin::Allocation`]) → `plugin::prepare` (the
+//! backend's edits, a [`plugin::PreparedClaim`]) → `cdi::SpecDir::write_claim_unflushed`.
 
 pub mod client;
 pub mod driver;

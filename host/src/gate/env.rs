@@ -1,7 +1,9 @@
 //! Environment variables, by allow-list. A key a backend sets in a container is a plain name;
 //! a value carries no NUL. What an operator (or an embedded backend's manifest, which stands in
 //! for its grant) may grant is an exact key or a vendor prefix glob: `NVIDIA_*` admits
-//! `NVIDIA_VISIBLE_DEVICES` and nothing outside `NVIDIA_`. A bare `*`, any other wildcard, or a
+//! `NVIDIA_VISIBLE_DEVICES` and nothing outside `NVIDIA_`; numbered keys of one stem are granted
+//! as `STEM#`: `QAT#` admits `QAT0` … `QAT9999` (the stem and 1–4 digits) and nothing else,
+//! as Intel's QAT plugin names them. A bare `*`, any other wildcard, or a
 //! prefix too short to name a vendor (`A_*`, `HF_*`, `LD_*`) is refused where the grant is
 //! loaded, with what to write instead: such a glob admitted `LUA_INIT`, `ERL_AFLAGS`,
 //! `PIP_INDEX_URL` and every other key that makes a program run code or fetch from elsewhere, and
@@ -11,8 +13,11 @@ use super::Refused;
 
 /// Longest env key devplug passes on.
 pub const MAX_KEY: usize = 256;
-/// Shortest vendor prefix a glob grant may name, before its `_` (`AMD_*`, `NVIDIA_*`).
+/// Shortest vendor prefix a glob grant may name, before its `_` (`AMD_*`, `NVIDIA_*`); also the
+/// shortest stem of a numbered grant (`QAT#`).
 pub const MIN_PREFIX: usize = 3;
+/// Most digits a numbered grant's keys carry after their stem.
+pub const MAX_DIGITS: usize = 4;
 
 /// An env key a container may be given: `[A-Za-z_][A-Za-z0-9_]*`, at most [`MAX_KEY`] bytes.
 /// The only key type a container's environment holds (`model::ContainerEdits::env`).
@@ -68,6 +73,8 @@ pub enum EnvGrant {
     Exact(EnvKey),
     /// The prefix, `_` included (`NVIDIA_`).
     Prefix(String),
+    /// `STEM#`: the stem followed by 1 to [`MAX_DIGITS`] decimal digits (`QAT0`, `QAT31`).
+    Numbered(String),
     /// `*`: only in a request ([`EnvGrant::request`]); an operator's grant never holds it.
     Any,
 }
@@ -78,7 +85,16 @@ impl EnvGrant {
         if let Ok(key) = EnvKey::new(pattern) {
             return Ok(EnvGrant::Exact(key));
         }
-        let instead = "name the keys (env = [\"VENDOR_VISIBLE_DEVICES\"]) or one vendor prefix of at least 3 characters (env = [\"VENDOR_*\"])";
+        let instead = "name the keys (env = [\"VENDOR_VISIBLE_DEVICES\"]), one vendor prefix of at least 3 characters (env = [\"VENDOR_*\"]) or numbered keys of one stem (env = [\"QAT#\"] for QAT0, QAT1, …)";
+        if let Some(stem) = pattern.strip_suffix('#') {
+            return numbered(stem).ok_or_else(|| {
+                Refused::owned(
+                    "env grant",
+                    pattern,
+                    format!("a numbered grant is a plain name of at least {MIN_PREFIX} characters and `#`: {instead}"),
+                )
+            });
+        }
         let Some(prefix) = pattern.strip_suffix('*') else {
             return Err(Refused::owned("env grant", pattern, format!("not a plain key: {instead}")));
         };
@@ -108,6 +124,9 @@ impl EnvGrant {
         if let Ok(key) = EnvKey::new(pattern) {
             return Some(EnvGrant::Exact(key));
         }
+        if let Some(stem) = pattern.strip_suffix('#') {
+            return numbered(stem);
+        }
         let prefix = pattern.strip_suffix('*')?;
         EnvKey::new(prefix).ok().map(|_| EnvGrant::Prefix(prefix.to_owned()))
     }
@@ -117,9 +136,19 @@ impl EnvGrant {
         match self {
             EnvGrant::Exact(k) => k == key,
             EnvGrant::Prefix(p) => key.as_str().len() > p.len() && key.as_str().starts_with(p.as_str()),
+            EnvGrant::Numbered(stem) => key.as_str().strip_prefix(stem.as_str()).is_some_and(|digits| {
+                (1..=MAX_DIGITS).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit())
+            }),
             EnvGrant::Any => true,
         }
     }
+}
+
+/// The numbered grant of `stem` (`QAT` of `QAT#`), if it is a plain name long enough to be a
+/// vendor's.
+fn numbered(stem: &str) -> Option<EnvGrant> {
+    let key = EnvKey::new(stem).ok()?;
+    (key.as_str().len() >= MIN_PREFIX).then(|| EnvGrant::Numbered(key.as_str().to_owned()))
 }
 
 /// A backend's env rule: a key passes when its manifest requested it and its grant admits it,
@@ -191,6 +220,28 @@ mod tests {
         assert!(!any.allows(&k("LD_PRELOAD")));
     }
 
+    /// Issue 52: numbered keys of one stem (Intel's `QAT0`…`QAT31`) are one grant, `QAT#`,
+    /// that admits the stem and digits only; what it refuses says what to write.
+    #[test]
+    fn a_numbered_grant_admits_its_stem_and_digits_only() {
+        let k = |s: &str| EnvKey::new(s).unwrap();
+        let g = EnvGrant::new("QAT#").unwrap();
+        for ok in ["QAT0", "QAT31", "QAT9999"] {
+            assert!(g.admits(&k(ok)), "{ok}");
+        }
+        for no in ["QAT", "QAT10000", "QATX", "QAT1_X", "QAT_1", "QATS0", "XQAT1", "LD_PRELOAD"] {
+            assert!(!g.admits(&k(no)), "{no}");
+        }
+        for bad in ["Q#", "QA#", "#", "1AB#", "QAT-#", "QAT##", "QAT*#"] {
+            let e = EnvGrant::new(bad).unwrap_err().to_string();
+            assert!(e.contains("QAT#"), "{bad}: {e}");
+        }
+        let rule = EnvRule::new(&["QAT#".into()], &["QAT#".into()]);
+        assert!(rule.allows(&k("QAT7")) && !rule.allows(&k("QATX")) && !rule.named(&k("QAT7")));
+        let unrequested = EnvRule::new(&["NVIDIA_*".into()], &["QAT#".into()]);
+        assert!(!unrequested.allows(&k("QAT7")), "a grant alone is not a request");
+    }
+
     proptest! {
         #[test]
         fn no_input_yields_a_key_a_container_runtime_would_mangle(s in any::<String>()) {
@@ -206,12 +257,17 @@ mod tests {
 
         /// Whatever the grant pattern, what it admits stays inside one vendor's prefix.
         #[test]
-        fn no_grant_admits_a_key_outside_the_prefix_it_names(pattern in "[A-Z_*?]{0,12}", key in "[A-Z_]{1,16}") {
+        fn no_grant_admits_a_key_outside_the_prefix_it_names(pattern in "[A-Z_*?#]{0,12}", key in "[A-Z_0-9]{1,16}") {
             if let (Ok(g), Ok(k)) = (EnvGrant::new(&pattern), EnvKey::new(&key)) && g.admits(&k) {
                 match g {
                     EnvGrant::Exact(e) => prop_assert_eq!(e.as_str(), key.as_str()),
                     EnvGrant::Prefix(p) => {
                         prop_assert!(key.starts_with(&p) && p.split('_').next().unwrap().len() >= MIN_PREFIX);
+                    }
+                    EnvGrant::Numbered(stem) => {
+                        let digits = &key[stem.len()..];
+                        prop_assert!(key.starts_with(&stem) && !digits.is_empty());
+                        prop_assert!(digits.len() <= MAX_DIGITS && digits.bytes().all(|b| b.is_ascii_digit()));
                     }
                     EnvGrant::Any => prop_assert!(false, "a grant never admits every key"),
                 }

@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::dirwatch::DirWatcher;
 use super::plumbing::EndpointCtx;
-use super::state::EndpointState;
 use super::{KubeletPaths, ResourceHandle, socket_mode, watcher_mode};
 use crate::plugin_socket::registration::{Board, RegistrationState, alarm};
 
@@ -108,7 +107,7 @@ impl Endpoints {
         let cancel = CancellationToken::new();
         let (registration, state) = watch::channel(RegistrationState::new(
             subject(&name),
-            "kubelet-socket",
+            crate::plugin_socket::Mode::KubeletSocket,
             self.paths.device_plugin_dir.clone(),
         ));
         self.board.show(state.clone());
@@ -146,11 +145,10 @@ impl Endpoints {
         }
     }
 
-    /// Every endpoint's state, by resource name.
-    pub async fn states(&self) -> Vec<(String, EndpointState)> {
+    /// Every endpoint's registration stage, by resource name.
+    pub async fn states(&self) -> Vec<(String, crate::plugin_socket::Stage)> {
         let running = self.running.lock().await;
-        let mut v: Vec<_> =
-            running.iter().map(|(n, r)| (n.clone(), EndpointState::from(&r.state.borrow().stage))).collect();
+        let mut v: Vec<_> = running.iter().map(|(n, r)| (n.clone(), r.state.borrow().stage.clone())).collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }

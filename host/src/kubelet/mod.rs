@@ -11,7 +11,6 @@ pub mod podresources;
 mod registration;
 mod service;
 mod socket_mode;
-mod state;
 pub mod uds;
 mod watcher_mode;
 
@@ -20,11 +19,11 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+pub use crate::plugin_socket::Stage;
 pub use answer::{CdiTarget, Delivery, Strategy};
 pub use dirwatch::{DirEvent, DirWatcher};
 pub use endpoint::{Endpoints, PATIENCE, RegistrationMode};
 pub use service::DevicePluginService;
-pub use state::EndpointState;
 
 use crate::model::{ContainerEdits, Resource, ResourceOptions};
 

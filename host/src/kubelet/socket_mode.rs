@@ -65,7 +65,7 @@ pub(super) async fn run(ctx: EndpointCtx, handle: ResourceHandle) {
     let sock_name = names::socket_file_name(&handle.name);
     let sock_path = ctx.paths.device_plugin_dir.join(&sock_name);
     let kubelet_sock = ctx.paths.device_plugin_dir.join(KUBELET_SOCKET);
-    ctx.registering_at("kubelet-socket", &sock_path);
+    ctx.registering_at(crate::plugin_socket::Mode::KubeletSocket, &sock_path);
     let mut ep = SocketEndpoint { ctx, handle, sock_name, sock_path, kubelet_sock, backoff: FIRST_BACKOFF };
     let mut reason = "start";
     let mut current: Option<Generation> = None;

@@ -34,7 +34,7 @@ pub(super) async fn run(mut ctx: EndpointCtx, handle: ResourceHandle, fall_back:
     let resource = handle.name.clone();
     let sock_path: PathBuf = ctx.paths.plugins_registry_dir.join(names::socket_file_name(&resource));
     let kubelet_sock = ctx.paths.device_plugin_dir.join(KUBELET_SOCKET);
-    ctx.registering_at("plugin-watcher", &sock_path);
+    ctx.registering_at(crate::plugin_socket::Mode::PluginWatcher, &sock_path);
     let mut registered = ctx.registration.subscribe();
     let mut seen = 0u64;
     let mut backoff = FIRST_BACKOFF;

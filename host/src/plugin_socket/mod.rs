@@ -15,5 +15,5 @@ pub mod registration;
 pub mod serve;
 
 pub use bind::bind;
-pub use registration::{Registration, RegistrationState, Stage};
+pub use registration::{Mode, Registration, RegistrationState, Stage};
 pub use serve::serve;

@@ -44,13 +44,38 @@ impl std::fmt::Display for Stage {
     }
 }
 
+/// How kubelet finds a registration: the two ways a device plugin registers (DRA drivers
+/// always use the watcher). Shown in `/status` and in the log as [`Mode::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `Register` on `kubelet.sock` in the device-plugins directory.
+    KubeletSocket,
+    /// A socket in `plugins_registry` that kubelet's plugin watcher finds by itself.
+    PluginWatcher,
+}
+
+impl Mode {
+    /// The form `/status` shows (a wire format: keep it stable).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::KubeletSocket => "kubelet-socket",
+            Mode::PluginWatcher => "plugin-watcher",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What kubelet did with one registration socket.
 #[derive(Clone, Debug)]
 pub struct RegistrationState {
     /// What registers: `resource nvidia.com/gpu`, `DRA driver gpu.devplug.io`.
     pub subject: String,
-    /// `plugin-watcher` or `kubelet-socket`.
-    pub mode: &'static str,
+    pub mode: Mode,
     pub socket: PathBuf,
     pub stage: Stage,
     /// When the stage last changed.
@@ -60,7 +85,7 @@ pub struct RegistrationState {
 }
 
 impl RegistrationState {
-    pub fn new(subject: String, mode: &'static str, socket: PathBuf) -> Self {
+    pub fn new(subject: String, mode: Mode, socket: PathBuf) -> Self {
         RegistrationState {
             subject,
             mode,
@@ -90,7 +115,7 @@ impl RegistrationState {
             (_, Stage::InfoAsked) => {
                 "kubelet asked GetInfo but never reported NotifyRegistrationStatus: check kubelet's log for this plugin (its handler may have failed to dial the endpoint)"
             }
-            ("plugin-watcher", _) => {
+            (Mode::PluginWatcher, _) => {
                 "kubelet's plugin watcher never called: check that this directory is kubelet's plugins_registry (--root-dir) and is mounted into the pod, and that kubelet runs"
             }
             _ => {
@@ -153,7 +178,7 @@ impl Board {
             .map(|r| {
                 serde_json::json!({
                     "subject": r.subject,
-                    "mode": r.mode,
+                    "mode": r.mode.as_str(),
                     "socket": r.socket.display().to_string(),
                     "state": r.stage.to_string(),
                     "for_seconds": r.since.elapsed().as_secs(),
@@ -232,7 +257,7 @@ impl pr::registration_server::Registration for Registration {
                 count = st.registered;
                 st.enter(Stage::Registered);
             });
-            tracing::info!(plugin = %self.info.name, mode = "plugin-watcher", "{subject} registered with kubelet");
+            tracing::info!(plugin = %self.info.name, mode = %Mode::PluginWatcher, "{subject} registered with kubelet");
             if let Some(f) = &self.on_registered {
                 f(count);
             }
@@ -251,7 +276,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_registration_kubelet_never_completes_is_overdue_naming_the_socket() {
-        let mut s = RegistrationState::new("DRA driver x.devplug.io".into(), "plugin-watcher", "/p/x-reg.sock".into());
+        let mut s =
+            RegistrationState::new("DRA driver x.devplug.io".into(), Mode::PluginWatcher, "/p/x-reg.sock".into());
         s.enter(Stage::Serving);
         assert_eq!(s.overdue(Duration::from_secs(30)), None);
         tokio::time::advance(Duration::from_secs(31)).await;
@@ -267,7 +293,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_alarm_fires_once_per_stage_however_often_the_state_is_touched() {
         let (tx, rx) =
-            watch::channel(RegistrationState::new("resource a.io/b".into(), "plugin-watcher", "/p/b.sock".into()));
+            watch::channel(RegistrationState::new("resource a.io/b".into(), Mode::PluginWatcher, "/p/b.sock".into()));
         tx.send_modify(|s| s.enter(Stage::Serving));
         let alarm = tokio::spawn(alarm(rx, Duration::from_secs(30)));
         tokio::time::advance(Duration::from_secs(31)).await;

@@ -1,8 +1,9 @@
 //! The shared wasmtime engines: configuration, the epoch ticker that enforces deadlines, the
 //! compile cache keyed by the component's sha256 and the engine's compatibility hash, and the
-//! two compiler tiers: a large component nobody compiled before loads with the baseline
-//! compiler (Winch: seconds) while the optimising one (Cranelift) compiles it in the background
-//! into the cache, for its next load.
+//! two compiler tiers: a large component with no optimised code at hand loads with the baseline
+//! compiler (Winch: seconds) and serves from it; its optimised (Cranelift) code is compiled
+//! after, at idle priority, by [`super::optimizer`], and swapped in when ready. The same path
+//! with or without a cache (the cache only spares the next load the compile).
 
 use crate::sync::Locked;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -42,10 +43,10 @@ pub struct RuntimeConfig {
     /// embedded backends'); used when it fits this engine and CPU, else the component is compiled.
     pub precompiled: &'static [(&'static str, &'static [u8])],
     /// Components at least this large, with no optimised code in the cache, load with the
-    /// baseline compiler first (needs `cache_dir`; `usize::MAX`: never).
+    /// baseline compiler first (`usize::MAX`: never).
     pub baseline_from: usize,
-    /// After a baseline load, compile the optimised code in the background into the cache, for
-    /// the component's next load (a long-running `run`); one-shot commands leave it off.
+    /// After a baseline load, compile the optimised code in the background (at idle priority)
+    /// and swap it in (a long-running `run`); one-shot commands leave it off.
     pub optimize_in_background: bool,
     /// The most compiled code the cache keeps, in bytes: past it the least recently used
     /// entries go (the manifests put the cache on a 256 MiB `emptyDir`; versions accumulated
@@ -90,7 +91,7 @@ pub enum CacheOutcome {
 pub enum Tier {
     /// Cranelift, optimising: the code every backend ends up running.
     Optimized,
-    /// Winch, single-pass: a large component's first load, until its optimised code is cached.
+    /// Winch, single-pass: a large component's first load, until its optimised code is ready.
     Baseline,
 }
 
@@ -135,8 +136,10 @@ pub struct Runtime {
     baseline: Option<Compiler>,
     pub config: RuntimeConfig,
     pub cache_hits: AtomicU64,
-    /// Background compiles started, by cache entry: each component's once.
-    optimizing: std::sync::Mutex<std::collections::BTreeMap<String, Option<std::thread::JoinHandle<()>>>>,
+    /// Optimised code for components loaded baseline-compiled.
+    optimizer: Arc<super::optimizer::Optimizer>,
+    /// This runtime, for the optimiser's worker (which ends with it).
+    me: std::sync::Weak<Runtime>,
     /// Drives the WASI clocks of guest calls (see [`Runtime::run_until`]).
     timers: Timers,
     /// Deadlines of guest calls that are waiting in the host, woken by the epoch thread.
@@ -264,12 +267,13 @@ impl Runtime {
             .thread_name("devplug-guest-timers")
             .enable_all()
             .build()?;
-        Ok(Arc::new(Runtime {
+        Ok(Arc::new_cyclic(|me| Runtime {
             optimized,
             baseline,
             config,
             cache_hits: AtomicU64::new(0),
-            optimizing: Default::default(),
+            optimizer: Arc::default(),
+            me: me.clone(),
             timers: Timers(Some(timers)),
             cutoffs,
             in_flight,
@@ -306,7 +310,8 @@ impl Runtime {
     }
 
     /// Compile `bytes` (or load the native code this host compiled for them before). Large
-    /// components nobody compiled optimised yet load baseline-compiled (see [`BASELINE_FROM`]).
+    /// components with no optimised code at hand load baseline-compiled (see [`BASELINE_FROM`]
+    /// and [`Runtime::optimize_later`]), with a cache or without.
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
@@ -314,9 +319,11 @@ impl Runtime {
         if let Some(component) = self.precompiled(&digest) {
             return Ok(done(component, CacheOutcome::Precompiled, Tier::Optimized));
         }
+        let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from);
         let Some(dir) = &self.config.cache_dir else {
-            let component = compile_with(&self.optimized.engine, bytes)?;
-            return Ok(done(component, CacheOutcome::Disabled, Tier::Optimized));
+            let compiler = baseline.unwrap_or(&self.optimized);
+            let component = compile_with(&compiler.engine, bytes)?;
+            return Ok(done(component, CacheOutcome::Disabled, compiler.tier));
         };
         // Native code is loaded from here, so the directory must be devplug's alone: created
         // 0700, checked to be its user's and writable by no one else, and its files opened
@@ -331,13 +338,11 @@ impl Runtime {
         if let Some(c) = state.as_ref().and_then(|s| self.cached(s, dir, &self.optimized, &digest)) {
             return Ok(done(c, CacheOutcome::Hit, Tier::Optimized));
         }
-        let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from && state.is_some());
         let compiler = baseline.unwrap_or(&self.optimized);
-        if compiler.tier == Tier::Baseline {
-            self.optimize_later(dir, &digest, bytes);
-            if let Some(c) = state.as_ref().and_then(|s| self.cached(s, dir, compiler, &digest)) {
-                return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
-            }
+        if compiler.tier == Tier::Baseline
+            && let Some(c) = state.as_ref().and_then(|s| self.cached(s, dir, compiler, &digest))
+        {
+            return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
         }
         let component = compile_with(&compiler.engine, bytes)?;
         if let Some(state) = &state {
@@ -382,45 +387,37 @@ impl Runtime {
         }
     }
 
-    /// Compile the optimised code of a component loaded baseline-compiled, on a thread of its
-    /// own, into the cache: its next load (a restart, a hot swap, the next command) runs it.
-    /// Once per component per process, one at a time.
-    fn optimize_later(&self, dir: &Path, digest: &str, bytes: &[u8]) {
-        let name = self.optimized.entry(digest);
-        let mut started = self.optimizing.locked();
-        if !self.config.optimize_in_background || started.contains_key(&name) {
+    /// Compile the optimised code of component `digest` (loaded baseline-compiled) on the
+    /// background optimiser, after what is queued, and hand it to `deliver` while `wanted`
+    /// says its instance lives; written to the cache too, when there is one. Nothing when
+    /// this runtime does no background compiles (one-shot commands).
+    pub fn optimize_later(
+        &self,
+        digest: &str,
+        bytes: Arc<[u8]>,
+        wanted: Box<dyn Fn() -> bool + Send>,
+        deliver: super::optimizer::Deliver,
+    ) {
+        if !self.config.optimize_in_background {
             return;
         }
-        let (engine, dir, bytes) = (self.optimized.engine.clone(), dir.to_owned(), bytes.to_vec());
-        let max = self.config.cache_max_bytes;
-        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let entry = name.clone();
-        let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || {
-            let _one = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let started = std::time::Instant::now();
-            match (compile_with(&engine, &bytes), crate::durable::StateDir::open(&dir)) {
-                (Ok(component), Ok(state)) => {
-                    store(&state, &dir, &name, &component, max);
-                    tracing::info!(entry = %name, secs = started.elapsed().as_secs_f64(), "optimised code compiled and cached for the next load");
-                }
-                (Err(e), _) => tracing::warn!(entry = %name, error = %e, "optimising a baseline-loaded backend failed; it keeps its baseline code"),
-                (_, Err(e)) => tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; optimised code not kept"),
-            }
-        });
-        match spawned {
-            Ok(handle) => {
-                started.insert(entry, Some(handle));
-            }
-            Err(e) => tracing::warn!(error = %e, "could not start the background compile"),
-        }
+        let cache = self
+            .config
+            .cache_dir
+            .as_ref()
+            .map(|dir| (dir.clone(), self.optimized.entry(digest), self.config.cache_max_bytes));
+        let job = super::optimizer::Job { digest: digest.to_owned(), cache, bytes, wanted, deliver };
+        self.optimizer.push(self.me.clone(), job);
     }
 
-    /// Wait for the background compiles started so far (tests, benchmarks, a clean exit).
+    /// Whether component `digest` waits for, or is getting, its optimised code.
+    pub fn optimizing(&self, digest: &str) -> bool {
+        self.optimizer.pending(digest)
+    }
+
+    /// Wait for the background compiles queued so far (tests, benchmarks, a clean exit).
     pub fn finish_background_compiles(&self) {
-        let handles: Vec<_> = self.optimizing.locked().values_mut().filter_map(Option::take).collect();
-        for h in handles {
-            let _ = h.join();
-        }
+        self.optimizer.wait_idle();
     }
 
     /// The build-time native code of the component with this digest, if there is some and it
@@ -461,14 +458,27 @@ fn compile_with(engine: &Engine, bytes: &[u8]) -> Result<Component, LoadError> {
 /// `max` bytes; a failure is logged, not fatal.
 fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component, max: u64) {
     match component.serialize() {
-        Ok(native) => {
-            if let Err(e) = state.write(name, &native, true) {
-                tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
-            }
-        }
+        Ok(native) => write_native(state, dir, name, &native),
         Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
     }
     evict(state, dir, name, max);
+}
+
+/// [`store`] for code compiled elsewhere (the background optimiser), the cache opened here.
+pub(super) fn store_native(dir: &Path, name: &str, native: &[u8], max: u64) {
+    match crate::durable::StateDir::open(dir) {
+        Ok(state) => {
+            write_native(&state, dir, name, native);
+            evict(&state, dir, name, max);
+        }
+        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; optimised code not kept"),
+    }
+}
+
+fn write_native(state: &crate::durable::StateDir, dir: &Path, name: &str, native: &[u8]) {
+    if let Err(e) = state.write(name, native, true) {
+        tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
+    }
 }
 
 /// Remove the least recently used compiled code until the cache's `.cwasm` files take at most

@@ -1,6 +1,7 @@
 //! A backend's log lines: its rate budget (its `log` calls, stdout, stderr and the host's lines
 //! about it together) and its stdout/stderr, logged line by line under its name, the last stderr
-//! lines kept for a trap's message.
+//! lines kept for a trap's message ([`LastWords`]), with the exception a JavaScript or Python
+//! runtime printed before it aborted, and where it was raised, put first.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -64,7 +65,7 @@ pub(super) struct GuestOutput {
     pub backend: Arc<str>,
     pub log: Arc<LogBudget>,
     pub stream: &'static str,
-    pub tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    pub tail: Option<Arc<Mutex<LastWords>>>,
 }
 
 impl IsTerminal for GuestOutput {
@@ -98,6 +99,74 @@ impl GuestOutput {
 /// Stderr lines kept for a trap's message.
 const LAST_WORDS: usize = 3;
 
+/// What a guest said on stderr in the current call, for the message of a trap that ends it: its
+/// last lines, and an uncaught exception as the language runtimes print one before aborting —
+/// componentize-js (StarlingMonkey) prints `SyntaxError: …`, then `Stack:` and frames
+/// `function@file.js:line:col`, then its abort noise; componentize-py prints a traceback whose
+/// `File "app.py", line 12, in discover` lines come before the exception's own line.
+#[derive(Default)]
+pub struct LastWords {
+    lines: VecDeque<String>,
+    /// The last exception line (`TypeError: …`, `ValueError: …`).
+    thrown: Option<String>,
+    /// Where it was raised: the JS stack's first frame, or the traceback's last `File` line.
+    at: Option<String>,
+    /// The previous line was JS's `Stack:`: the next one is the frame that threw.
+    stack_next: bool,
+}
+
+impl LastWords {
+    fn push(&mut self, line: &str) {
+        let line = line.trim();
+        if self.stack_next {
+            self.stack_next = false;
+            if line.contains('@') {
+                self.at = Some(line.to_owned());
+            }
+        }
+        if line == "Stack:" {
+            self.stack_next = true;
+        } else if line.starts_with("File \"") && line.contains("\", line ") {
+            self.at = Some(line.to_owned());
+        } else if is_exception(line) {
+            self.thrown = Some(line.to_owned());
+        }
+        if self.lines.len() == LAST_WORDS {
+            self.lines.pop_front();
+        }
+        self.lines.push_back(line.to_owned());
+    }
+
+    /// The exception and where it was raised, when the guest printed one.
+    pub fn exception(&self) -> Option<String> {
+        let thrown = self.thrown.as_ref()?;
+        Some(match &self.at {
+            Some(at) => format!("{thrown} (at {at})"),
+            None => thrown.clone(),
+        })
+    }
+
+    /// The last lines, joined.
+    pub fn joined(&self) -> String {
+        self.lines.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+
+    pub fn clear(&mut self) {
+        *self = LastWords::default();
+    }
+}
+
+/// Whether `line` is how a JavaScript or Python runtime states an uncaught exception: a
+/// dotted name ending in `Error`, `Exception`, `Exit` or `Interrupt`, alone or before `: ` (JS
+/// may say `Uncaught ` first).
+fn is_exception(line: &str) -> bool {
+    let line = line.strip_prefix("Uncaught ").unwrap_or(line);
+    let name = line.split_once(": ").map_or(line, |(n, _)| n);
+    let plain = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.');
+    plain && ["Error", "Exception", "Exit", "Interrupt"].iter().any(|k| name.ends_with(k))
+}
+
 /// Longest line kept before it is logged anyway.
 const MAX_LINE: usize = 1024;
 
@@ -105,7 +174,7 @@ struct LineLogger {
     backend: Arc<str>,
     log: Arc<LogBudget>,
     stream: &'static str,
-    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    tail: Option<Arc<Mutex<LastWords>>>,
     buf: Vec<u8>,
 }
 
@@ -128,11 +197,7 @@ impl LineLogger {
             && !line.trim().is_empty()
             && !line.starts_with("note: run with")
         {
-            let mut t = tail.locked();
-            if t.len() == LAST_WORDS {
-                t.pop_front();
-            }
-            t.push_back(crate::gate::clip_to(line.trim(), 512).into_owned());
+            tail.locked().push(&crate::gate::clip_to(line.trim(), 512));
         }
         if self.log.admit(&self.backend) {
             let line = crate::gate::clip_to(&line, MAX_LINE);
@@ -189,12 +254,52 @@ mod tests {
     /// characters escaped (a `\r` or an escape sequence cannot rewrite the host's line).
     #[test]
     fn guest_output_lines_are_escaped_records() {
-        let tail: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let tail: Arc<Mutex<LastWords>> = Arc::default();
         let out = GuestOutput { backend: "x".into(), log: Arc::default(), stream: "stderr", tail: Some(tail.clone()) };
         let mut logger = out.logger();
         logger.push(b"one\rforged\x1b[2K\nsecond\n");
-        let kept: Vec<String> = tail.locked().iter().cloned().collect();
-        assert_eq!(kept, ["one\\rforged\\u{1b}[2K", "second"]);
+        assert_eq!(tail.locked().joined(), "one\\rforged\\u{1b}[2K | second");
+    }
+
+    /// Issue 52 (3): a JavaScript backend's exception was only in an INFO line above the trap,
+    /// whose message ended in generated-code noise; Python's traceback likewise. The exception
+    /// and where it was raised are found in what the runtimes print.
+    #[test]
+    fn a_guest_runtimes_exception_and_its_place_are_found() {
+        let words = |text: &str| {
+            let mut w = LastWords::default();
+            text.lines().for_each(|l| w.push(l));
+            w
+        };
+        let js = words(
+            "SyntaxError: JSON.parse: unexpected character at line 1 column 1 of the JSON data\nStack:\n  \
+             discover@backend.js:42:17\n  export_backend_0_3_0$discover@initializer.js:1895:17\n\
+             Redirecting call to abort() to mozalloc_abort",
+        );
+        assert_eq!(
+            js.exception().as_deref(),
+            Some(
+                "SyntaxError: JSON.parse: unexpected character at line 1 column 1 of the JSON data (at discover@backend.js:42:17)"
+            )
+        );
+        let py = words(
+            "Traceback (most recent call last):\n  File \"/app.py\", line 30, in discover\n    \
+             return json.loads(text)\n  File \"/usr/lib/json/__init__.py\", line 346, in loads\n\
+             json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)",
+        );
+        assert_eq!(
+            py.exception().as_deref(),
+            Some(
+                "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0) (at File \"/usr/lib/json/__init__.py\", line 346, in loads)"
+            )
+        );
+        assert_eq!(words("thread 'main' panicked at src/lib.rs:3:5:\nboom").exception(), None);
+        for not in ["Error handling is hard", "ERROR: x", "see: Error", "my error: x", "a.b-c.Error: x"] {
+            assert!(!is_exception(not), "{not}");
+        }
+        for yes in ["TypeError: x is undefined", "Uncaught RangeError: too big", "KeyboardInterrupt", "SystemExit: 1"] {
+            assert!(is_exception(yes), "{yes}");
+        }
     }
 
     #[test]

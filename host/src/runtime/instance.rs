@@ -97,49 +97,105 @@ struct InitedInstance {
     bindings: Bindings,
 }
 
+/// The code a backend runs: its linked component and the engine that compiled it. A
+/// baseline-loaded backend's is replaced once, when its optimised code arrives (see
+/// [`super::optimizer`]); instances made from the old code are dropped, not pooled again.
+struct Code {
+    pre: Prepared,
+    engine: wasmtime::Engine,
+    tier: Tier,
+}
+
+/// Idle instances of one backend.
+type Pool = Mutex<Vec<InitedInstance>>;
+
 /// A backend ready to be called.
 pub struct BackendInstance {
     name: Arc<str>,
     digest: String,
     info: BackendInfo,
     runtime: Arc<Runtime>,
-    pre: Prepared,
+    /// What it runs; the background optimiser holds it weakly, to swap optimised code in.
+    code: Arc<arc_swap::ArcSwap<Code>>,
+    /// The WIT version it was built against (the same in every tier).
+    version: &'static str,
     sandbox: Sandbox,
     config: String,
-    idle: Mutex<Vec<InitedInstance>>,
+    idle: Arc<Pool>,
     pub stats: BackendStats,
     pub cache: CacheOutcome,
-    /// Which compiler made its code.
-    pub tier: Tier,
-    /// The engine its code was compiled for (its stores belong to it).
-    engine: wasmtime::Engine,
+    /// Which compiler made the code it was loaded with (see [`BackendInstance::tier`] for now).
+    pub compiled_as: Tier,
 }
 
 impl BackendInstance {
     /// Compile (or load from cache), link, instantiate and `init` a backend. Fails without side
-    /// effects, so a bad new version never replaces a good one.
+    /// effects, so a bad new version never replaces a good one. Loaded from baseline code, it
+    /// asks the background optimiser for its optimised code once it has `init`ed.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
         let compiled = runtime.compile(bytes)?;
         let engine = compiled.component.engine().clone();
         let pre = Prepared::new(&engine, runtime.linkers_for(&compiled.component), &compiled.component)?;
+        let version = pre.version();
+        let tier = compiled.tier;
         let mut me = BackendInstance {
             name: sandbox.backend.clone(),
             digest: compiled.digest,
             info: BackendInfo::default(),
             runtime: runtime.clone(),
-            pre,
+            code: Arc::new(arc_swap::ArcSwap::from_pointee(Code { pre, engine, tier })),
+            version,
             sandbox,
             config,
-            idle: Mutex::new(Vec::new()),
+            idle: Arc::default(),
             stats: BackendStats::default(),
             cache: compiled.cache,
-            tier: compiled.tier,
-            engine,
+            compiled_as: tier,
         };
         let (live, info) = me.instantiate()?;
         me.info = info;
         me.put_back(live);
+        if tier == Tier::Baseline {
+            me.optimize_later(bytes);
+        }
         Ok(me)
+    }
+
+    /// Queue this backend's optimised compile; when it is ready its code is swapped in and the
+    /// idle baseline instances let go (their memory with them). Calls under way finish on
+    /// the code they started with.
+    fn optimize_later(&self, bytes: &[u8]) {
+        let (code, idle, name) = (Arc::downgrade(&self.code), Arc::downgrade(&self.idle), self.name.clone());
+        let alive = code.clone();
+        let deliver = move |rt: &Runtime, component: wasmtime::component::Component| {
+            let (Some(code), Some(idle)) = (code.upgrade(), idle.upgrade()) else { return };
+            match Prepared::new(rt.engine(), rt.linkers_for(&component), &component) {
+                Ok(pre) => {
+                    code.store(Arc::new(Code { pre, engine: rt.engine().clone(), tier: Tier::Optimized }));
+                    idle.locked().clear();
+                    tracing::info!(backend = %name, compiler = ?Tier::Optimized, "optimised code swapped in");
+                }
+                Err(e) => {
+                    tracing::warn!(backend = %name, error = %e, "optimised code did not link; baseline code keeps serving")
+                }
+            }
+        };
+        self.runtime.optimize_later(
+            &self.digest,
+            Arc::from(bytes),
+            Box::new(move || alive.strong_count() > 0),
+            Box::new(deliver),
+        );
+    }
+
+    /// Which compiler made the code it runs now.
+    pub fn tier(&self) -> Tier {
+        self.code.load().tier
+    }
+
+    /// Whether its optimised code is being (or waits to be) compiled.
+    pub fn optimizing(&self) -> bool {
+        self.tier() == Tier::Baseline && self.runtime.optimizing(&self.digest)
     }
 
     /// sha256 of the component bytes.
@@ -157,7 +213,7 @@ impl BackendInstance {
     }
 
     pub fn wit_version(&self) -> &'static str {
-        self.pre.version()
+        self.version
     }
 
     /// Whether a kernel uevent of `subsystem` should make this backend discover again.
@@ -181,11 +237,12 @@ impl BackendInstance {
     /// one error line, so nothing else ever sees them.
     fn instantiate(&self) -> Result<(InitedInstance, BackendInfo), CallError> {
         let deadline = self.runtime.config.discover_deadline;
-        let mut store = Store::new(&self.engine, HostState::new(self.sandbox.clone()));
+        let code = self.code.load_full();
+        let mut store = Store::new(&code.engine, HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(ticks(deadline));
         store.data_mut().begin_call(deadline);
-        let (pre, config) = (&self.pre, self.config.as_str());
+        let (pre, config) = (&code.pre, self.config.as_str());
         let outcome = self.runtime.run_until(deadline, async {
             let b = pre.instantiate(&mut store).await?;
             let info = b.init(&mut store, config).await?;
@@ -213,11 +270,27 @@ impl BackendInstance {
         }
     }
 
+    /// Pool `live` again, unless it runs code that has been replaced since.
     fn put_back(&self, live: InitedInstance) {
+        if !self.current(&live) {
+            return;
+        }
         let mut idle = self.idle.locked();
         if idle.len() < MAX_IDLE {
             idle.push(live);
         }
+    }
+
+    /// Whether `live` runs the backend's current code.
+    fn current(&self, live: &InitedInstance) -> bool {
+        wasmtime::Engine::same(live.store.engine(), &self.code.load().engine)
+    }
+
+    /// An idle instance of the current code, if one is pooled.
+    fn take(&self) -> Option<InitedInstance> {
+        let live = self.idle.locked().pop()?;
+        // Pooled before the code changed (a call was under way when it was swapped).
+        self.current(&live).then_some(live)
     }
 
     fn classify(&self, store: &Store<HostState>, e: wasmtime::Error, deadline: Duration) -> CallError {
@@ -236,6 +309,10 @@ impl BackendInstance {
             if !said.is_empty() {
                 why = format!("{why}; the backend's last words: {said}");
             }
+            // A JavaScript or Python backend's own exception says what went wrong: first.
+            if let Some(thrown) = store.data().exception() {
+                why = format!("{thrown}; {why}");
+            }
             CallError::Trap(crate::gate::clip_to(&why, 1024).into_owned())
         }
     }
@@ -252,7 +329,7 @@ impl BackendInstance {
             CallKind::Init | CallKind::Discover | CallKind::Describe => self.runtime.config.discover_deadline,
             _ => self.runtime.config.call_deadline,
         };
-        let pooled = self.idle.locked().pop();
+        let pooled = self.take();
         let mut live = match pooled {
             Some(live) => live,
             None => match self.instantiate() {
@@ -345,7 +422,7 @@ impl BackendInstance {
 
     /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
     pub fn has_dra(&self) -> bool {
-        self.pre.version() != super::bindings::v0_1_0::VERSION && self.pre.version() != super::bindings::v0_2_0::VERSION
+        self.version != super::bindings::v0_1_0::VERSION && self.version != super::bindings::v0_2_0::VERSION
     }
 
     /// The backend's edits for a claim's devices, checked against its grants like `allocate`'s;

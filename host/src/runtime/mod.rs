@@ -11,6 +11,7 @@ mod instance;
 pub mod jail;
 pub mod learn;
 pub mod limits;
+mod optimizer;
 pub mod state;
 pub mod vet;
 

@@ -3,7 +3,7 @@
 //! ([`super::limits`]), and a WASI context that has nothing in it (no preopens, env, args,
 //! sockets or name lookup), with stdout/stderr sent to the log ([`super::guest_log`]).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -173,14 +173,14 @@ pub struct HostState {
     /// The host work the current call may still cause (see [`Meter`]).
     pub meter: Meter,
     /// The guest's last stderr lines in the current call: a trap's reason is often only there.
-    words: Arc<Mutex<VecDeque<String>>>,
+    words: Arc<Mutex<super::guest_log::LastWords>>,
     wasi: WasiCtx,
     table: ResourceTable,
 }
 
 impl HostState {
     pub fn new(sandbox: Sandbox) -> Self {
-        let words: Arc<Mutex<VecDeque<String>>> = Arc::default();
+        let words: Arc<Mutex<super::guest_log::LastWords>> = Arc::default();
         let out =
             |stream, tail| GuestOutput { backend: sandbox.backend.clone(), log: sandbox.log.clone(), stream, tail };
         let mut b = WasiCtx::builder();
@@ -205,7 +205,13 @@ impl HostState {
 impl HostState {
     /// The guest's last stderr lines in the current call (see [`begin_call`](Self::begin_call)), joined.
     pub fn last_words(&self) -> String {
-        self.words.locked().iter().cloned().collect::<Vec<_>>().join(" | ")
+        self.words.locked().joined()
+    }
+
+    /// The uncaught exception the guest's runtime printed in the current call, and where it was
+    /// raised, if it printed one.
+    pub fn exception(&self) -> Option<String> {
+        self.words.locked().exception()
     }
 
     /// A guest call starts that may run for `deadline`: its meter is set to what the memory cap

@@ -17,6 +17,8 @@ pub(super) struct Dra {
     pub(super) kubelet: Arc<kubelet_dra::DraKubelet>,
     pub(super) cdi: std::path::PathBuf,
     pub(super) node: String,
+    /// The resources the configuration serves through DRA: a claim waits for each of them.
+    pub(super) resources: Vec<String>,
     pub(super) selectors: scheduler::cel::Selectors,
     /// Claim name → what was prepared for it.
     pub(super) claims: std::sync::Mutex<BTreeMap<String, Held>>,
@@ -40,6 +42,9 @@ fn allocated(held: &BTreeMap<String, Held>) -> Vec<serde_json::Value> {
 /// The namespace `try`'s claims live in.
 const NAMESPACE: &str = "default";
 
+/// How long a claim waits for every DRA resource's devices to be published.
+const WAIT_FOR_BACKENDS: Duration = Duration::from_secs(30);
+
 /// Largest claim file `claim FILE` reads.
 const MAX_CLAIM_FILE: u64 = 1 << 20;
 
@@ -48,14 +53,43 @@ impl Dra {
         self.claims.lock().map_err(|_| anyhow::anyhow!("the claims table was poisoned by an earlier panic"))
     }
 
-    /// Wait (up to 30 s) until this node has a pool published: a claim typed (or piped) while
-    /// the backends are still loading waits for them, as a pod stays pending until devices
-    /// are published, rather than failing on an empty node.
-    async fn published(&self) {
-        let end = tokio::time::Instant::now() + Duration::from_secs(30);
-        while self.api.slices(&self.node, None).is_empty() && tokio::time::Instant::now() < end {
+    /// Wait (up to [`WAIT_FOR_BACKENDS`]) until every resource the configuration serves
+    /// through DRA has devices published on this node: a claim typed (or piped) while the
+    /// backends are still loading waits for all of them, as a pod stays pending until devices
+    /// are published, rather than being allocated from the first pool to appear. What is still
+    /// missing when the wait ends is returned, for the error to name.
+    async fn published(&self) -> Vec<String> {
+        let end = tokio::time::Instant::now() + WAIT_FOR_BACKENDS;
+        loop {
+            let missing = self.missing();
+            if missing.is_empty() || tokio::time::Instant::now() >= end {
+                return missing;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The DRA resources with no device published on this node yet.
+    fn missing(&self) -> Vec<String> {
+        let slices = self.api.slices(&self.node, None);
+        let published: std::collections::BTreeSet<&str> = slices
+            .values()
+            .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+            .filter_map(|d| d["attributes"]["resource"]["string"].as_str())
+            .collect();
+        self.resources.iter().filter(|r| !published.contains(r.as_str())).cloned().collect()
+    }
+
+    /// A failed claim's error, with the resources still without devices when it was tried.
+    fn still_loading(missing: &[String], e: anyhow::Error) -> anyhow::Error {
+        if missing.is_empty() {
+            return e;
+        }
+        e.context(format!(
+            "after {}s these resources still had no devices published (their backends may still be loading, or found none): {}",
+            WAIT_FOR_BACKENDS.as_secs(),
+            missing.join(", ")
+        ))
     }
 
     /// The DeviceClasses devplug installs for the resources published on this node (`dra
@@ -105,7 +139,7 @@ impl Dra {
             }
         }
         anyhow::ensure!(!claims.is_empty(), "{path} has no ResourceClaim or ResourceClaimTemplate");
-        self.published().await;
+        let missing = self.published().await;
         // devplug's classes, and the file's over them.
         let mut classes = self.classes();
         classes.extend(file_classes);
@@ -135,7 +169,7 @@ impl Dra {
                 Ok(allocation) => self.prepare(n, &name, serde_json::to_value(&spec)?, allocation).await,
                 Err(e) => Err(e.into()),
             };
-            match prepared {
+            match prepared.map_err(|e| Self::still_loading(&missing, e)) {
                 Ok(text) => out.push_str(&text),
                 // The file's claims before this one stay prepared: what they got, then why this
                 // one failed.
@@ -149,17 +183,20 @@ impl Dra {
         Ok(out)
     }
 
-    /// `claim DRIVER DEVICE...`: the devices named (by their DRA name or devplug device ID) of
-    /// `driver`'s pool on this node, allocated as given (as an admin would write a claim's
-    /// allocation), and prepared.
-    pub(super) async fn claim_devices(&self, driver: &str, devices: &[&str]) -> anyhow::Result<String> {
-        self.published().await;
+    /// `claim DRIVER DEVICE... [--tolerate-taints]`: the devices named (by their DRA name or
+    /// devplug device ID) of `driver`'s pool on this node, allocated as given (as an admin
+    /// would write a claim's allocation), and prepared. A tainted device (an Unhealthy one) is
+    /// refused with its taint, as the scheduler refuses it, unless the claim tolerates taints.
+    pub(super) async fn claim_devices(&self, driver: &str, words: &[&str]) -> anyhow::Result<String> {
+        let tolerate = words.contains(&"--tolerate-taints");
+        let devices: Vec<&str> = words.iter().copied().filter(|w| *w != "--tolerate-taints").collect();
+        anyhow::ensure!(!devices.is_empty(), "name at least one device: claim DRIVER DEVICE... [--tolerate-taints]");
+        let missing = self.published().await;
         let pool = self.api.devices(&self.node, driver);
-        anyhow::ensure!(
-            !pool.is_empty(),
-            "driver {driver} has no devices published on node {} (see `slices`)",
-            self.node
-        );
+        if pool.is_empty() {
+            let e = anyhow::anyhow!("driver {driver} has no devices published on node {} (see `slices`)", self.node);
+            return Err(Self::still_loading(&missing, e));
+        }
         let n = self.made.fetch_add(1, Ordering::SeqCst) + 1;
         let name = format!("claim-{n}");
         let held = allocated(&*self.held()?);
@@ -179,10 +216,28 @@ impl Dra {
                 .iter()
                 .any(|r| r["driver"] == driver && r["device"] == device_name.as_str() && !r["shareID"].is_string());
             anyhow::ensure!(shared || !busy, "device {d} of {driver} is in another prepared claim: unprepare it first");
+            let taints: Vec<String> = device["taints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| {
+                    let (k, v, e) = (t["key"].as_str(), t["value"].as_str(), t["effect"].as_str());
+                    format!("{}={}:{}", k.unwrap_or("?"), v.unwrap_or(""), e.unwrap_or("?"))
+                })
+                .collect();
+            anyhow::ensure!(
+                tolerate || taints.is_empty(),
+                "device {d} of {driver} is tainted {} (its backend reports it Unhealthy): the scheduler allocates it only to a claim that tolerates the taint; `claim {driver} {d} --tolerate-taints` prepares it anyway",
+                taints.join(", ")
+            );
             let resource = device["attributes"]["resource"]["string"].as_str().unwrap_or("");
             let request = format!("device-{i}");
-            requests.push(serde_json::json!({ "name": request, "exactly": {
-                "deviceClassName": devplug::dra::publish::classes::class_name(resource) } }));
+            let mut exactly =
+                serde_json::json!({ "deviceClassName": devplug::dra::publish::classes::class_name(resource) });
+            if tolerate {
+                exactly["tolerations"] = serde_json::json!([{ "operator": "Exists" }]);
+            }
+            requests.push(serde_json::json!({ "name": request, "exactly": exactly }));
             let mut result =
                 serde_json::json!({ "request": request, "driver": driver, "pool": self.node, "device": device_name });
             if shared {

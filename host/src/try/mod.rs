@@ -16,7 +16,9 @@
 //! allocated as kube-scheduler does: CEL selectors, several requests, `firstAvailable`,
 //! constraints across drivers, counters, taints; then prepared through kubelet's
 //! `NodePrepareResources` by each driver of the claim, its CDI specs printed), `claim DRIVER
-//! DEVICE...` (those devices, by DRA name or device ID) and `unprepare CLAIM`.
+//! DEVICE... [--tolerate-taints]` (those devices, by DRA name or device ID; a tainted,
+//! Unhealthy one only when the claim tolerates taints, as the scheduler decides) and
+//! `unprepare CLAIM`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -106,6 +108,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
             kubelet: dra,
             cdi: cfg.cdi_dir.clone(),
             node: node.clone(),
+            resources: dra_resources.clone(),
             selectors: scheduler::cel::Selectors::new(),
             claims: Default::default(),
             made: Default::default(),
@@ -116,7 +119,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         (Arc::new(Kubelet::start(&cfg.kubelet_dir).await), None)
     };
     let commands = if dra.is_some() {
-        "allocate RESOURCE ID...|COUNT, list, slices, claim FILE, claim DRIVER DEVICE..., unprepare CLAIM, quit"
+        "allocate RESOURCE ID...|COUNT, list, slices, claim FILE, claim DRIVER DEVICE... [--tolerate-taints], unprepare CLAIM, quit"
     } else {
         "allocate RESOURCE ID...|COUNT, list, quit"
     };

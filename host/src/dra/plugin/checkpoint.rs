@@ -141,7 +141,8 @@ impl Checkpoint {
     }
 
     /// The same, as if this process ran in boot `boot` (tests of what a reboot does).
-    pub fn open_in_boot(dir: &Path, boot: &str) -> anyhow::Result<Self> {
+    #[cfg(test)]
+    pub(crate) fn open_in_boot(dir: &Path, boot: &str) -> anyhow::Result<Self> {
         Ok(Checkpoint { boot: boot.to_owned(), ..Self::open(dir)? })
     }
 
@@ -161,11 +162,6 @@ impl Checkpoint {
         self.saved.locked().claims.keys().cloned().collect()
     }
 
-    /// Remember `claim` as prepared with `devices`, written before this returns.
-    pub fn put(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> std::io::Result<()> {
-        self.put_many(&[(claim.clone(), devices.to_vec())])
-    }
-
     /// Remember each claim as prepared with its devices: one journal append, written before
     /// this returns.
     pub fn put_many(&self, claims: &[(ClaimRef, Vec<PreparedDevice>)]) -> std::io::Result<()> {
@@ -178,11 +174,6 @@ impl Checkpoint {
             })
             .collect();
         self.record(changes)
-    }
-
-    /// Forget claim `uid`, written before this returns; whether it was there.
-    pub fn remove(&self, uid: &str) -> std::io::Result<bool> {
-        Ok(self.remove_many(&[uid.to_owned()])? == 1)
     }
 
     /// Forget these claims (one append); how many were there.
@@ -363,7 +354,7 @@ mod tests {
         let cp = Checkpoint::open_in_boot(dir.path(), "boot-1").unwrap();
         for uid in ["a", "b"] {
             let (c, d) = claim(uid);
-            cp.put(&c, &d).unwrap();
+            cp.put_many(&[(c.clone(), d)]).unwrap();
         }
         cp.compact().unwrap();
         std::fs::read(dir.path().join(FILE)).unwrap()
@@ -446,8 +437,8 @@ mod tests {
         assert_eq!(cp.journal.appends(), 2);
         for i in 0..300 {
             let (c, d) = claim(&format!("x{i}"));
-            cp.put(&c, &d).unwrap();
-            cp.remove(&c.uid).unwrap();
+            cp.put_many(&[(c.clone(), d)]).unwrap();
+            cp.remove_many(std::slice::from_ref(&c.uid)).unwrap();
         }
         assert!(cp.journal.lines() <= COMPACT_AT + 1, "folded into the snapshot: {}", cp.journal.lines());
         drop(cp);

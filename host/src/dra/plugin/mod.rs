@@ -2,9 +2,10 @@
 //! service kubelet calls on a driver's `dra.sock`, and what it keeps on the node.
 //!
 //! - [`service`]: `NodePrepareResources` / `NodeUnprepareResources` in `v1` and `v1beta1`,
-//!   claim locks, one checkpoint flush a call; [`prepare`]: what preparing a claim does (the
-//!   allocation read from the API server → the backend's edits → a [`PreparedClaim`] whose CDI
-//!   spec is written once the claim is recorded).
+//!   claim locks, one checkpoint flush a call, the claim read through [`claim_api`] (checked
+//!   into an [`Allocation`]); [`prepare`]: what preparing a claim does, from values (this
+//!   driver's devices → the backend's edits → a [`PreparedClaim`] whose CDI spec is written
+//!   once the claim is recorded).
 //! - [`checkpoint`], [`journal`]: the crash-safe record of prepared claims.
 //! - [`claims`]: where each claim stands (prepared, or stuck and how to release it).
 //! - [`status`]: the claim's `status.devices` reported Ready (KEP-4817).
@@ -12,6 +13,7 @@
 //! - [`registration`]: kubelet's plugin watcher finding the driver.
 
 pub mod checkpoint;
+pub mod claim_api;
 pub mod claims;
 pub mod health;
 pub mod journal;
@@ -21,4 +23,5 @@ pub mod service;
 pub mod status;
 
 pub use checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
+pub use claim_api::{Allocation, ApiServer, ClaimApi};
 pub use service::{ClaimPreparer, DraPlugin, PreparedClaim};

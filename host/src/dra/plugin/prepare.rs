@@ -1,18 +1,19 @@
-//! Preparing a claim on this node: the claim's allocation read from the API server, each
-//! allocated device of this driver mapped back to its backend's device, the backend asked for
-//! its edits (`allocate`, checked against its grants like every answer), and one CDI spec
-//! written for the claim and driver (`devplug-claim-<uid>-<driver>.json`, kind [`CLAIM_KIND`]) whose device IDs go
-//! back to kubelet. The claim's spec holds each device's own edits and, at spec level, the
-//! resources' common edits and what `allocate` returned; it lives until the claim is
-//! unprepared, independent of the resources' own specs.
+//! Preparing a claim on this node, from values: the claim's [`Allocation`] (read by the service)
+//! → each allocated device of this driver mapped back to its backend's device → the backend's
+//! edits (`prepare`, or `allocate` per resource; checked against its grants like every
+//! answer) → a [`PreparedClaim`]: what kubelet is told, the claim's CDI spec
+//! (`devplug-claim-<uid>-<driver>.json`, kind [`CLAIM_KIND`]) and its devices' status, written
+//! by [`ClaimPreparer::commit`] once the claim is recorded. The only calls out are the
+//! backend's; the spec holds each device's own edits and, at spec level, the resources' common
+//! edits and what the backend returned, and lives until the claim is unprepared.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
 use tracing::Instrument;
 
 use super::checkpoint::{ClaimRef, PreparedDevice};
+use super::claim_api::Allocation;
 use super::service::{ClaimPreparer, PreparedClaim};
 use crate::cdi::{Kind, SpecDir};
 use crate::dra::served::{Served, ServedResource};
@@ -36,20 +37,8 @@ fn cdi_safe(s: &str) -> String {
     s.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "_.:-".contains(c) { c } else { '_' }).collect()
 }
 
-/// The claim `namespace/name` as the API server has it.
-async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<ResourceClaim, DraError> {
-    kube::Api::<ResourceClaim>::namespaced(client.clone(), namespace)
-        .get(name)
-        .instrument(tracing::debug_span!("dra.claim_get"))
-        .await
-        .map_err(|e| {
-            DraError::Api(format!("reading ResourceClaim {namespace}/{name}: {}", crate::gate::clip(&e.to_string())))
-        })
-}
-
 /// One driver's preparer.
 pub struct Preparer {
-    pub client: kube::Client,
     /// The driver's resources and pool on this node.
     pub served: Arc<Served>,
     pub specs: Arc<SpecDir>,
@@ -71,58 +60,50 @@ struct Picked {
 type Groups = BTreeMap<String, (ServedResource, Vec<Picked>)>;
 
 impl Preparer {
-    /// The devices of this driver the claim was allocated, grouped by resource.
     fn id(&self) -> &PoolId {
         &self.served.id
     }
 
-    async fn allocated(&self, claim: &ClaimRef) -> Result<(Groups, Vec<String>), DraError> {
-        let rc = self::claim(&self.client, &claim.namespace, &claim.name).await?;
-        let uid = rc.metadata.uid.clone().unwrap_or_default();
-        if uid != claim.uid {
-            return Err(DraError::Claim(format!(
-                "ResourceClaim {}/{} has UID {uid:?}, kubelet asked for {:?}: it was deleted and created again",
-                claim.namespace, claim.name, claim.uid
-            )));
-        }
-        let Some(allocation) = rc.status.and_then(|s| s.allocation) else {
-            return Err(DraError::Claim(format!("ResourceClaim {}/{} is not allocated", claim.namespace, claim.name)));
-        };
-        let devices = allocation.devices.unwrap_or_default();
-        // The opaque parameters of this driver's configuration (class's first, then the claim's),
-        // as JSON text, for a backend's `prepare`.
-        let config: Vec<String> = devices
+    /// This driver's part of `allocation`: its devices grouped by resource, and its opaque
+    /// configuration as JSON text for a backend's `prepare`.
+    fn mine(&self, claim: &ClaimRef, allocation: &Allocation) -> Result<(Groups, Vec<String>), DraError> {
+        let driver = &self.id().driver;
+        let config: Vec<String> = allocation
             .config
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|c| c.opaque.filter(|o| o.driver == self.id().driver))
+            .iter()
+            .filter_map(|c| c.opaque.as_ref().filter(|o| &o.driver == driver))
             .map(|o| o.parameters.0.to_string())
             .collect();
-        let results = devices.results.unwrap_or_default();
-        let mut groups: BTreeMap<String, (ServedResource, Vec<Picked>)> = BTreeMap::new();
-        for r in results.into_iter().filter(|r| r.driver == self.id().driver) {
+        let mut groups: Groups = BTreeMap::new();
+        for r in allocation.results.iter().filter(|r| &r.driver == driver) {
             if r.pool != self.id().pool() {
-                return Err(DraError::Claim(format!(
-                    "device {} (request {}) is in pool {}, not this node's pool {}",
-                    r.device,
-                    r.request,
-                    r.pool,
-                    self.id().pool()
-                )));
+                return Err(DraError::claim(
+                    &claim.namespace,
+                    &claim.name,
+                    format!(
+                        "device {} (request {}) is in pool {}, not this node's pool {}",
+                        r.device,
+                        r.request,
+                        r.pool,
+                        self.id().pool()
+                    ),
+                ));
             }
             let Some((resource, id)) = self.served.lookup(&r.device) else {
-                return Err(DraError::Claim(format!(
-                    "device {} (request {}) is not among driver {}'s devices on this node now (gone since the scheduler allocated it)",
-                    r.device,
-                    r.request,
-                    self.id().driver
-                )));
+                return Err(DraError::claim(
+                    &claim.namespace,
+                    &claim.name,
+                    format!(
+                        "device {} (request {}) is not among driver {driver}'s devices on this node now (gone since the scheduler allocated it)",
+                        r.device, r.request
+                    ),
+                ));
             };
             groups.entry(resource.name.clone()).or_insert_with(|| (resource, Vec::new())).1.push(Picked {
-                request: r.request,
-                name: r.device,
+                request: r.request.clone(),
+                name: r.device.clone(),
                 id,
-                share_id: r.share_id,
+                share_id: r.share_id.clone(),
             });
         }
         Ok((groups, config))
@@ -131,9 +112,14 @@ impl Preparer {
 
 #[async_trait::async_trait]
 impl ClaimPreparer for Preparer {
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError> {
-        let (groups, config) = self.allocated(claim).await?;
-        let kind = Kind::for_resource(CLAIM_KIND).map_err(|e| DraError::Claim(format!("the claims' CDI kind: {e}")))?;
+    async fn prepare(&self, claim: &ClaimRef, allocation: &Allocation) -> Result<PreparedClaim, DraError> {
+        let (groups, config) = self.mine(claim, allocation)?;
+        let Some((first, _)) = groups.values().next() else {
+            // Nothing of this driver's: kubelet is told so, nothing is written.
+            return Ok(PreparedClaim::devices(Vec::new()));
+        };
+        let kind = Kind::for_resource(CLAIM_KIND)
+            .map_err(|e| DraError::Spec { doing: "naming", source: crate::cdi::CdiError::Name(e) })?;
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
         let mut status = Vec::new();
@@ -149,24 +135,19 @@ impl ClaimPreparer for Preparer {
                 })
             })
             .collect();
-        let whole = match groups.values().next() {
-            Some((served, _)) => {
-                served
-                    .calls
-                    .prepare(claim.uid.clone(), claim_devices, config)
-                    .instrument(tracing::debug_span!("dra.backend_call"))
-                    .await?
-            }
-            None => None,
-        };
+        let whole = first
+            .calls
+            .prepare(claim.uid.clone(), claim_devices, config)
+            .instrument(tracing::debug_span!("dra.backend_call"))
+            .await?;
         if let Some(edits) = &whole {
             common.merge(edits);
         }
         // The node gate's view and what the claim holds, across its resources: its spec carries
         // its own devices' nodes and nodes no device owns, never another device's, of any
         // backend (the rule Allocate's answers follow too).
-        let owners = groups.values().next().map(|(s, _)| s.owners.load()).unwrap_or_default();
-        let backend = groups.values().next().map(|(s, _)| s.backend.clone()).unwrap_or_default();
+        let owners = first.owners.load();
+        let backend = first.backend.clone();
         let held: Vec<(String, String)> = groups
             .iter()
             .flat_map(|(resource, (_, picked))| picked.iter().map(move |p| (resource.clone(), p.id.clone())))
@@ -189,9 +170,11 @@ impl ClaimPreparer for Preparer {
             common.merge(&list.common_edits);
             for Picked { request, name, id, share_id } in picked {
                 let Some(d) = list.device(&id) else {
-                    return Err(DraError::Claim(format!(
-                        "device {name} ({resource} {id}) went away while the claim was prepared"
-                    )));
+                    return Err(DraError::claim(
+                        &claim.namespace,
+                        &claim.name,
+                        format!("device {name} ({resource} {id}) went away while the claim was prepared"),
+                    ));
                 };
                 // A CDI device per share: one claim may hold two shares of a shared device. The
                 // UID and names come from the API server: the name passes the CDI name gate.
@@ -200,7 +183,7 @@ impl ClaimPreparer for Preparer {
                     None => format!("{}-{name}", claim.uid),
                 };
                 let cdi_name = crate::gate::CdiName::new(&cdi_name)
-                    .map_err(|e| DraError::Claim(format!("claim {}/{}: {e}", claim.namespace, claim.name)))?;
+                    .map_err(|e| DraError::claim(&claim.namespace, &claim.name, e.to_string()))?;
                 status.push(super::status::entry(self.id(), &name, share_id.as_deref(), d));
                 spec_devices.push((cdi_name.clone(), owners.admit(&label, &held, d.edits.clone()).map_err(&refused)?));
                 out.push(PreparedDevice {
@@ -211,9 +194,6 @@ impl ClaimPreparer for Preparer {
                     share_id,
                 });
             }
-        }
-        if out.is_empty() {
-            return Ok(PreparedClaim::devices(out));
         }
         let common = owners.admit(&label, &held, common).map_err(&refused)?;
         let spec = crate::cdi::spec::build_claim(&kind, &spec_devices, &common);
@@ -246,5 +226,261 @@ impl ClaimPreparer for Preparer {
             r.calls.unprepare(claim.uid.clone()).instrument(tracing::debug_span!("dra.backend_call")).await?;
         }
         self.release(claim)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! `prepare` from values with a fake backend: no API server, no socket.
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::resource::v1::{
+        DeviceAllocationConfiguration, DeviceRequestAllocationResult, OpaqueDeviceConfiguration,
+    };
+    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::dra::DeviceCalls;
+    use crate::dra::error::ErrorClass;
+    use crate::model::{Device, DeviceNode, Health, Resource};
+
+    const DRIVER: &str = "gpu.devplug.io";
+
+    /// A backend as the DRA side calls it: records every call, answers what it was given.
+    #[derive(Default)]
+    struct FakeBackend {
+        /// `prepare`'s answer: `None` leaves the edits to `allocate`.
+        whole: Option<ContainerEdits>,
+        fail: Option<&'static str>,
+        calls: Mutex<Vec<String>>,
+    }
+
+    #[async_trait::async_trait]
+    impl DeviceCalls for FakeBackend {
+        async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, DraError> {
+            self.calls.lock().unwrap().push(format!("allocate {}", ids.join(",")));
+            Ok(ContainerEdits::with_env([("FROM_ALLOCATE".into(), ids.join(","))]))
+        }
+        async fn prepare(
+            &self,
+            claim: String,
+            devices: Vec<ClaimDevice>,
+            config: Vec<String>,
+        ) -> Result<Option<ContainerEdits>, DraError> {
+            let ids: Vec<String> = devices.iter().map(|d| format!("{}:{}:{}", d.request, d.resource, d.id)).collect();
+            self.calls.lock().unwrap().push(format!("prepare {claim} [{}] config {}", ids.join(" "), config.join(" ")));
+            match self.fail {
+                Some(why) => Err(DraError::backend("fake", None, why)),
+                None => Ok(self.whole.clone()),
+            }
+        }
+        async fn unprepare(&self, claim: String) -> Result<(), DraError> {
+            self.calls.lock().unwrap().push(format!("unprepare {claim}"));
+            Ok(())
+        }
+    }
+
+    /// No API server: the status reports go nowhere.
+    struct NoApi;
+    #[async_trait::async_trait]
+    impl super::super::claim_api::ClaimApi for NoApi {
+        async fn get(&self, _: &str, _: &str) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, DraError> {
+            unreachable!("prepare never reads the API server")
+        }
+        async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn gpu(i: u32) -> Device {
+        Device {
+            id: format!("gpu-{i}"),
+            health: Health::Healthy,
+            numa_nodes: vec![0],
+            attributes: vec![],
+            edits: ContainerEdits {
+                device_nodes: vec![DeviceNode {
+                    container_path: format!("/dev/nvidia{i}"),
+                    host_path: String::new(),
+                    permissions: "rw".into(),
+                    numbers: None,
+                }],
+                ..Default::default()
+            },
+            vetted: Default::default(),
+        }
+    }
+
+    struct Bench {
+        preparer: Preparer,
+        backend: Arc<FakeBackend>,
+        owners: crate::model::nodes::OwnersView,
+        _dir: tempfile::TempDir,
+    }
+
+    fn bench(backend: FakeBackend) -> Bench {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = Arc::new(backend);
+        let list = Resource {
+            name: "nvidia.com/gpu".into(),
+            devices: vec![gpu(0), gpu(1)],
+            common_edits: ContainerEdits {
+                device_nodes: vec![DeviceNode {
+                    container_path: "/dev/nvidiactl".into(),
+                    host_path: String::new(),
+                    permissions: "rw".into(),
+                    numbers: None,
+                }],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let owners = crate::model::nodes::OwnersView::default();
+        owners.store(crate::model::nodes::NodeOwners::build([("gpu", &list)]));
+        // The receiver keeps the last list after its sender is gone.
+        let (_, devices) = watch::channel(Arc::new(list));
+        let served = Arc::new(Served::new(PoolId::new(DRIVER, "node-a"), None));
+        served.add(ServedResource {
+            name: "nvidia.com/gpu".into(),
+            backend: "gpu".into(),
+            devices,
+            calls: backend.clone(),
+            owners: owners.clone(),
+        });
+        let preparer = Preparer {
+            served,
+            specs: Arc::new(SpecDir::open(dir.path()).unwrap()),
+            status: super::super::status::Reporter::new(Arc::new(NoApi), DRIVER.into(), Default::default()),
+        };
+        Bench { preparer, backend, owners, _dir: dir }
+    }
+
+    fn result(
+        driver: &str,
+        pool: &str,
+        device: &str,
+        request: &str,
+        share: Option<&str>,
+    ) -> DeviceRequestAllocationResult {
+        DeviceRequestAllocationResult {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+            request: request.into(),
+            share_id: share.map(Into::into),
+            ..Default::default()
+        }
+    }
+
+    fn opaque(driver: &str, json: &str) -> DeviceAllocationConfiguration {
+        DeviceAllocationConfiguration {
+            opaque: Some(OpaqueDeviceConfiguration {
+                driver: driver.into(),
+                parameters: RawExtension(serde_json::from_str(json).unwrap()),
+            }),
+            source: "FromClaim".into(),
+            requests: None,
+        }
+    }
+
+    fn claim() -> ClaimRef {
+        ClaimRef { namespace: "ml".into(), uid: "u-1".into(), name: "train".into() }
+    }
+
+    #[tokio::test]
+    async fn a_claim_becomes_its_devices_cdi_ids_and_one_spec_from_values() {
+        let b = bench(FakeBackend {
+            whole: Some(ContainerEdits::with_env([("FROM_PREPARE".into(), "1".into())])),
+            ..Default::default()
+        });
+        let allocation = Allocation {
+            results: vec![
+                result(DRIVER, "node-a", "gpu-1", "big/fast", None),
+                // Another driver's device in the same claim is that driver's to prepare.
+                result("nic.devplug.io", "node-a", "vf-0", "net", None),
+            ],
+            config: vec![opaque(DRIVER, r#"{"mode":"exclusive"}"#), opaque("nic.devplug.io", r#"{"mtu":9000}"#)],
+        };
+        let p = b.preparer.prepare(&claim(), &allocation).await.unwrap();
+        assert_eq!(p.devices.len(), 1);
+        let d = &p.devices[0];
+        assert_eq!((d.request_names.as_slice(), d.device_name.as_str()), (&["big".to_owned()][..], "gpu-1"));
+        assert_eq!(d.cdi_device_ids, ["devplug.io/claim=u-1-gpu-1"]);
+        assert_eq!(
+            *b.backend.calls.lock().unwrap(),
+            [r#"prepare u-1 [big/fast:nvidia.com/gpu:gpu-1] config {"mode":"exclusive"}"#],
+            "only this driver's devices and configuration reach the backend, and no allocate"
+        );
+        let spec = serde_json::to_string(p.spec.as_ref().unwrap()).unwrap();
+        for wanted in ["/dev/nvidia1", "/dev/nvidiactl", "FROM_PREPARE=1", "u-1-gpu-1"] {
+            assert!(spec.contains(wanted), "{wanted} missing from {spec}");
+        }
+        assert!(!spec.contains("/dev/nvidia0"), "a device the claim does not hold: {spec}");
+        assert_eq!(p.status.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_backend_without_prepare_gives_its_edits_through_allocate_and_shares_get_a_device_each() {
+        let b = bench(FakeBackend::default());
+        let allocation = Allocation {
+            results: vec![
+                result(DRIVER, "node-a", "gpu-0", "a", Some("6f9c2a")),
+                result(DRIVER, "node-a", "gpu-0", "b", Some("0b1/x")),
+            ],
+            config: vec![],
+        };
+        let p = b.preparer.prepare(&claim(), &allocation).await.unwrap();
+        let ids: Vec<&str> = p.devices.iter().map(|d| d.cdi_device_ids[0].as_str()).collect();
+        assert_eq!(ids, ["devplug.io/claim=u-1-gpu-0-6f9c2a", "devplug.io/claim=u-1-gpu-0-0b1_x"]);
+        assert_eq!(p.devices[1].share_id.as_deref(), Some("0b1/x"), "kubelet matches the share as allocated");
+        let calls = b.backend.calls.lock().unwrap().clone();
+        assert_eq!(calls.last().map(String::as_str), Some("allocate gpu-0,gpu-0"), "{calls:?}");
+        assert!(serde_json::to_string(&p.spec).unwrap().contains("FROM_ALLOCATE=gpu-0,gpu-0"));
+    }
+
+    #[tokio::test]
+    async fn a_device_of_another_pool_or_gone_is_the_claims_error_and_the_backend_is_not_asked() {
+        let b = bench(FakeBackend::default());
+        for (device, pool, says) in [
+            ("gpu-0", "node-b", "is in pool node-b, not this node's pool node-a"),
+            ("gpu-7", "node-a", "is not among driver gpu.devplug.io's devices on this node now"),
+        ] {
+            let allocation = Allocation { results: vec![result(DRIVER, pool, device, "gpu", None)], config: vec![] };
+            let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
+            assert_eq!(e.class(), ErrorClass::Claim, "{e:?}");
+            assert!(
+                e.report().starts_with("ResourceClaim ml/train: device ") && e.report().contains(says),
+                "{}",
+                e.report()
+            );
+        }
+        assert!(b.backend.calls.lock().unwrap().is_empty());
+        let none = b.preparer.prepare(&claim(), &Allocation::default()).await.unwrap();
+        assert!(none.devices.is_empty() && none.spec.is_none(), "nothing of this driver's: nothing to write");
+    }
+
+    #[tokio::test]
+    async fn a_backends_failure_or_a_foreign_node_in_its_answer_is_the_backends_error() {
+        let b = bench(FakeBackend { fail: Some("GPU 0000:07:00.0 is in MIG mode"), ..Default::default() });
+        let allocation = Allocation { results: vec![result(DRIVER, "node-a", "gpu-0", "gpu", None)], config: vec![] };
+        let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Backend);
+        assert!(e.report().contains("in MIG mode"), "{}", e.report());
+        // The backend hands the claim gpu-1's node: another device's, refused.
+        let foreign = ContainerEdits {
+            device_nodes: vec![DeviceNode {
+                container_path: "/dev/nvidia1".into(),
+                host_path: String::new(),
+                permissions: "rw".into(),
+                numbers: None,
+            }],
+            ..Default::default()
+        };
+        let b = bench(FakeBackend { whole: Some(foreign), ..Default::default() });
+        assert!(!b.owners.load().owners("/dev/nvidia1").is_empty());
+        let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Backend);
+        assert!(e.report().contains("refused"), "{}", e.report());
     }
 }

@@ -2,7 +2,9 @@
 //! `NodePrepareResources` and `NodeUnprepareResources` as kubelet expects them. One entry per
 //! claim in every answer (a claim's failure is its entry's error, never the RPC's); a claim
 //! prepared once is answered the same way again from the [`Checkpoint`], also after a restart;
-//! unpreparing a claim this node does not hold succeeds (kubelet may repeat it).
+//! unpreparing a claim this node does not hold succeeds (kubelet may repeat it). A claim to
+//! prepare afresh is read from the API server here, as upstream's `kubeletplugin` does, and
+//! handed to the driver's [`ClaimPreparer`] as its checked [`Allocation`].
 //!
 //! The claims of one call are prepared concurrently, each under a lock of its own (a claim is
 //! never prepared and unprepared at once; unrelated claims never wait for each other), and
@@ -20,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
+use super::claim_api::{Allocation, ClaimApi};
 use super::claims::ClaimBoard;
 use crate::dra::DraError;
 use crate::proto::dra::{v1, v1beta1};
@@ -44,8 +47,9 @@ impl PreparedClaim {
 /// the claim's allocation, the host writes them. Unpreparing undoes that.
 #[async_trait::async_trait]
 pub trait ClaimPreparer: Send + Sync + 'static {
-    /// Decide the claim's devices and edits; nothing is written yet (see [`ClaimPreparer::commit`]).
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, DraError>;
+    /// Decide the devices and edits of `claim`, allocated `allocation` (every driver's: take
+    /// this driver's part); nothing is written yet (see [`ClaimPreparer::commit`]).
+    async fn prepare(&self, claim: &ClaimRef, allocation: &Allocation) -> Result<PreparedClaim, DraError>;
     /// Write what `prepare` decided for `claim` (its CDI spec), once the claim is recorded.
     fn commit(&self, _claim: &ClaimRef, _prepared: PreparedClaim) -> Result<(), DraError> {
         Ok(())
@@ -73,6 +77,8 @@ const LOCKS: usize = 64;
 /// One driver's plugin: its preparer and checkpoint.
 pub struct DraPlugin {
     preparer: Arc<dyn ClaimPreparer>,
+    /// Where claims to prepare afresh are read.
+    api: Arc<dyn ClaimApi>,
     checkpoint: Checkpoint,
     /// Kubelet may call prepare and unprepare concurrently: a claim's UID picks one of these
     /// locks, so one claim is handled at a time and unrelated claims rarely share one.
@@ -83,15 +89,13 @@ pub struct DraPlugin {
 }
 
 impl DraPlugin {
-    pub fn new(preparer: Arc<dyn ClaimPreparer>, checkpoint: Checkpoint) -> Self {
-        Self::on_board(preparer, checkpoint, "", Arc::default())
-    }
-
-    /// A plugin for `driver` whose claims show on `board` (every recorded claim as prepared).
-    pub fn on_board(
-        preparer: Arc<dyn ClaimPreparer>,
-        checkpoint: Checkpoint,
+    /// The plugin of `driver`, reading claims from `api`, whose claims show on `board` (every
+    /// recorded claim as prepared).
+    pub fn new(
         driver: &str,
+        preparer: Arc<dyn ClaimPreparer>,
+        api: Arc<dyn ClaimApi>,
+        checkpoint: Checkpoint,
         board: Arc<ClaimBoard>,
     ) -> Self {
         for uid in checkpoint.uids() {
@@ -100,7 +104,7 @@ impl DraPlugin {
             }
         }
         let locks = (0..LOCKS).map(|_| Arc::new(tokio::sync::Mutex::new(()))).collect();
-        DraPlugin { preparer, checkpoint, locks, driver: driver.to_owned(), board }
+        DraPlugin { preparer, api, checkpoint, locks, driver: driver.to_owned(), board }
     }
 
     /// The locks of `claims`, taken in one order (so two calls never wait on each other).
@@ -137,7 +141,11 @@ impl DraPlugin {
         });
         match recorded {
             Some((_, devices)) => Ok(Outcome::Recorded(devices)),
-            None => self.preparer.prepare(claim).await.map(Outcome::Fresh),
+            None => {
+                let found = self.api.get(&claim.namespace, &claim.name).await?;
+                let allocation = super::claim_api::allocation(claim, found)?;
+                self.preparer.prepare(claim, &allocation).await.map(Outcome::Fresh)
+            }
         }
     }
 
@@ -192,10 +200,7 @@ impl DraPlugin {
             tracing::warn!(driver = %self.driver, claim = %shown, uid = %held.uid, "devplug dra release asked for a claim that is not stuck: its backend unprepares it; the release applies only if that fails");
         }
         if let Some(error) = stuck {
-            return Err(DraError::Stuck(format!(
-                "{error} (not retried: the backend is asked once; restart devplug to ask it again, or `devplug dra release --driver {} {}` to drop the claim)",
-                self.driver, held.uid
-            )));
+            return Err(DraError::Stuck { error, driver: self.driver.clone(), uid: held.uid.clone() });
         }
         match self.preparer.unprepare(held, devices).await {
             Ok(()) => {
@@ -210,11 +215,11 @@ impl DraPlugin {
                     claim = %shown,
                     uid = %held.uid,
                     "claim could not be unprepared: {}. Its CDI spec and record stay; kubelet's retries get this error without the backend being asked again. Fix the backend and restart devplug, or release the claim: devplug dra release --driver {} {}",
-                    crate::gate::clip(&e.to_string()),
+                    crate::gate::clip(&e.report()),
                     self.driver,
                     held.uid
                 );
-                self.board.stuck(&self.driver, held, &crate::gate::clip(&e.to_string()));
+                self.board.stuck(&self.driver, held, &crate::gate::clip(&e.report()));
                 Err(e)
             }
         }
@@ -236,7 +241,7 @@ impl DraPlugin {
         let recorded = if fresh.is_empty() {
             Ok(())
         } else {
-            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.put_many(&fresh))
+            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.put_many(&fresh)).map_err(Arc::new)
         };
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
@@ -250,14 +255,12 @@ impl DraPlugin {
                     })
                 }
                 // What was decided is dropped unwritten: no spec without its record.
-                (Ok(Outcome::Fresh(_)), Err(e)) => {
-                    Err(DraError::Checkpoint(format!("prepared, but the checkpoint could not be written: {e}")))
-                }
+                (Ok(Outcome::Fresh(_)), Err(e)) => Err(DraError::Checkpoint { doing: "prepared", source: e.clone() }),
                 (Err(e), _) => Err(e),
             };
             if let Err(e) = &answer {
                 self.board.failed(&self.driver, e);
-                tracing::warn!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, class = e.class().as_str(), "prepare failed: {e}");
+                tracing::warn!(driver = %self.driver, claim = %format!("{}/{}", claim.namespace, claim.name), uid = %claim.uid, class = e.class().as_str(), "prepare failed: {}", crate::gate::clip(&e.report()));
             }
             out.insert(claim.uid.clone(), answer);
         }
@@ -280,12 +283,12 @@ impl DraPlugin {
         let forgotten = if done.is_empty() {
             Ok(0)
         } else {
-            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.remove_many(&done))
+            tracing::debug_span!("dra.checkpoint").in_scope(|| self.checkpoint.remove_many(&done)).map_err(Arc::new)
         };
         let mut out = BTreeMap::new();
         for (claim, outcome) in claims.into_iter().zip(outcomes) {
             let answer = match (outcome, &forgotten) {
-                (Ok(true), Err(e)) => Err(DraError::Checkpoint(format!("checkpoint: {e}"))),
+                (Ok(true), Err(e)) => Err(DraError::Checkpoint { doing: "unprepared", source: e.clone() }),
                 (Ok(true), Ok(_)) => {
                     self.board.gone(&self.driver, &claim.uid);
                     Ok(())
@@ -397,7 +400,7 @@ pub const MAX_ERROR_TEXT: usize = 1024;
 /// A claim's error as kubelet gets it: the API server's and the backend's words in it pass the
 /// text gate (escaped, clipped) here, where the text is written.
 fn kubelet_text(e: &DraError) -> String {
-    crate::gate::clip_to(&e.to_string(), MAX_ERROR_TEXT).into_owned()
+    crate::gate::clip_to(&e.report(), MAX_ERROR_TEXT).into_owned()
 }
 
 version!(V1, v1);
@@ -419,4 +422,132 @@ pub fn serve(
             .add_service(super::health::V1(h).service());
     }
     crate::plugin_socket::serve(path, routes, stop, "DRA plugin server")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceClaimStatus};
+
+    use super::*;
+
+    /// Every claim is in the API server, allocated, with the UID kubelet names.
+    struct Allocated;
+    #[async_trait::async_trait]
+    impl ClaimApi for Allocated {
+        async fn get(&self, _: &str, name: &str) -> Result<ResourceClaim, DraError> {
+            let mut rc = ResourceClaim::default();
+            rc.metadata.uid = Some(format!("uid-{name}"));
+            rc.status =
+                Some(ResourceClaimStatus { allocation: Some(AllocationResult::default()), ..Default::default() });
+            Ok(rc)
+        }
+        async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Writes a claim "spec" file in `cdi` on prepare, as the real preparer does.
+    struct SpecPreparer {
+        cdi: std::path::PathBuf,
+        prepares: AtomicU32,
+        boom: AtomicBool,
+    }
+    #[async_trait::async_trait]
+    impl ClaimPreparer for SpecPreparer {
+        async fn prepare(&self, claim: &ClaimRef, _: &Allocation) -> Result<PreparedClaim, DraError> {
+            assert!(!self.boom.load(Ordering::SeqCst), "prepared again although nothing was lost");
+            self.prepares.fetch_add(1, Ordering::SeqCst);
+            std::fs::write(self.cdi.join(&claim.uid), b"spec").unwrap();
+            Ok(PreparedClaim::devices(vec![PreparedDevice {
+                request_names: vec!["gpu".into()],
+                pool_name: "node-a".into(),
+                device_name: "gpu-0".into(),
+                cdi_device_ids: vec![format!("devplug.io/claim={}-gpu-0", claim.uid)],
+                share_id: None,
+            }]))
+        }
+        fn intact(&self, claim: &ClaimRef) -> bool {
+            self.cdi.join(&claim.uid).exists()
+        }
+        async fn unprepare(&self, _: &ClaimRef, _: &[PreparedDevice]) -> Result<(), DraError> {
+            Ok(())
+        }
+    }
+
+    /// A reboot empties `/var/run/cdi` but not the checkpoint under `/var/lib/kubelet`: a claim
+    /// recorded in another boot, or whose spec is gone, is prepared again (same CDI IDs) instead
+    /// of answered from the record; a claim of this boot with its spec in place is answered from
+    /// it.
+    #[tokio::test]
+    async fn a_claim_prepared_before_a_reboot_is_prepared_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (state, cdi) = (dir.path().join("state"), dir.path().join("cdi"));
+        std::fs::create_dir_all(&cdi).unwrap();
+        let preparer =
+            Arc::new(SpecPreparer { cdi: cdi.clone(), prepares: AtomicU32::new(0), boom: AtomicBool::new(false) });
+        let plugin = |boot: &str| {
+            let checkpoint = Checkpoint::open_in_boot(&state, boot).unwrap();
+            DraPlugin::new("gpu.devplug.io", preparer.clone(), Arc::new(Allocated), checkpoint, Arc::default())
+        };
+        let claim = ClaimRef { namespace: "ml".into(), uid: "uid-train".into(), name: "train".into() };
+        let answer = plugin("boot-a").prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
+        // Same boot, spec in place: from the record.
+        preparer.boom.store(true, Ordering::SeqCst);
+        let same = plugin("boot-a").prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
+        assert_eq!(same, answer);
+        preparer.boom.store(false, Ordering::SeqCst);
+        // The machine reboots: /var/run/cdi is empty, the checkpoint is from boot-a.
+        std::fs::remove_dir_all(&cdi).unwrap();
+        std::fs::create_dir_all(&cdi).unwrap();
+        let again = plugin("boot-b").prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap();
+        assert_eq!(again, answer, "the same CDI IDs");
+        assert!(cdi.join("uid-train").exists(), "the spec is back");
+        assert_eq!(preparer.prepares.load(Ordering::SeqCst), 2);
+        // Recorded in boot-b now: answered from the record again.
+        preparer.boom.store(true, Ordering::SeqCst);
+        let later = plugin("boot-b");
+        assert_eq!(later.prepare(vec![claim.clone()]).await.remove("uid-train").unwrap().unwrap(), answer);
+        // A spec deleted under devplug in the same boot is written again too.
+        preparer.boom.store(false, Ordering::SeqCst);
+        std::fs::remove_file(cdi.join("uid-train")).unwrap();
+        later.prepare(vec![claim]).await.remove("uid-train").unwrap().unwrap();
+        assert!(cdi.join("uid-train").exists());
+    }
+
+    /// A claim the API server cannot give is its entry's error, of class `api`, counted on the
+    /// board, and the preparer is not asked.
+    #[tokio::test]
+    async fn an_unreachable_api_server_fails_the_claim_with_its_cause() {
+        struct Down;
+        #[async_trait::async_trait]
+        impl ClaimApi for Down {
+            async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, DraError> {
+                let status = kube::core::Status::failure("connection refused", "ServiceUnavailable").with_code(503);
+                Err(DraError::Api {
+                    doing: format!("reading ResourceClaim {namespace}/{name}"),
+                    source: Arc::new(kube::Error::Api(status.boxed())),
+                })
+            }
+            async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let preparer = Arc::new(SpecPreparer {
+            cdi: dir.path().to_owned(),
+            prepares: AtomicU32::new(0),
+            boom: AtomicBool::new(true),
+        });
+        let board = Arc::new(ClaimBoard::default());
+        let checkpoint = Checkpoint::open(&dir.path().join("state")).unwrap();
+        let plugin = DraPlugin::new("gpu.devplug.io", preparer, Arc::new(Down), checkpoint, board.clone());
+        let claim = ClaimRef { namespace: "ml".into(), uid: "uid-train".into(), name: "train".into() };
+        let e = plugin.prepare(vec![claim]).await.remove("uid-train").unwrap().unwrap_err();
+        assert_eq!(e.class(), crate::dra::error::ErrorClass::Api);
+        let text = kubelet_text(&e);
+        assert!(text.starts_with("reading ResourceClaim ml/train: ") && text.contains("connection refused"), "{text}");
+        assert_eq!(board.errors()[&("gpu.devplug.io".to_owned(), "api")], 1);
+    }
 }

@@ -8,11 +8,10 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use super::checkpoint::ClaimRef;
+use super::claim_api::ClaimApi;
 use crate::dra::PoolId;
 use crate::model::Device;
 
@@ -70,40 +69,18 @@ pub fn entry(id: &PoolId, name: &str, share_id: Option<&str>, device: &Device) -
     v
 }
 
-/// The field manager a driver applies claim status as.
-fn field_manager(driver: &str) -> String {
-    let mut m = format!("devplug-{driver}");
-    m.truncate(128);
-    m
-}
-
-/// Apply `devices` as this driver's part of the claim's `status.devices`.
-pub async fn apply(client: &kube::Client, driver: &str, claim: &ClaimRef, devices: &[Value]) -> anyhow::Result<()> {
-    let patch = json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": { "name": claim.name, "namespace": claim.namespace },
-        "status": { "devices": devices },
-    });
-    Api::<ResourceClaim>::namespaced(client.clone(), &claim.namespace)
-        .patch_status(&claim.name, &PatchParams::apply(&field_manager(driver)).force(), &Patch::Apply(&patch))
-        .await
-        .map(drop)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-}
-
 /// Applies a prepared claim's status in the background, warning once per driver when the
 /// cluster will not take it.
 pub struct Reporter {
-    pub client: kube::Client,
+    api: std::sync::Arc<dyn ClaimApi>,
     pub driver: String,
     pub policy: StatusPolicy,
     warned: AtomicBool,
 }
 
 impl Reporter {
-    pub fn new(client: kube::Client, driver: String, policy: StatusPolicy) -> std::sync::Arc<Reporter> {
-        std::sync::Arc::new(Reporter { client, driver, policy, warned: AtomicBool::new(false) })
+    pub fn new(api: std::sync::Arc<dyn ClaimApi>, driver: String, policy: StatusPolicy) -> std::sync::Arc<Reporter> {
+        std::sync::Arc::new(Reporter { api, driver, policy, warned: AtomicBool::new(false) })
     }
 
     /// Report `devices` of `claim` Ready, those the policy keeps; never waits for the API server.
@@ -114,7 +91,7 @@ impl Reporter {
         }
         let me = self.clone();
         tokio::spawn(async move {
-            let applied = apply(&me.client, &me.driver, &claim, &devices);
+            let applied = me.api.apply_status(&me.driver, &claim, &devices);
             match tracing::Instrument::instrument(applied, tracing::debug_span!("dra.status_patch")).await {
                 Ok(()) => {
                     tracing::debug!(driver = %me.driver, claim = %format!("{}/{}", claim.namespace, claim.name), "claim device status written")
@@ -177,6 +154,5 @@ mod tests {
         let plain = Device { attributes: vec![], vetted: Default::default(), ..d };
         let e = entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", None, &plain);
         assert!(e["shareID"].is_null() && e["networkData"].is_null());
-        assert_eq!(field_manager(&"d".repeat(300)).len(), 128);
     }
 }

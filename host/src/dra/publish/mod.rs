@@ -16,5 +16,5 @@ pub mod standard;
 pub mod view;
 pub mod writer;
 
-pub use pool::{Pool, PoolError, pool, pool_on};
+pub use pool::{Pool, PoolError, pool_on};
 pub use writer::{PoolWriter, Written};

@@ -212,12 +212,8 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
 }
 
 /// The slices of `backend`'s pool `id`, from the device lists of the `resources` it serves
-/// through DRA, without PCIe roots (see [`pool_on`]).
-pub fn pool(backend: &str, id: &PoolId, resources: &[Resource]) -> Result<Pool, PoolError> {
-    pool_on(None, backend, id, resources)
-}
-
-/// [`pool`] on a machine whose sysfs is at `sysfs`: PCI devices get their standard `pcieRoot`.
+/// through DRA, on a machine whose sysfs is at `sysfs`: PCI devices get their standard
+/// `pcieRoot` (none without a sysfs).
 pub fn pool_on(
     sysfs: Option<&std::path::Path>,
     backend: &str,
@@ -324,6 +320,10 @@ pub fn pool_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pool(backend: &str, id: &PoolId, resources: &[Resource]) -> Result<Pool, PoolError> {
+        pool_on(None, backend, id, resources)
+    }
     use crate::model::{ContainerEdits, Device};
 
     fn id(driver: &str) -> PoolId {

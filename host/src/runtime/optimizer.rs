@@ -1,0 +1,260 @@
+//! The background optimiser: a large component first served from baseline (Winch) code gets its
+//! optimised (Cranelift) code here, after it serves, without ever competing with serving.
+//!
+//! One worker thread at idle priority (`SCHED_IDLE`: it runs only on a core nothing else
+//! wants), compiling one component at a time without wasmtime's parallel compilation (one core,
+//! and a fraction of the working memory). Its code is written to the compile cache (when there
+//! is one) and handed to the instance that asked, which swaps it in for its next calls. The
+//! queue is bounded and skips a component whose instance is gone (a newer version replaced it
+//! before its turn), so a burst of swaps costs at most [`MAX_QUEUED`] compiles.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, Weak};
+
+use wasmtime::component::Component;
+
+use crate::sync::Locked;
+
+/// Components waiting for their optimised code, at most; past it the oldest waiting one keeps
+/// its baseline code (said in a WARN) until it loads again.
+pub const MAX_QUEUED: usize = 8;
+
+/// What the optimised code is handed to: the engine it was compiled for and the component.
+pub type Deliver = Box<dyn FnOnce(&super::Runtime, Component) + Send>;
+
+/// One component to optimise.
+pub struct Job {
+    /// Its sha256 (the cache key and what `/status` shows as pending).
+    pub digest: String,
+    /// The cache entry the optimised code is written to, when there is a cache.
+    pub cache: Option<(PathBuf, String, u64)>,
+    pub bytes: Arc<[u8]>,
+    /// Still wanted: the instance that asked is alive.
+    pub wanted: Box<dyn Fn() -> bool + Send>,
+    pub deliver: Deliver,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// The digest being compiled now.
+    running: Option<String>,
+    /// Whether the worker thread was started.
+    started: bool,
+}
+
+/// The queue and its worker.
+#[derive(Default)]
+pub struct Optimizer {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+}
+
+impl Optimizer {
+    /// Queue `job`; the worker starts on first use. `runtime` is the engine's own handle (the
+    /// worker holds it weakly and ends with it).
+    pub fn push(self: &Arc<Self>, runtime: Weak<super::Runtime>, job: Job) {
+        let mut q = self.queue.locked();
+        if q.running.as_deref() == Some(job.digest.as_str()) || q.jobs.iter().any(|j| j.digest == job.digest) {
+            // The same code is on its way already; this instance loads it from the cache or
+            // asks again when it next loads.
+            return;
+        }
+        if q.jobs.len() >= MAX_QUEUED
+            && let Some(dropped) = q.jobs.pop_front()
+        {
+            tracing::warn!(
+                digest = &dropped.digest[..12.min(dropped.digest.len())],
+                "background optimiser queue full: this component keeps its baseline code until it loads again"
+            );
+        }
+        q.jobs.push_back(job);
+        if !q.started {
+            q.started = true;
+            let me = self.clone();
+            let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || me.work(runtime));
+            if let Err(e) = spawned {
+                q.started = false;
+                tracing::warn!(error = %e, "could not start the background optimiser: baseline code keeps serving");
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// Whether `digest` waits for, or is getting, its optimised code.
+    pub fn pending(&self, digest: &str) -> bool {
+        let q = self.queue.locked();
+        q.running.as_deref() == Some(digest) || q.jobs.iter().any(|j| j.digest == digest)
+    }
+
+    /// Block until every job queued so far has finished (tests, benchmarks, a clean exit).
+    pub fn wait_idle(&self) {
+        let mut q = self.queue.locked();
+        while q.started && (q.running.is_some() || !q.jobs.is_empty()) {
+            q = self.changed.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    fn work(&self, runtime: Weak<super::Runtime>) {
+        lower_priority();
+        // Built on first use: a node that never loads a large backend never pays for it.
+        let mut serial: Option<wasmtime::Engine> = None;
+        loop {
+            let job = {
+                let mut q = self.queue.locked();
+                loop {
+                    if runtime.strong_count() == 0 {
+                        q.started = false;
+                        self.changed.notify_all();
+                        return;
+                    }
+                    if let Some(job) = q.jobs.pop_front() {
+                        q.running = Some(job.digest.clone());
+                        break job;
+                    }
+                    // Wakes now and then to end with the engine.
+                    q = match self.changed.wait_timeout(q, std::time::Duration::from_secs(5)) {
+                        Ok((q, _)) => q,
+                        Err(e) => e.into_inner().0,
+                    };
+                }
+            };
+            if (job.wanted)() {
+                self.compile(&runtime, &mut serial, job);
+            }
+            let mut q = self.queue.locked();
+            q.running = None;
+            self.changed.notify_all();
+        }
+    }
+
+    fn compile(&self, runtime: &Weak<super::Runtime>, serial: &mut Option<wasmtime::Engine>, job: Job) {
+        let short = &job.digest[..12.min(job.digest.len())];
+        let started = std::time::Instant::now();
+        if serial.is_none() {
+            let mut config = super::engine_config::engine_config();
+            config.parallel_compilation(false);
+            match wasmtime::Engine::new(&config) {
+                Ok(e) => *serial = Some(e),
+                Err(e) => {
+                    tracing::warn!(error = %e, "background optimiser: no engine; baseline code keeps serving");
+                    return;
+                }
+            }
+        }
+        let Some(engine) = serial.as_ref() else { return };
+        let native = match engine.precompile_component(&job.bytes) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(digest = short, error = %format!("{e:#}"), "optimising a baseline-loaded backend failed; it keeps its baseline code");
+                return;
+            }
+        };
+        let Some(rt) = runtime.upgrade() else { return };
+        if let Some((dir, name, max)) = &job.cache {
+            super::engine::store_native(dir, name, &native, *max);
+        }
+        // SAFETY: `native` was produced just now, in this process, from these bytes by an
+        // engine configured as `rt`'s optimising one (only parallel compilation differs, which
+        // is not part of the code); deserialize still checks the engines are compatible.
+        match unsafe { Component::deserialize(rt.engine(), &native) } {
+            Ok(component) => {
+                drop(native);
+                if (job.wanted)() {
+                    (job.deliver)(&rt, component);
+                    tracing::info!(
+                        digest = short,
+                        secs = started.elapsed().as_secs_f64(),
+                        "optimised code compiled in the background and swapped in"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(digest = short, error = %format!("{e:#}"), "optimised code did not load; the backend keeps its baseline code")
+            }
+        }
+        // What the compiler used is free now: give it back to the kernel.
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free memory back to the kernel.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+    }
+}
+
+/// Run this thread only when a core is otherwise idle (`SCHED_IDLE`), and at the lowest nice
+/// value where that is refused.
+fn lower_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscalls on the calling thread (pid 0), with a valid parameter block.
+    let idle = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0;
+    if !idle {
+        // SAFETY: as above; `setpriority` on this thread's id.
+        let tid = unsafe { libc::gettid() };
+        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) };
+        tracing::debug!("SCHED_IDLE refused; background optimiser at nice 19");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::{Runtime, RuntimeConfig};
+
+    type Seen = Arc<Mutex<Vec<(&'static str, bool, i32)>>>;
+
+    fn deliver(seen: &Seen, what: &'static str) -> Deliver {
+        let seen = seen.clone();
+        Box::new(move |rt: &Runtime, c: Component| {
+            // SAFETY: a plain syscall on the calling (worker) thread.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            seen.locked().push((what, wasmtime::Engine::same(c.engine(), rt.engine()), policy));
+        })
+    }
+
+    /// The optimised code is compiled on a thread at idle priority, for the optimising engine
+    /// (what serves), once per component however often asked, and only while its instance
+    /// lives.
+    #[test]
+    fn optimised_code_is_compiled_at_idle_priority_once_and_only_while_wanted() {
+        let rt = Runtime::new(RuntimeConfig::default()).unwrap();
+        let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
+        let seen: Seen = Arc::default();
+        let yes = || -> Box<dyn Fn() -> bool + Send> { Box::new(|| true) };
+        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, "a"));
+        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, "a again"));
+        rt.optimize_later("gone", Arc::from(wasm), Box::new(|| false), deliver(&seen, "gone"));
+        rt.finish_background_compiles();
+        assert_eq!(*seen.locked(), [("a", true, libc::SCHED_IDLE)]);
+        assert!(!rt.optimizing("a") && !rt.optimizing("gone"));
+        // One-shot commands compile nothing in the background.
+        let one_shot =
+            Runtime::new(RuntimeConfig { optimize_in_background: false, ..RuntimeConfig::default() }).unwrap();
+        one_shot.optimize_later("b", Arc::from(wasm), yes(), deliver(&seen, "b"));
+        one_shot.finish_background_compiles();
+        assert_eq!(seen.locked().len(), 1);
+    }
+
+    /// A burst of swaps queues at most `MAX_QUEUED` compiles: the oldest waiting one keeps its
+    /// baseline code.
+    #[test]
+    fn the_queue_is_bounded() {
+        let q = Arc::new(Optimizer::default());
+        // The worker is never started here: its flag is set, so pushes only queue.
+        q.queue.locked().started = true;
+        for i in 0..MAX_QUEUED + 3 {
+            let job = Job {
+                digest: format!("d{i}"),
+                cache: None,
+                bytes: Arc::from(&b""[..]),
+                wanted: Box::new(|| true),
+                deliver: Box::new(|_, _| {}),
+            };
+            q.push(Weak::new(), job);
+        }
+        let q = q.queue.locked();
+        assert_eq!(q.jobs.len(), MAX_QUEUED);
+        assert_eq!(q.jobs.front().map(|j| j.digest.as_str()), Some("d3"), "the oldest went");
+    }
+}
