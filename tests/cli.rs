@@ -166,6 +166,18 @@ fn requests_no_grant_can_hold_are_warned_about_and_fail_discover_strict() {
     assert!(err.contains("failing as --strict asks"), "{err}");
 }
 
+/// Issue 50 (1): `try`'s stand-ins start with errors, not panics: a kubelet dir it cannot
+/// create is said as such, with a non-zero exit and no panic.
+#[test]
+fn try_says_why_its_local_kubelet_cannot_start() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let under_a_file = file.path().join("kubelet");
+    let (code, _, err) = run(&["try", "--no-embedded", "--kubelet-dir", under_a_file.to_str().unwrap()]);
+    assert_ne!(code, 0);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("start the local kubelet: create the kubelet dir"), "{err}");
+}
+
 #[test]
 fn discover_on_this_machine_lists_what_is_really_there() {
     let (code, out, err) = run(&["discover", "--format", "json"]);

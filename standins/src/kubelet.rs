@@ -98,30 +98,38 @@ pub fn kubelet_accepts_resource_name(name: &str) -> Result<(), String> {
 }
 
 impl Kubelet {
-    /// Kubelet with its registration socket at `<dir>/kubelet.sock`.
+    /// Kubelet with its registration socket at `<dir>/kubelet.sock` (tests: a failure panics).
     pub async fn start(dir: &Path) -> Self {
-        Self::start_inner(dir, None).await
+        Self::try_start(dir, None).await.unwrap_or_else(|e| panic!("kubelet stand-in in {}: {e}", dir.display()))
     }
 
-    /// Kubelet whose plugin watcher also scans `registry_dir`.
+    /// Kubelet whose plugin watcher also scans `registry_dir` (tests: a failure panics).
     pub async fn start_with_watcher(dir: &Path, registry_dir: &Path) -> Self {
-        Self::start_inner(dir, Some(registry_dir.to_owned())).await
+        Self::try_start(dir, Some(registry_dir))
+            .await
+            .unwrap_or_else(|e| panic!("kubelet stand-in in {}: {e}", dir.display()))
     }
 
-    async fn start_inner(dir: &Path, registry_dir: Option<PathBuf>) -> Self {
-        std::fs::create_dir_all(dir).expect("kubelet dir");
-        if let Some(r) = &registry_dir {
-            std::fs::create_dir_all(r).expect("plugins_registry dir");
+    /// Kubelet in `dir` (its plugin watcher also scanning `registry_dir` when given), or why it
+    /// could not start: `devplug try` says that instead of panicking.
+    pub async fn try_start(dir: &Path, registry_dir: Option<&Path>) -> std::io::Result<Self> {
+        fn with(what: &'static str, p: &Path) -> impl FnOnce(std::io::Error) -> std::io::Error + use<> {
+            let p = p.display().to_string();
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{what} {p}: {e}"))
+        }
+        std::fs::create_dir_all(dir).map_err(with("create the kubelet dir", dir))?;
+        if let Some(r) = registry_dir {
+            std::fs::create_dir_all(r).map_err(with("create the plugins_registry dir", r))?;
         }
         let mut k = Kubelet {
             dir: dir.to_owned(),
-            registry_dir,
+            registry_dir: registry_dir.map(Path::to_owned),
             shared: Arc::new(Shared::default()),
             stop: CancellationToken::new(),
             tasks: Vec::new(),
         };
-        k.boot();
-        k
+        k.boot().map_err(with("serve kubelet.sock in", dir))?;
+        Ok(k)
     }
 
     pub fn dir(&self) -> &Path {
@@ -134,10 +142,10 @@ impl Kubelet {
         self.shared.handlers.lock().unwrap().insert(kind.to_owned(), handler);
     }
 
-    fn boot(&mut self) {
+    fn boot(&mut self) -> std::io::Result<()> {
         self.stop = CancellationToken::new();
         let sock = self.dir.join(pb::KUBELET_SOCKET);
-        let listener = uds::bind(&sock).expect("bind kubelet.sock");
+        let listener = uds::bind(&sock)?;
         let svc = RegistrationSvc { dir: self.dir.clone(), shared: self.shared.clone(), stop: self.stop.clone() };
         let stop = self.stop.clone();
         self.tasks.push(tokio::spawn(async move {
@@ -149,6 +157,7 @@ impl Kubelet {
         if let Some(reg) = self.registry_dir.clone() {
             self.tasks.push(tokio::spawn(plugin_watcher(reg, self.shared.clone(), self.stop.clone())));
         }
+        Ok(())
     }
 
     /// What a kubelet restart does: drop every plugin connection, wipe the device-plugins dir
@@ -174,7 +183,9 @@ impl Kubelet {
         for h in handlers {
             h.restarted().await;
         }
-        self.boot();
+        if let Err(e) = self.boot() {
+            panic!("kubelet stand-in restart in {}: {e}", self.dir.display());
+        }
     }
 
     /// Restart the way [`restart_after`](Self::restart_after) does, then wait until every

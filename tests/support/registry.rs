@@ -16,6 +16,8 @@ pub struct Registry {
     auth: bool,
     /// Serving HTTPS with a certificate from a CA of the test's own ([`Registry::ca`]).
     tls: bool,
+    /// Keeping its access log (one line per request), for [`Registry::requests`].
+    logged: bool,
     child: Option<Child>,
 }
 
@@ -31,6 +33,31 @@ impl Registry {
         }
         r.run();
         r
+    }
+
+    /// A registry that keeps an access log, to count what its clients ask
+    /// ([`Registry::requests`]).
+    pub fn start_logged() -> Registry {
+        let mut r = Registry::new(false, false);
+        r.logged = true;
+        r.run();
+        r
+    }
+
+    /// Every request served so far, as `METHOD /path` (from the access log; empty unless
+    /// started with [`Registry::start_logged`]).
+    pub fn requests(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| {
+                // Combined log format: `… "HEAD /v2/x/manifests/t HTTP/1.1" 200 …`.
+                let request = l.split('"').nth(1)?;
+                let mut words = request.split(' ');
+                let (method, path) = (words.next()?, words.next()?);
+                (method.chars().all(|c| c.is_ascii_uppercase()) && path.starts_with('/'))
+                    .then(|| format!("{method} {path}"))
+            })
+            .collect()
     }
 
     /// A registry on HTTPS, its certificate (for IP 127.0.0.1) signed by a CA made here: no
@@ -65,7 +92,7 @@ impl Registry {
     fn new(auth: bool, tls: bool) -> Registry {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
-        Registry { dir, addr: format!("127.0.0.1:{port}"), auth, tls, child: None }
+        Registry { dir, addr: format!("127.0.0.1:{port}"), auth, tls, logged: false, child: None }
     }
 
     /// The CA that signed an HTTPS registry's certificate (PEM).
@@ -76,7 +103,8 @@ impl Registry {
     fn run(&mut self) {
         let d = self.dir.path();
         let mut yml = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {}\n",
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: {}\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {}\n",
+            !self.logged,
             d.join("data").display(),
             self.addr
         );
@@ -94,11 +122,21 @@ impl Registry {
             ));
         }
         std::fs::write(d.join("config.yml"), yml).unwrap();
+        // The access log goes to the registry's stdout (distribution's gorilla handler).
+        let out = || match self.logged {
+            true => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(d.join("access.log"))
+                .map(Stdio::from)
+                .unwrap_or_else(|_| Stdio::null()),
+            false => Stdio::null(),
+        };
         let child = Command::new("docker-registry")
             .arg("serve")
             .arg(d.join("config.yml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(out())
+            .stderr(out())
             .spawn()
             .expect("docker-registry (Debian package docker-registry; scripts/test installs it)");
         self.child = Some(child);

@@ -138,8 +138,6 @@ pub struct Runtime {
     pub cache_hits: AtomicU64,
     /// Optimised code for components loaded baseline-compiled.
     optimizer: Arc<super::optimizer::Optimizer>,
-    /// This runtime, for the optimiser's worker (which ends with it).
-    me: std::sync::Weak<Runtime>,
     /// Drives the WASI clocks of guest calls (see [`Runtime::run_until`]).
     timers: Timers,
     /// Deadlines of guest calls that are waiting in the host, woken by the epoch thread.
@@ -267,13 +265,12 @@ impl Runtime {
             .thread_name("devplug-guest-timers")
             .enable_all()
             .build()?;
-        Ok(Arc::new_cyclic(|me| Runtime {
+        Ok(Arc::new(Runtime {
             optimized,
             baseline,
             config,
             cache_hits: AtomicU64::new(0),
             optimizer: Arc::default(),
-            me: me.clone(),
             timers: Timers(Some(timers)),
             cutoffs,
             in_flight,
@@ -401,13 +398,13 @@ impl Runtime {
         if !self.config.optimize_in_background {
             return;
         }
-        let cache = self
-            .config
-            .cache_dir
-            .as_ref()
-            .map(|dir| (dir.clone(), self.optimized.entry(digest), self.config.cache_max_bytes));
-        let job = super::optimizer::Job { digest: digest.to_owned(), cache, bytes, wanted, deliver };
-        self.optimizer.push(self.me.clone(), job);
+        let keep = self.config.cache_dir.clone().map(|dir| {
+            let (name, max) = (self.optimized.entry(digest), self.config.cache_max_bytes);
+            Box::new(move |native: &[u8]| store_native(&dir, &name, native, max)) as super::optimizer::Keep
+        });
+        let engine = self.optimized.engine.clone();
+        let job = super::optimizer::Job { digest: digest.to_owned(), engine, keep, bytes, wanted, deliver };
+        self.optimizer.push(job);
     }
 
     /// Whether component `digest` waits for, or is getting, its optimised code.
@@ -465,7 +462,7 @@ fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &C
 }
 
 /// [`store`] for code compiled elsewhere (the background optimiser), the cache opened here.
-pub(super) fn store_native(dir: &Path, name: &str, native: &[u8], max: u64) {
+fn store_native(dir: &Path, name: &str, native: &[u8], max: u64) {
     match crate::durable::StateDir::open(dir) {
         Ok(state) => {
             write_native(&state, dir, name, native);

@@ -166,9 +166,11 @@ impl BackendInstance {
     /// the code they started with.
     fn optimize_later(&self, bytes: &[u8]) {
         let (code, idle, name) = (Arc::downgrade(&self.code), Arc::downgrade(&self.idle), self.name.clone());
-        let alive = code.clone();
-        let deliver = move |rt: &Runtime, component: wasmtime::component::Component| {
-            let (Some(code), Some(idle)) = (code.upgrade(), idle.upgrade()) else { return };
+        let (alive, runtime) = (code.clone(), Arc::downgrade(&self.runtime));
+        let deliver = move |component: wasmtime::component::Component| {
+            let (Some(code), Some(idle), Some(rt)) = (code.upgrade(), idle.upgrade(), runtime.upgrade()) else {
+                return;
+            };
             match Prepared::new(rt.engine(), rt.linkers_for(&component), &component) {
                 Ok(pre) => {
                     code.store(Arc::new(Code { pre, engine: rt.engine().clone(), tier: Tier::Optimized }));

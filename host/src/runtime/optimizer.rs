@@ -9,8 +9,7 @@
 //! before its turn), so a burst of swaps costs at most [`MAX_QUEUED`] compiles.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 
 use wasmtime::component::Component;
 
@@ -20,15 +19,20 @@ use crate::sync::Locked;
 /// its baseline code (said in a WARN) until it loads again.
 pub const MAX_QUEUED: usize = 8;
 
-/// What the optimised code is handed to: the engine it was compiled for and the component.
-pub type Deliver = Box<dyn FnOnce(&super::Runtime, Component) + Send>;
+/// What the optimised code is handed to, loaded into the job's engine.
+pub type Deliver = Box<dyn FnOnce(Component) + Send>;
+
+/// What keeps the native code (writes it to the compile cache).
+pub type Keep = Box<dyn FnOnce(&[u8]) + Send>;
 
 /// One component to optimise.
 pub struct Job {
     /// Its sha256 (the cache key and what `/status` shows as pending).
     pub digest: String,
-    /// The cache entry the optimised code is written to, when there is a cache.
-    pub cache: Option<(PathBuf, String, u64)>,
+    /// The engine the code is for (the optimising one, which serves).
+    pub engine: wasmtime::Engine,
+    /// Keeps the native code (the compile cache), when there is one.
+    pub keep: Option<Keep>,
     pub bytes: Arc<[u8]>,
     /// Still wanted: the instance that asked is alive.
     pub wanted: Box<dyn Fn() -> bool + Send>,
@@ -52,9 +56,9 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// Queue `job`; the worker starts on first use. `runtime` is the engine's own handle (the
-    /// worker holds it weakly and ends with it).
-    pub fn push(self: &Arc<Self>, runtime: Weak<super::Runtime>, job: Job) {
+    /// Queue `job`; the worker starts on first use and ends once this optimiser's other
+    /// owner (the runtime) is gone.
+    pub fn push(self: &Arc<Self>, job: Job) {
         let mut q = self.queue.locked();
         if q.running.as_deref() == Some(job.digest.as_str()) || q.jobs.iter().any(|j| j.digest == job.digest) {
             // The same code is on its way already; this instance loads it from the cache or
@@ -73,7 +77,7 @@ impl Optimizer {
         if !q.started {
             q.started = true;
             let me = self.clone();
-            let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || me.work(runtime));
+            let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || me.work());
             if let Err(e) = spawned {
                 q.started = false;
                 tracing::warn!(error = %e, "could not start the background optimiser: baseline code keeps serving");
@@ -96,7 +100,7 @@ impl Optimizer {
         }
     }
 
-    fn work(&self, runtime: Weak<super::Runtime>) {
+    fn work(self: Arc<Self>) {
         lower_priority();
         // Built on first use: a node that never loads a large backend never pays for it.
         let mut serial: Option<wasmtime::Engine> = None;
@@ -104,7 +108,7 @@ impl Optimizer {
             let job = {
                 let mut q = self.queue.locked();
                 loop {
-                    if runtime.strong_count() == 0 {
+                    if Arc::strong_count(&self) == 1 {
                         q.started = false;
                         self.changed.notify_all();
                         return;
@@ -121,7 +125,7 @@ impl Optimizer {
                 }
             };
             if (job.wanted)() {
-                self.compile(&runtime, &mut serial, job);
+                Self::compile(&mut serial, job);
             }
             let mut q = self.queue.locked();
             q.running = None;
@@ -129,7 +133,7 @@ impl Optimizer {
         }
     }
 
-    fn compile(&self, runtime: &Weak<super::Runtime>, serial: &mut Option<wasmtime::Engine>, job: Job) {
+    fn compile(serial: &mut Option<wasmtime::Engine>, job: Job) {
         let short = &job.digest[..12.min(job.digest.len())];
         let started = std::time::Instant::now();
         if serial.is_none() {
@@ -151,18 +155,17 @@ impl Optimizer {
                 return;
             }
         };
-        let Some(rt) = runtime.upgrade() else { return };
-        if let Some((dir, name, max)) = &job.cache {
-            super::engine::store_native(dir, name, &native, *max);
+        if let Some(keep) = job.keep {
+            keep(&native);
         }
         // SAFETY: `native` was produced just now, in this process, from these bytes by an
-        // engine configured as `rt`'s optimising one (only parallel compilation differs, which
-        // is not part of the code); deserialize still checks the engines are compatible.
-        match unsafe { Component::deserialize(rt.engine(), &native) } {
+        // engine configured as the job's (the optimising one; only parallel compilation
+        // differs, which is not part of the code); deserialize still checks that they agree.
+        match unsafe { Component::deserialize(&job.engine, &native) } {
             Ok(component) => {
                 drop(native);
                 if (job.wanted)() {
-                    (job.deliver)(&rt, component);
+                    (job.deliver)(component);
                     tracing::info!(
                         digest = short,
                         secs = started.elapsed().as_secs_f64(),
@@ -204,12 +207,12 @@ mod tests {
 
     type Seen = Arc<Mutex<Vec<(&'static str, bool, i32)>>>;
 
-    fn deliver(seen: &Seen, what: &'static str) -> Deliver {
-        let seen = seen.clone();
-        Box::new(move |rt: &Runtime, c: Component| {
+    fn deliver(seen: &Seen, rt: &Runtime, what: &'static str) -> Deliver {
+        let (seen, engine) = (seen.clone(), rt.engine().clone());
+        Box::new(move |c: Component| {
             // SAFETY: a plain syscall on the calling (worker) thread.
             let policy = unsafe { libc::sched_getscheduler(0) };
-            seen.locked().push((what, wasmtime::Engine::same(c.engine(), rt.engine()), policy));
+            seen.locked().push((what, wasmtime::Engine::same(c.engine(), &engine), policy));
         })
     }
 
@@ -222,16 +225,16 @@ mod tests {
         let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
         let seen: Seen = Arc::default();
         let yes = || -> Box<dyn Fn() -> bool + Send> { Box::new(|| true) };
-        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, "a"));
-        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, "a again"));
-        rt.optimize_later("gone", Arc::from(wasm), Box::new(|| false), deliver(&seen, "gone"));
+        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, &rt, "a"));
+        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, &rt, "a again"));
+        rt.optimize_later("gone", Arc::from(wasm), Box::new(|| false), deliver(&seen, &rt, "gone"));
         rt.finish_background_compiles();
         assert_eq!(*seen.locked(), [("a", true, libc::SCHED_IDLE)]);
         assert!(!rt.optimizing("a") && !rt.optimizing("gone"));
         // One-shot commands compile nothing in the background.
         let one_shot =
             Runtime::new(RuntimeConfig { optimize_in_background: false, ..RuntimeConfig::default() }).unwrap();
-        one_shot.optimize_later("b", Arc::from(wasm), yes(), deliver(&seen, "b"));
+        one_shot.optimize_later("b", Arc::from(wasm), yes(), deliver(&seen, &one_shot, "b"));
         one_shot.finish_background_compiles();
         assert_eq!(seen.locked().len(), 1);
     }
@@ -246,12 +249,13 @@ mod tests {
         for i in 0..MAX_QUEUED + 3 {
             let job = Job {
                 digest: format!("d{i}"),
-                cache: None,
+                engine: wasmtime::Engine::default(),
+                keep: None,
                 bytes: Arc::from(&b""[..]),
                 wanted: Box::new(|| true),
-                deliver: Box::new(|_, _| {}),
+                deliver: Box::new(|_| {}),
             };
-            q.push(Weak::new(), job);
+            q.push(job);
         }
         let q = q.queue.locked();
         assert_eq!(q.jobs.len(), MAX_QUEUED);

@@ -100,7 +100,11 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         }
         cfg.registration = RegistrationMode::PluginWatcher;
         let registry = cfg.plugins_registry_dir();
-        let kubelet = Arc::new(Kubelet::start_with_watcher(&cfg.kubelet_dir, &registry).await);
+        let kubelet = Arc::new(
+            Kubelet::try_start(&cfg.kubelet_dir, Some(&registry))
+                .await
+                .map_err(|e| anyhow::anyhow!("start the local kubelet: {e}"))?,
+        );
         let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, &node, api.clone());
         kubelet.handle("DRAPlugin", dra.clone());
         let dra = Dra {
@@ -116,7 +120,10 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         (kubelet, Some(dra))
     } else {
         cfg.registration = RegistrationMode::KubeletSocket;
-        (Arc::new(Kubelet::start(&cfg.kubelet_dir).await), None)
+        let kubelet = Kubelet::try_start(&cfg.kubelet_dir, None)
+            .await
+            .map_err(|e| anyhow::anyhow!("start the local kubelet: {e}"))?;
+        (Arc::new(kubelet), None)
     };
     let commands = if dra.is_some() {
         "allocate RESOURCE ID...|COUNT, list, slices, claim FILE, claim DRIVER DEVICE... [--tolerate-taints], unprepare CLAIM, quit"
