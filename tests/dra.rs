@@ -913,9 +913,10 @@ fn one_shot_commands_honour_the_configs_roots_and_switches() {
 
 /// `devplug dra slices` (issues 34 and 35): what a node would publish, printed from a fixture
 /// without a cluster. On the DGX A100 (three GPUs in MIG mode) every slice passes the recorded
-/// server's schema and rules; each GPU in MIG mode is there whole beside its instances, all on
-/// its counter set, which the whole GPU takes entirely; a time-sliced GPU is a device per
-/// replica, each naming its GPU. `discover` (the Device Plugin view) never lists a GPU in MIG mode whole.
+/// server's schema and rules; each GPU in MIG mode is a counter set its instances draw on and
+/// is not a device itself (issue 52: the scheduler allocated it once its instances were free,
+/// and no prepare could serve it); a time-sliced GPU is a device per replica, each naming its
+/// GPU. `discover` (the Device Plugin view) never lists a GPU in MIG mode whole either.
 #[test]
 fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
     let root = tempfile::tempdir().unwrap();
@@ -963,7 +964,7 @@ fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
         slices.iter().flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten()).collect();
     let sets: Vec<&serde_json::Value> =
         slices.iter().flat_map(|s| s["spec"]["sharedCounters"].as_array().into_iter().flatten()).collect();
-    assert_eq!(devices.len(), 21, "8 GPUs whole (3 of them in MIG mode) and 13 instances");
+    assert_eq!(devices.len(), 18, "the 5 GPUs not in MIG mode, whole, and 13 instances");
     assert_eq!(sets.len(), 3);
     let take = |d: &serde_json::Value, set: &str, c: &str| -> u64 {
         d["consumesCounters"]
@@ -981,13 +982,10 @@ fn dra_slices_previews_mig_and_shared_gpus_from_a_fixture() {
             .iter()
             .filter(|d| take(d, name, "compute") > 0)
             .partition(|d| d["attributes"]["mig_mode"]["bool"] == true);
-        assert_eq!(whole.len(), 1, "{name}: one whole GPU");
+        assert!(whole.is_empty(), "{name}: no whole GPU in MIG mode: {whole:?}");
         for c in ["compute", "memory"] {
             let parts_take: u64 = parts.iter().map(|d| take(d, name, c)).sum();
             assert!(parts_take <= has(c), "{name}: its free instances exceed nothing ({c})");
-            assert_eq!(take(whole[0], name, c), has(c), "{name}: the whole GPU takes all its {c}");
-            // Whole GPU and any instance together exceed the set: the scheduler picks one.
-            assert!(parts.iter().all(|p| take(whole[0], name, c) + take(p, name, c) > has(c)));
         }
     }
     // The Device Plugin view of the same machine: no GPU in MIG mode whole.
@@ -1160,6 +1158,64 @@ fn try_waits_for_every_dra_backend_before_answering_a_claim() {
     t.quit();
 }
 
+/// Issue 52: on a DGX A100 with three GPUs in MIG mode, the real kube-scheduler allocated a
+/// GPU in MIG mode whole once its instances were free (its counters were), and every prepare of
+/// it failed: the pod held a device it could never start with. Those GPUs are no devices of
+/// their own now, so `try`'s allocator (held to the scheduler by
+/// `the_allocator_of_try_allocates_as_the_real_kube_scheduler`) finds 5 whole GPUs, not 8: a
+/// claim for 6 is unschedulable and one for all 5 is prepared.
+#[test]
+fn a_gpu_in_mig_mode_is_never_allocated_whole() {
+    let work = tempfile::tempdir().unwrap();
+    let m = work.path().join("machine");
+    support::hardware::build("dgx-a100-mig", &m);
+    let config = work.path().join("devplug.toml");
+    let gpu = "vendors = [\"nvidia\"]\n[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\nall = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
+    std::fs::write(
+        &config,
+        format!(
+            "[backends.generic]\nenabled = false\n[backends.nic]\nenabled = false\n[backends.fpga]\nenabled = false\n\
+             [backends.gpu]\nconfig = {gpu:?}\n[resources.\"nvidia.com/gpu\"]\napi = \"dra\"\n"
+        ),
+    )
+    .unwrap();
+    let claim = |name: &str, count: u32| {
+        let p = work.path().join(format!("{name}.yaml"));
+        let text = format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com.devplug.io\n        count: {count}\n"
+        );
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (six, five) = (claim("six", 6), claim("five", 5));
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (sys, dev, proc) = (m.join("sys"), m.join("dev"), m.join("proc"));
+    let mut t = support::binary::Interactive::spawn(&[
+        "try",
+        "--config",
+        config.to_str().unwrap(),
+        "--sysfs-root",
+        sys.to_str().unwrap(),
+        "--dev-root",
+        dev.to_str().unwrap(),
+        "--proc-root",
+        proc.to_str().unwrap(),
+        "--dev-fixtures",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ]);
+    t.send(&format!("claim {six}"));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("request gpu wants 6 of class gpu.nvidia.com.devplug.io: 5 of the node's"), "{why}");
+    t.send(&format!("claim {five}"));
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("prepared five"), "{printed}");
+    for mig_gpu in ["0000-07-00-0", "0000-0f-00-0", "0000-47-00-0"] {
+        assert!(!printed.contains(&format!("gpu.devplug.io {mig_gpu}")), "{mig_gpu} allocated whole: {printed}");
+    }
+    t.quit();
+}
+
 /// Issue 49: the claim file's caps bounded bytes, not work. A 740 KB file of YAML aliases drove
 /// `try` to 2 GiB; a 2 KB selector of three nested `all()` over 1,000 elements got no answer in
 /// 40 s; a 335-byte `cel.bind` chain reached 2 GiB; a claim no combination of 2,048 devices
@@ -1253,15 +1309,16 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
     let driver = "gpu.devplug.io";
     n.dra.wait_plugin(driver, T).await;
-    // Five whole GPUs, the three in MIG mode whole too (issue 35: for DRA only), and the
-    // 4 + 2 + 7 MIG instances of those three, in one pool.
-    until("the GPU pool", || n.api.devices(NODE, driver).len() == 21).await;
+    // The five GPUs not in MIG mode, whole, and the 4 + 2 + 7 MIG instances of the other
+    // three, in one pool; the GPUs in MIG mode are not devices of their own (issue 52).
+    until("the GPU pool", || n.api.devices(NODE, driver).len() == 18).await;
     let devices = n.api.devices(NODE, driver);
     let whole = devices.values().filter(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu").count();
-    assert_eq!(whole, 8, "{devices:?}");
-    let mig_mode: Vec<(&String, &serde_json::Value)> =
-        devices.iter().filter(|(_, d)| d["attributes"]["mig_mode"]["bool"] == true).collect();
-    assert_eq!(mig_mode.len(), 3, "{devices:?}");
+    assert_eq!(whole, 5, "{devices:?}");
+    for mig_gpu in ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0"] {
+        let listed = devices.values().any(|d| d.to_string().contains(mig_gpu) && d["attributes"]["mig_gi"].is_null());
+        assert!(!listed, "{mig_gpu} is in MIG mode and published whole: {devices:?}");
+    }
     assert!(devices.values().all(|d| d["attributes"]["dra_only"].is_null()), "the host's marker is not published");
     // The backend's own description (WIT 0.3.0): typed minors, and each MIG instance drawing
     // its profile's slices from its GPU's counter set, which the fixture's geometry fills
@@ -1273,22 +1330,19 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     assert_eq!(sets.len(), 3, "one counter set per GPU in MIG mode: {sets:?}");
     for set in &sets {
         let name = set["name"].as_str().unwrap();
-        // What the instances (`whole` = false) or the whole GPU (true) draw from the set.
-        let used = |whole: bool, counter: &str| -> u64 {
+        // What the instances draw from the set (nothing else does).
+        let used = |_instances: bool, counter: &str| -> u64 {
             devices
                 .values()
-                .filter(|d| (d["attributes"]["mig_mode"]["bool"] == true) == whole)
                 .flat_map(|d| d["consumesCounters"].as_array().cloned().unwrap_or_default())
                 .filter(|c| c["counterSet"] == name)
                 .map(|c| c["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap())
                 .sum()
         };
         let has = |counter: &str| set["counters"][counter]["value"].as_str().unwrap().parse::<u64>().unwrap();
-        // All free: the instances exceed nothing. The whole GPU takes all of it, so the
-        // scheduler refuses it while any instance is held, and any instance while it is.
+        // All free: the instances exceed nothing.
         assert!(used(false, "compute") <= has("compute") && used(false, "memory") <= has("memory"), "{name} overdrawn");
         assert!(used(false, "compute") > 0, "{name}: its instances draw on it");
-        assert_eq!((used(true, "compute"), used(true, "memory")), (has("compute"), has("memory")), "{name}");
         if name == "gpu-0-slices" {
             assert_eq!((used(false, "compute"), used(false, "memory")), (7, 8), "GPU 0's geometry fills it");
         }
@@ -1316,12 +1370,13 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     let out = tokio::task::block_in_place(|| podman.run(&ids, "test ! -e /dev/nvidia2"));
     assert!(out.status.success(), "another GPU leaked into the container:\n{}", text(&out));
 
-    // A claim the scheduler gave a GPU in MIG mode whole fails clearly: its instances exist.
-    let (mig_name, _) = mig_mode.iter().find(|(_, d)| d.to_string().contains("0000:07:00.0")).unwrap();
-    n.api.allocate_claim("ml", "whole", "uid-whole", &[("gpu", driver, NODE, mig_name)]);
+    // A claim naming a GPU in MIG mode whole (a scheduler of an older devplug's slices could
+    // have allocated it) fails clearly: it is no device of this node's pool.
+    let mig_name = devplug::dra::publish::pool::device_name("0000:07:00.0");
+    n.api.allocate_claim("ml", "whole", "uid-whole", &[("gpu", driver, NODE, &mig_name)]);
     let answer = n.dra.prepare(driver, &[("ml", "uid-whole", "whole")]).await.unwrap();
     let e = &answer["uid-whole"].error;
-    assert!(e.contains("0000:07:00.0 is in MIG mode with 4 compute instance(s)"), "{e}");
+    assert!(e.contains("is not among driver gpu.devplug.io's devices on this node now"), "{e}");
     assert!(
         !system_cdi.dir().join(format!("devplug-claim-uid-whole-{driver}.json")).exists(),
         "no spec for a refused claim"

@@ -1,6 +1,7 @@
 //! The GPU backend in DRA terms (WIT 0.3.0 `describe`): its facts as typed attributes, and a
 //! GPU in MIG mode as a counter set its MIG instances draw from, so the scheduler sees which
-//! instances share one GPU and what of it each takes.
+//! instances share one GPU and what of it each takes. The GPU in MIG mode is not a device of
+//! its own: it cannot be prepared whole while its instances exist.
 //!
 //! The geometry is NVIDIA's (MIG user guide, "Supported MIG Profiles"): an A100 or H100 has 7
 //! compute slices and 8 memory slices; a profile `<N>g.<M>gb` takes N compute slices and M GB of
@@ -48,17 +49,11 @@ pub fn describe(resources: &[Resource]) -> PoolDescription {
                     desc.attributes.push((to.into(), AttributeValue::Integer(i)));
                 }
             }
-            if attr("mig-mode") == Some("true") {
-                desc.attributes.push(("mig_mode".into(), AttributeValue::Flag(true)));
-            }
             let total = attr("model").and_then(memory_gb);
-            // (compute, memory) slices this device takes: an instance its profile's, the whole
-            // GPU in MIG mode all of them.
-            let takes = match attr("mig-profile").and_then(profile) {
-                Some((compute, gb)) => total.map(|t| (compute, gb.div_ceil(t / MEMORY_SLICES))),
-                None if attr("mig-mode") == Some("true") => total.map(|_| (COMPUTE_SLICES, MEMORY_SLICES)),
-                None => None,
-            };
+            // (compute, memory) slices an instance takes: its profile's.
+            let takes = attr("mig-profile")
+                .and_then(profile)
+                .and_then(|(compute, gb)| total.map(|t| (compute, gb.div_ceil(t / MEMORY_SLICES))));
             if let (Some((compute, memory)), Some(minor)) = (takes, attr("minor")) {
                 let set = format!("gpu-{minor}-slices");
                 desc.consumes_counters.push(CounterUse {

@@ -168,8 +168,6 @@ struct Found {
     by_profile: BTreeMap<String, Vec<Device>>,
     /// MIG instances the config gives no profile.
     unprofiled: Vec<Device>,
-    /// GPUs in MIG mode, whole, for DRA only (see [`Found::mig`]).
-    parents: Vec<Device>,
     visible: BTreeMap<String, Option<String>>,
     mig_mode: BTreeMap<String, usize>,
 }
@@ -214,20 +212,10 @@ impl Found {
         problem: Option<String>,
         instances: Vec<mig::Instance>,
     ) {
-        // The GPU itself, listed for DRA only: there it stands for the whole GPU and draws on
-        // all of the counter set its instances draw from, so the scheduler never hands out the
-        // whole GPU and an instance of it at once (NVIDIA's DRA driver publishes it the same
-        // way). Kubelet's Device Plugin API never sees it (it would count the GPU twice).
-        let node = format!("nvidia{minor}");
-        let mut attrs = attributes(sys, d);
-        attrs.push(("minor".into(), minor.to_string()));
-        attrs.push(("mig-mode".into(), "true".into()));
-        if let Some(u) = uuid {
-            attrs.push(("uuid".into(), u.to_owned()));
-        }
-        let whole_problem = problem.clone().or_else(|| missing(sys, std::slice::from_ref(&node)));
-        self.parents
-            .push(device(&d.address, d, whole_problem.as_deref(), attrs, edits::nodes([node.as_str()])).dra_only());
+        // The GPU itself is not listed, in either API: in MIG mode it cannot be handed out whole
+        // (this backend does not reconfigure MIG), and a whole-GPU device the scheduler could
+        // allocate once the instances are free would be a claim no prepare can ever serve
+        // (issue 52). Its instances draw on its counter set (see `dra::describe`).
         self.mig_mode.insert(d.address.clone(), instances.len());
         for inst in instances {
             let id = inst.id(&d.address);
@@ -270,7 +258,6 @@ impl Found {
                 // reason, so the operator sees them rather than a silent gap.
                 let mut gpu = self.whole;
                 gpu.extend(self.unprofiled);
-                gpu.extend(self.parents);
                 let mut out = vec![resource(cfg.names.nvidia.clone(), gpu)];
                 for p in cfg.mig.all_profiles() {
                     out.push(resource(cfg.names.mig(p), self.by_profile.remove(p).unwrap_or_default()));
@@ -279,9 +266,7 @@ impl Found {
             }
             MigStrategy::Single => {
                 if self.by_profile.is_empty() && self.unprofiled.is_empty() {
-                    let mut gpu = self.whole;
-                    gpu.extend(self.parents);
-                    return vec![resource(cfg.names.nvidia.clone(), gpu)];
+                    return vec![resource(cfg.names.nvidia.clone(), self.whole)];
                 }
                 let profiles: Vec<&str> = self.by_profile.keys().map(String::as_str).collect();
                 let why = if !self.whole.is_empty() {
@@ -299,7 +284,6 @@ impl Found {
                 };
                 let mut devices: Vec<Device> = self.by_profile.into_values().flatten().collect();
                 devices.extend(self.unprofiled);
-                devices.extend(self.parents);
                 if let Some(why) = why {
                     devices.extend(self.whole);
                     for d in &mut devices {
