@@ -7,9 +7,10 @@ mod support;
 
 use std::path::PathBuf;
 
+use devplug::dra::error::DraError;
 use devplug::dra::plugin::PreparedClaim;
+use devplug::dra::pool_id::PoolId;
 use devplug::dra::publish::rules::problems;
-use devplug::dra::{DraError, PoolId};
 use devplug_standins::proto::deviceplugin as pb;
 
 fn corpus() -> PathBuf {
@@ -1913,7 +1914,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
     use prost::Message;
     struct NoCalls;
     #[async_trait::async_trait]
-    impl devplug::dra::DeviceCalls for NoCalls {
+    impl devplug::dra::served::DeviceCalls for NoCalls {
         async fn allocate(&self, _: Vec<String>) -> Result<devplug::model::ContainerEdits, DraError> {
             Err(DraError::backend("gpu", None, "not in this test"))
         }

@@ -23,7 +23,7 @@ use devplug_standins::proto::deviceplugin as pb;
 use support::binary::{Devplug, embedded_run_args};
 use support::kubelet::Kubelet;
 
-const T: Duration = Duration::from_secs(600);
+const T: Duration = Duration::from_secs(240);
 
 /// The example backends, built by `guests/examples/build.sh` (reusing the suite's build).
 fn examples(out: &Path) -> PathBuf {
@@ -67,12 +67,21 @@ fn kib(pid: i32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn hogs(n: usize) -> Vec<Child> {
-    (0..n)
-        .map(|_| {
-            Command::new("sh").args(["-c", "while :; do :; done"]).stdout(Stdio::null()).spawn().expect("a CPU hog")
-        })
-        .collect()
+/// Busy shells, killed when dropped (also when the bench fails).
+struct Hogs(Vec<Child>);
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn hogs(n: usize) -> Hogs {
+    let spawn = || Command::new("sh").args(["-c", "while :; do :; done"]).stdout(Stdio::null()).spawn();
+    Hogs((0..n).map(|_| spawn().expect("a CPU hog")).collect())
 }
 
 fn count(d: &Devplug, needle: &str) -> usize {
@@ -143,7 +152,7 @@ fn main() -> anyhow::Result<()> {
                 .map(str::to_owned),
             );
             let d = Devplug::spawn(&args);
-            let plugin = kubelet.wait_registered(resource, 1, T).await?;
+            let plugin = kubelet.wait_plugin(resource, T).await?;
             // The first version, served and optimised: the idle state a node is in.
             wait_count(&d, "optimised code swapped in", 1).await?;
             tokio::time::sleep(Duration::from_secs(2)).await;

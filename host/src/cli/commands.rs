@@ -347,7 +347,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     }
     let mut items = classes;
     for (driver, (backend, resources)) in by_driver {
-        let id = crate::dra::PoolId::new(&driver, &node);
+        let id = crate::dra::pool_id::PoolId::new(&driver, &node);
         let pool = crate::dra::publish::pool_on(Some(&sysfs), &backend, &id, &resources)
             .map_err(|e| anyhow::anyhow!("driver {driver}: nothing of its pool would be published: {e}"))?;
         // As its first write would publish it.

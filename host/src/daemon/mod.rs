@@ -67,7 +67,7 @@ struct Daemon {
     specs: Option<Arc<SpecDir>>,
     endpoints: Arc<Endpoints>,
     /// Resources served through DRA (`None` when none is configured, or DRA is unavailable).
-    dra: Option<Arc<crate::dra::DraNode>>,
+    dra: Option<Arc<crate::dra::node::DraNode>>,
     metrics: Arc<observe::Metrics>,
     /// Swaps and unloads backends as their sources change.
     reconciler: Reconciler,

@@ -197,7 +197,7 @@ async fn connect_dra(
     specs: Option<&Arc<crate::cdi::SpecDir>>,
     board: Arc<crate::plugin_socket::registration::Board>,
     claims: Arc<crate::dra::plugin::claims::ClaimBoard>,
-) -> Option<Arc<crate::dra::DraNode>> {
+) -> Option<Arc<crate::dra::node::DraNode>> {
     if !cfg.uses_dra() {
         return None;
     }
@@ -207,7 +207,7 @@ async fn connect_dra(
         );
         return None;
     };
-    let settings = crate::dra::NodeSettings {
+    let settings = crate::dra::node::NodeSettings {
         kubeconfig: cfg.dra.kubeconfig.as_deref(),
         node_name: cfg.dra.node_name.as_deref(),
         registry_dir: cfg.plugins_registry_dir(),
@@ -219,7 +219,7 @@ async fn connect_dra(
         claims,
         sysfs_root: cfg.sysfs_root.clone(),
     };
-    match crate::dra::DraNode::connect(settings, specs.clone()).await {
+    match crate::dra::node::DraNode::connect(settings, specs.clone()).await {
         Ok(node) => {
             tracing::info!(node = %node.node(), "DRA: publishing ResourceSlices for this node");
             Some(Arc::new(node))

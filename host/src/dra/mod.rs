@@ -23,8 +23,3 @@ pub mod plugin;
 pub mod pool_id;
 pub mod publish;
 pub mod served;
-
-pub use error::DraError;
-pub use node::{DraNode, NodeSettings};
-pub use pool_id::PoolId;
-pub use served::{DeviceCalls, ServedResource};

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::checkpoint::ClaimRef;
-use crate::dra::DraError;
+use crate::dra::error::DraError;
 
 /// Where claims are read and their status applied.
 #[async_trait::async_trait]

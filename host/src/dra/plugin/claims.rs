@@ -41,7 +41,7 @@ pub struct ClaimBoard {
 
 impl ClaimBoard {
     /// A prepare or unprepare of `driver` failed with `e`.
-    pub fn failed(&self, driver: &str, e: &crate::dra::DraError) {
+    pub fn failed(&self, driver: &str, e: &crate::dra::error::DraError) {
         *self.errors.locked().entry((driver.to_owned(), e.class().as_str())).or_default() += 1;
     }
 

@@ -16,8 +16,9 @@ use super::checkpoint::{ClaimRef, PreparedDevice};
 use super::claim_api::Allocation;
 use super::service::{ClaimPreparer, PreparedClaim};
 use crate::cdi::{Kind, SpecDir};
+use crate::dra::error::DraError;
+use crate::dra::pool_id::PoolId;
 use crate::dra::served::{Served, ServedResource};
-use crate::dra::{DraError, PoolId};
 use crate::model::ContainerEdits;
 use crate::model::dra::ClaimDevice;
 
@@ -241,8 +242,8 @@ mod tests {
     use tokio::sync::watch;
 
     use super::*;
-    use crate::dra::DeviceCalls;
     use crate::dra::error::ErrorClass;
+    use crate::dra::served::DeviceCalls;
     use crate::model::{Device, DeviceNode, Health, Resource};
 
     const DRIVER: &str = "gpu.devplug.io";

@@ -24,7 +24,7 @@ use tonic::service::Routes;
 use super::checkpoint::{Checkpoint, ClaimRef, PreparedDevice};
 use super::claim_api::{Allocation, ClaimApi};
 use super::claims::ClaimBoard;
-use crate::dra::DraError;
+use crate::dra::error::DraError;
 use crate::proto::dra::{v1, v1beta1};
 
 /// What preparing a claim decided, before anything is written: the devices kubelet is told,

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::checkpoint::ClaimRef;
 use super::claim_api::ClaimApi;
-use crate::dra::PoolId;
+use crate::dra::pool_id::PoolId;
 use crate::model::Device;
 
 /// Which prepared devices get a `status.devices` entry (`[dra] claim_status`).

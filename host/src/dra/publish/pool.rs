@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use super::rules;
-use crate::dra::PoolId;
+use crate::dra::pool_id::PoolId;
 use crate::model::dra::{AttributeValue, CounterSet, attribute_name};
 use crate::model::{Device, Health, Resource};
 

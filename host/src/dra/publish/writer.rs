@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 use super::pool::{Pool, SPEC_HASH};
 use super::view::PoolView;
-use crate::dra::PoolId;
+use crate::dra::pool_id::PoolId;
 
 /// The label every slice devplug publishes carries.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devplug");
