@@ -62,11 +62,17 @@ fn push_pull_sign_agree_with_skopeo_and_openssl_and_bad_artifacts_are_refused() 
     let (_, other_pub) = openssl_keypair(work.path(), "other");
     let r1 = reg.reference("chaos", "1.0.1");
     let d1 = push(&reg, &r1, &version(work.path(), 1, "ok"), &[]);
+    // Issue 52: the same component and manifest push to the same digest (the config's
+    // `created` was the push time, so every push moved the tag and every node swapped).
+    assert_eq!(push(&reg, &r1, &version(work.path(), 1, "ok"), &[]), d1, "a re-push moves nothing");
     // Pushing a backend into a repository named for another is allowed, and said (issue 28).
     let other = reg.reference("gpu", "1");
     let wasm = version(work.path(), 1, "ok");
     let (ok, v, err) = devplug(&["push", &other, wasm.to_str().unwrap(), "--plain-http", &reg.addr]);
     assert!(ok, "{err}");
+    // Issue 52: an unsigned push says what nodes with a public key will do with it.
+    let hint = v["hint"].as_str().unwrap_or_default();
+    assert!(hint.contains("pushed unsigned") && hint.contains("devplug sign"), "{v}");
     let warning = v["warning"].as_str().unwrap_or_else(|| panic!("no warning: {v}"));
     assert!(warning.contains("[backends.chaos]") && warning.contains("[backends.gpu] would refuse it"), "{warning}");
     assert!(err.contains("pushing backend \"chaos\" into repository"), "{err}");

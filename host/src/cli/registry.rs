@@ -55,6 +55,19 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
             .await
             .map_err(|e| anyhow::anyhow!("{e:#}; the artifact is stored by digest ({digest}) but no tag names it"))?;
         out["signature"] = serde_json::json!(sig.whole());
+    } else {
+        // Nodes that follow the tag with `[registry] public_key` refuse an unsigned artifact:
+        // say so here, not only in their logs.
+        let hint = format!(
+            "pushed unsigned: a node whose [registry] public_key is set refuses it (signature required); sign it with `devplug sign {} --key KEY`, or push with --sign-key",
+            args.reference
+        );
+        if settings.public_key.is_some() {
+            tracing::warn!("{hint} (this config sets public_key)");
+        } else {
+            tracing::info!("{hint}");
+        }
+        out["hint"] = serde_json::json!(hint);
     }
     artifact::tag(&client, &r, &staged).await?;
     let fetcher = settings.fetcher()?;

@@ -260,8 +260,11 @@ pub async fn push_untagged(
     manifest: Option<&str>,
 ) -> anyhow::Result<Staged> {
     use oci_wasm::ToConfig;
-    let (config, layer) = WasmConfig::from_raw_component(component, None)
+    let (mut config, layer) = WasmConfig::from_raw_component(component, None)
         .map_err(|e| anyhow::anyhow!("{name}: not a Wasm component oci-wasm can describe: {e}"))?;
+    // oci-wasm stamps the push time; the Unix epoch instead (as ko and rules_oci do), so the
+    // same component and manifest always push to the same digest and a re-push moves nothing.
+    config.created = Default::default();
     let mut annotations = BTreeMap::from([
         (NAME_ANNOTATION.to_owned(), name.to_owned()),
         ("org.opencontainers.image.title".to_owned(), format!("{name}.wasm")),
