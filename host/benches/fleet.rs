@@ -16,35 +16,18 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use devplug_standins::apiserver::ApiServer;
-use support::binary::{BIN, Devplug, run_args};
-use support::daemon::{chaos_build, chaos_manifest};
+use support::binary::{Devplug, run_args};
 use support::fixtures::Machine;
-use support::registry::{Registry, openssl_keypair};
+use support::registry::{Registry, openssl_keypair, push_chaos};
 
 const DRIVER: &str = "chaos.devplug.io";
 /// How often each node resolves the tag.
 const POLL: Duration = Duration::from_secs(1);
 /// The window of the steady-state counts.
 const STEADY: Duration = Duration::from_secs(10);
-
-fn push(reg: &Registry, reference: &str, dir: &Path, k: u32, key: &Path) -> anyhow::Result<()> {
-    let v = dir.join(format!("v{k}"));
-    std::fs::create_dir_all(&v)?;
-    std::fs::write(v.join("chaos.wasm"), chaos_build(k))?;
-    std::fs::write(v.join("chaos.toml"), chaos_manifest(k, "ok"))?;
-    let out = Command::new(BIN)
-        .args(["push", reference])
-        .arg(v.join("chaos.wasm"))
-        .args(["--plain-http", &reg.addr, "--sign-key"])
-        .arg(key)
-        .output()?;
-    anyhow::ensure!(out.status.success(), "push: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
-}
 
 /// API requests that write (create, replace, delete) ResourceSlices, so far.
 fn slice_writes(api: &ApiServer) -> usize {
@@ -65,7 +48,7 @@ fn main() -> anyhow::Result<()> {
         let work = tempfile::tempdir()?;
         let (key, pubkey) = openssl_keypair(work.path(), "ops");
         let stable = reg.reference("chaos", "stable");
-        push(&reg, &stable, work.path(), 0, &key)?;
+        push_chaos(&reg, &stable, work.path(), 0, &key)?;
         let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let api = ApiServer::start(&refs).await;
@@ -127,7 +110,7 @@ fn main() -> anyhow::Result<()> {
 
         // Rollout: the tag moves to v1 (5 devices).
         let (r1, w1) = (reg.requests().len(), slice_writes(&api));
-        push(&reg, &stable, work.path(), 1, &key)?;
+        push_chaos(&reg, &stable, work.path(), 1, &key)?;
         let pushed = Instant::now();
         let mut done: Vec<Option<Duration>> = vec![None; nodes];
         while done.iter().any(Option::is_none) {

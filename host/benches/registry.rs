@@ -19,27 +19,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::binary::{BIN, Devplug, run_args};
-use support::daemon::{WIDGET, chaos_build, chaos_manifest};
+use support::daemon::WIDGET;
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
-use support::registry::{Registry, openssl_keypair};
+use support::registry::{Registry, openssl_keypair, push_chaos};
 use support::stats::report;
-
-fn push(reg: &Registry, reference: &str, dir: &Path, k: u32, key: &Path) -> anyhow::Result<String> {
-    let v = dir.join(format!("v{k}"));
-    std::fs::create_dir_all(&v)?;
-    std::fs::write(v.join("chaos.wasm"), chaos_build(k))?;
-    std::fs::write(v.join("chaos.toml"), chaos_manifest(k, "ok"))?;
-    let out = Command::new(BIN)
-        .args(["push", reference])
-        .arg(v.join("chaos.wasm"))
-        .args(["--plain-http", &reg.addr, "--sign-key"])
-        .arg(key)
-        .output()?;
-    anyhow::ensure!(out.status.success(), "push: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    Ok(v["digest"].as_str().unwrap_or_default().to_owned())
-}
 
 fn main() -> anyhow::Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -50,7 +34,7 @@ fn main() -> anyhow::Result<()> {
         let work = tempfile::tempdir()?;
         let (key, pubkey) = openssl_keypair(work.path(), "ops");
         let stable = reg.reference("chaos", "stable");
-        push(&reg, &stable, work.path(), 0, &key)?;
+        push_chaos(&reg, &stable, work.path(), 0, &key)?;
         let backends = work.path().join("empty");
         std::fs::create_dir_all(&backends)?;
         let cfg = work.path().join("devplug.toml");
@@ -76,7 +60,7 @@ fn main() -> anyhow::Result<()> {
         let mut miss = Vec::new();
         let mut digests = Vec::new();
         for k in 1..=rounds {
-            let digest = push(&reg, &stable, work.path(), k, &key)?;
+            let digest = push_chaos(&reg, &stable, work.path(), k, &key)?;
             let t0 = Instant::now();
             kubelet.wait_devices(WIDGET, t, |l| l.len() == 4 + k as usize).await?;
             miss.push(t0.elapsed());

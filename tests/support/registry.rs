@@ -218,3 +218,21 @@ pub fn openssl_keypair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     assert!(st.success());
     (key, pubkey)
 }
+
+/// Push chaos version `k` (built under `dir/vK`) to `reference` on `reg`, signed with `key`
+/// through `devplug push`; the digest it got (the benches' way to move a tag).
+pub fn push_chaos(reg: &Registry, reference: &str, dir: &Path, k: u32, key: &Path) -> anyhow::Result<String> {
+    let v = dir.join(format!("v{k}"));
+    std::fs::create_dir_all(&v)?;
+    std::fs::write(v.join("chaos.wasm"), super::daemon::chaos_build(k))?;
+    std::fs::write(v.join("chaos.toml"), super::daemon::chaos_manifest(k, "ok"))?;
+    let out = Command::new(super::binary::BIN)
+        .args(["push", reference])
+        .arg(v.join("chaos.wasm"))
+        .args(["--plain-http", &reg.addr, "--sign-key"])
+        .arg(key)
+        .output()?;
+    anyhow::ensure!(out.status.success(), "push: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v["digest"].as_str().unwrap_or_default().to_owned())
+}
