@@ -596,7 +596,7 @@ async fn a_listing_entry_the_grant_hides_shows_in_log_status_and_exit_code() {
     assert_eq!(entry["backend"], "gpu");
     assert_eq!(
         entry["grant"].as_str().unwrap(),
-        "[backends.gpu.grant] sysfs = [\"bus/pci/devices/*\"] (or in its manifest's [requests])"
+        "[backends.gpu.grant] sysfs = [\"bus/pci/devices/????:??:??.?\"] (or in its manifest's [requests])"
     );
     // Issue 42: the entries one wildcard allows are one piece of advice, not one per entry.
     let same_grant = refused.iter().filter(|r| r["grant"] == entry["grant"]).count();
@@ -605,7 +605,7 @@ async fn a_listing_entry_the_grant_hides_shows_in_log_status_and_exit_code() {
         err.lines().filter(|l| l.contains("backend gpu was refused sysfs.list-dir bus/pci/devices/")).collect();
     assert_eq!(advice.len(), 1, "{err}");
     assert!(advice[0].contains(&format!("and {} more the same grant allows", same_grant - 1)), "{err}");
-    assert!(advice[0].contains("sysfs = [\"bus/pci/devices/*\"]"), "{err}");
+    assert!(advice[0].contains("sysfs = [\"bus/pci/devices/????:??:??.?\"]"), "{err}");
     let gpus = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
     assert_eq!(gpus["devices"].as_array().unwrap().len(), 1, "the grant hides seven of the eight");
 
@@ -733,8 +733,8 @@ fn requests_learned_in_one_partition_mode_serve_the_others() {
 fn learned_requests_are_enough_and_needed() {
     let m = fixture("dgx-h100");
     let learned = on_machine(&["discover", "--learn-requests", "gpu"], &m, &cache_dir(), &[]);
-    assert!(learned.contains("\"bus/pci/devices/*/vendor\","), "{learned}");
-    assert!(learned.contains("\"driver/nvidia/gpus/*/information\","), "{learned}");
+    assert!(learned.contains("\"bus/pci/devices/????:??:??.?/vendor\","), "{learned}");
+    assert!(learned.contains("\"driver/nvidia/gpus/????:??:??.?/information\","), "{learned}");
     let gpus = |grant: &str| nvidia_gpus_granted(&m, grant);
     let full = gpus("");
     assert_eq!(full["devices"].as_array().unwrap().len(), 8, "{full}");

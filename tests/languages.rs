@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use devplug_standins::proto::deviceplugin as pb;
 use sha2::{Digest, Sha256};
-use support::binary::{Devplug, discover_backend, run, run_args};
+use support::binary::{Devplug, discover_backend, run, run_args, run_on_machine};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
 
@@ -291,6 +291,71 @@ fn claim_through_try(project: &Path, wasm: &Path, lang: &str) {
     t.quit();
 }
 
+/// Issue 52 (1): what `--learn-requests` prints, used verbatim as the manifest, passes
+/// `discover` on the machine it was learned on, and asks for no more than was used: a backend
+/// that lists vfio-pci's directory is granted its names (`DIR/`), not the driver's write-only
+/// control files beside the functions; the functions it read are `????:??:??.?`, never `*`; the
+/// `pci` attribute it hands out brings the grant the host checks it against. The same backend in
+/// the project's language (`tests/fixtures/backends/vfio`), built with the project's tools.
+fn learned_requests_serve_as_the_manifest(project: &Path, lang: &str) {
+    let (file, to, build) = match lang {
+        "rust" => (
+            "lib.rs",
+            "src/lib.rs",
+            "cargo build --release --target wasm32-wasip2 && cp \"$CARGO_TARGET_DIR/wasm32-wasip2/release/demo.wasm\" vfio.wasm",
+        ),
+        "python" => {
+            ("app.py", "src/app.py", "componentize-py -d wit -w devplug-backend componentize app -p src -o vfio.wasm")
+        }
+        _ => (
+            "backend.js",
+            "backend.js",
+            "node_modules/.bin/componentize-js --wit wit --world-name devplug-backend -d http -d fetch-event -o vfio.wasm backend.js",
+        ),
+    };
+    std::fs::copy(repo().join("tests/fixtures/backends/vfio").join(file), project.join(to)).unwrap();
+    project_cmd(project, build);
+    let wasm = project.join("vfio.wasm");
+    let wasm = wasm.to_str().unwrap();
+    let machine = project.join("cx6dx-sriov");
+    support::hardware::build("cx6dx-sriov", &machine);
+    let (code, learned, err) =
+        run_on_machine(&["discover", "--learn-requests", "vfio", "--backend", wasm], &machine, &cache_dir(), &[]);
+    assert_eq!(code, 0, "{lang}: {err}");
+    assert!(learned.contains("\"bus/pci/drivers/vfio-pci/\","), "{lang}: the listing, as names: {learned}");
+    assert!(learned.contains("\"bus/pci/drivers/vfio-pci/????:??:??.?/vendor\","), "{lang}: {learned}");
+    assert!(learned.contains("\"bus/pci/devices/????:??:??.?\","), "{lang}: the pci attribute's grant: {learned}");
+    for control in ["bind", "unbind", "new_id", "remove_id", "uevent"] {
+        assert!(!learned.contains(&format!("/{control}\"")), "{lang}: {control} requested: {learned}");
+    }
+    assert!(
+        !learned.contains("/*\"") && !learned.contains("/*/"),
+        "{lang}: a bare * is wider than what was seen: {learned}"
+    );
+    let manifest = project.join("learned.toml");
+    std::fs::write(&manifest, &learned).unwrap();
+    let (code, out, err) = run_on_machine(
+        &["discover", "--backend", wasm, "--manifest", manifest.to_str().unwrap()],
+        &machine,
+        &cache_dir(),
+        &["--format", "json"],
+    );
+    assert_eq!(code, 0, "{lang}: discover with the learned manifest: {err}\n{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["refused"], serde_json::json!([]), "{lang}: {v}");
+    let r = v["resources"].as_array().unwrap().iter().find(|r| r["name"] == "example.com/vfio").unwrap();
+    let devices = r["devices"].as_array().unwrap();
+    let ids: Vec<&str> = devices.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        ["0000:3b:00.6", "0000:3b:00.7", "0000:3b:01.0", "0000:3b:01.1"],
+        "{lang}: the VFs on vfio-pci: {r}"
+    );
+    for d in devices {
+        assert!(d.to_string().contains("/dev/vfio/"), "{lang}: its group's node: {d}");
+    }
+}
+
 #[test]
 fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
     let tmp = tempfile::tempdir().unwrap();
@@ -318,6 +383,7 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
         }
         ship_and_serve(&dir, &dir.join(wasm), lang);
         claim_through_try(&dir, &dir.join(wasm), lang);
+        learned_requests_serve_as_the_manifest(&dir, lang);
         if lang == "rust" {
             the_guides_ship_commands_work(&dir);
         }

@@ -14,7 +14,7 @@
 //! `DEVPLUG_BLESS=1 cargo test --test hardware` rewrites them (and the golden files).
 
 use std::collections::BTreeMap;
-use std::os::unix::fs::symlink;
+use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
 /// Every committed fixture machine, by directory name.
@@ -60,6 +60,13 @@ impl Tree {
         let p = self.root.join(rel);
         std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
         std::fs::write(p, content).expect("write");
+    }
+
+    /// A write-only attribute (mode 0200), such as a driver's `bind`: readable by root alone,
+    /// and never by a backend that honours the mode.
+    pub fn control(&self, rel: &str) {
+        self.file(rel, "");
+        std::fs::set_permissions(self.root.join(rel), std::fs::Permissions::from_mode(0o200)).expect("chmod");
     }
 
     pub fn dir(&self, rel: &str) {
@@ -114,9 +121,15 @@ impl Tree {
         self.link(&format!("{dir}/subsystem"), "sys/bus/pci");
     }
 
+    /// `dir` (the function `addr`) bound to `driver`: the links both ways, and the driver
+    /// directory's write-only control files (`bind`, `unbind`, `uevent` from
+    /// `drivers/base/bus.c`; `new_id`, `remove_id` from `drivers/pci/pci-driver.c`; all 0200).
     pub fn bind(&self, dir: &str, addr: &str, driver: &str) {
         self.link(&format!("{dir}/driver"), &format!("sys/bus/pci/drivers/{driver}"));
         self.link(&format!("sys/bus/pci/drivers/{driver}/{addr}"), dir);
+        for control in ["bind", "unbind", "uevent", "new_id", "remove_id"] {
+            self.control(&format!("sys/bus/pci/drivers/{driver}/{control}"));
+        }
     }
 
     /// A class device below a PCI function (`net/ens1f0np0`) with its `class/<c>/<name>` link.
@@ -901,7 +914,10 @@ pub fn snapshot(root: &Path) -> BTreeMap<String, String> {
                 // every file's path already names its directories.
                 stack.push(p);
             } else {
-                out.insert(rel, std::fs::read_to_string(&p).unwrap_or_else(|_| "<binary>".into()));
+                // A control file (0200) is empty; only root could read it to find out.
+                let write_only = e.metadata().is_ok_and(|m| m.len() == 0 && m.permissions().mode() & 0o444 == 0);
+                let text = if write_only { Ok(String::new()) } else { std::fs::read_to_string(&p) };
+                out.insert(rel, text.unwrap_or_else(|_| "<binary>".into()));
             }
         }
     }

@@ -73,7 +73,8 @@ pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf
     let procfs = Jail::new(&roots.proc, caps.procfs.clone());
     let dev = Jail::new(&roots.dev, caps.dev.clone()).with_fixture_nodes(roots.dev_fixtures);
     let mut out = Requests::default();
-    for ((call, path), times) in learned.seen() {
+    let seen = learned.seen();
+    for ((call, path), times) in &seen {
         let (view, what) = call.split_once('.').unwrap_or(("", call.as_str()));
         let (jail, list) = match view {
             "sysfs" => (&sysfs, &mut out.sysfs),
@@ -81,33 +82,52 @@ pub fn learn_requests(args: &SourceArgs, name: &str, merge: &[std::path::PathBuf
             "devfs" => (&dev, &mut out.dev),
             _ => continue,
         };
+        let path = path.as_str();
         let how = format!("{what} ×{times}");
         if what == "glob" {
             // A glob's matches are each stat'ed through the grant (and learned as such); the
             // pattern itself is what the backend asked, not what it used (`*` would grant all).
             continue;
         }
-        list.add(&path, &how, &path, true);
+        // A listing asks for the directory's names (`DIR/`), never its entries' contents: the
+        // entries the backend went on to open are learned from those calls.
+        let names = what.starts_with("list-dir");
+        if !names && write_only(jail, path) {
+            list.leave_out(path, "write-only (a control file the backend has no use reading)");
+            continue;
+        }
+        let slash = if names { "/" } else { "" };
+        list.add(&format!("{path}{slash}"), &how, path, true);
         // Sysfs is full of links: the path as it resolves must be allowed too.
         let follow = !what.starts_with("read-link");
-        if let Ok(r) = jail.resolve(&path, follow)
+        if let Ok(r) = jail.resolve(path, follow)
             && !r.canonical.is_empty()
             && r.canonical != path
         {
-            list.add(&r.canonical, &format!("{what}, resolved"), &path, true);
+            list.add(&format!("{}{slash}", r.canonical), &format!("{what}, resolved"), path, true);
         }
-        // A listing shows only allowed entries: request what it showed (and where each leads).
-        if what.starts_with("list-dir")
-            && let Ok(entries) = jail.list(&path)
-        {
-            for e in entries {
-                let entry = if path.is_empty() { e } else { format!("{path}/{e}") };
-                list.add(&entry, "listed", &path, true);
+        // The entries of a listing the backend went on to open (`vfio-pci/0000:3b:00.6` on the
+        // way to its `vendor`) as paths too: where a manifest asks for the directory whole
+        // rather than `DIR/`, a listing shows only the entries granted whole.
+        if names {
+            for entry in opened_below(&seen, view, path).into_iter().filter(|e| !write_only(jail, e)) {
+                list.add(&entry, "listed, then opened", &entry, true);
                 if let Ok(r) = jail.resolve(&entry, true)
-                    && !r.canonical.is_empty()
+                    && r.canonical != entry
                 {
-                    list.add(&r.canonical, "listed, resolved", &entry, true);
+                    list.add(&r.canonical, "listed, then opened, resolved", &entry, true);
                 }
+            }
+        }
+    }
+    // A device's `pci` attribute is checked against the sysfs grant where it is handed out
+    // (`bus/pci/devices/<address>` and where that leads), whether or not the backend read there.
+    for d in found.iter().flat_map(|r| &r.devices) {
+        for (_, address) in d.attributes.iter().filter(|(k, v)| k == "pci" && crate::gate::is_bus_id(v)) {
+            let path = format!("bus/pci/devices/{address}");
+            out.sysfs.add(&path, "a device's pci attribute", &d.id, true);
+            if let Ok(r) = sysfs.resolve(&path, true) {
+                out.sysfs.add(&r.canonical, "a device's pci attribute, resolved", &d.id, true);
             }
         }
     }
@@ -138,11 +158,38 @@ pub enum MergeError {
 /// Longest pattern a learned manifest holds (a manifest's globs are capped at 512 bytes).
 const MAX_PATTERN: usize = 512;
 
-/// One kind of request: pattern → (how it was used, an example path).
+/// The entries of directory `dir` (in `view`) that a learned call went into or opened.
+fn opened_below(seen: &BTreeMap<(String, String), u64>, view: &str, dir: &str) -> BTreeSet<String> {
+    let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+    seen.keys()
+        .filter(|(call, _)| call.split('.').next() == Some(view))
+        .filter_map(|(_, p)| p.strip_prefix(&prefix)?.split('/').next())
+        .filter(|e| !e.is_empty())
+        .map(|e| format!("{prefix}{e}"))
+        .collect()
+}
+
+/// Whether `path` is a file nobody may read (mode without any read bit: sysfs's `bind`,
+/// `unbind`, `new_id`, `remove_id` and `uevent` are 0200, `drivers/base/bus.c`,
+/// `drivers/pci/pci-driver.c`). Root reads them all the same, so the run cannot tell by trying.
+fn write_only(jail: &Jail, path: &str) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    jail.resolve(path, true)
+        .ok()
+        .and_then(|r| std::fs::metadata(r.real).ok())
+        .is_some_and(|m| m.is_file() && m.permissions().mode() & 0o444 == 0)
+}
+
+/// One kind of request: pattern → (how it was used, an example path); and the paths left out,
+/// each with why.
 #[derive(Default)]
-struct Patterns(BTreeMap<String, (BTreeSet<String>, String)>);
+struct Patterns(BTreeMap<String, (BTreeSet<String>, String)>, BTreeMap<String, &'static str>);
 
 impl Patterns {
+    fn leave_out(&mut self, path: &str, why: &'static str) {
+        self.1.insert(general(path), why);
+    }
+
     fn add(&mut self, path: &str, how: &str, example: &str, generalize: bool) {
         let pattern = if generalize { general(path) } else { path.to_owned() };
         let e = self.0.entry(pattern).or_insert_with(|| (BTreeSet::new(), example.to_owned()));
@@ -238,11 +285,15 @@ impl Requests {
              [requests]\n"
         );
         for (key, p) in self.kinds() {
-            if p.0.is_empty() {
+            if p.0.is_empty() && p.1.is_empty() {
                 out.push_str(&format!("{key} = []\n"));
                 continue;
             }
             out.push_str(&format!("{key} = [\n"));
+            for (pattern, why) in &p.1 {
+                let shown = crate::gate::clip_to(pattern, 120).replace(char::is_control, "?");
+                out.push_str(&format!("  # left out: {shown} is {why}\n"));
+            }
             for (pattern, (how, example)) in &p.0 {
                 // A backend chose these paths: a pattern no grant could hold is left out (and
                 // said so), a comment's example is clipped and escaped so it stays a comment.
@@ -347,13 +398,21 @@ mod tests {
 
     #[test]
     fn machine_specific_parts_become_wildcards() {
-        assert_eq!(general("bus/pci/devices/0000:3b:00.0/vendor"), "bus/pci/devices/*/vendor");
+        assert_eq!(general("bus/pci/devices/0000:3b:00.0/vendor"), "bus/pci/devices/????:??:??.?/vendor");
         // Any depth of bridges: the same pattern with or without a switch in between.
-        assert_eq!(general("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/net"), "devices/pci*/**/net");
+        assert_eq!(general("devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1/net"), "devices/pci*/**/????:??:??.?/net");
         assert_eq!(
             general("devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:17:00.0/0000:18:00.0/net"),
-            "devices/pci*/**/net"
+            "devices/pci*/**/????:??:??.?/net"
         );
+        // A directory's names stay names; a PCI function's pattern matches no control file.
+        assert_eq!(general("bus/pci/drivers/vfio-pci/"), "bus/pci/drivers/vfio-pci/");
+        assert_eq!(general("bus/pci/drivers/vfio-pci/0000:6b:00.1"), "bus/pci/drivers/vfio-pci/????:??:??.?");
+        let function = globset::Glob::new(crate::runtime::learn::PCI_FUNCTION).unwrap().compile_matcher();
+        assert!(function.is_match("0000:6b:00.1"));
+        for name in ["bind", "unbind", "new_id", "remove_id", "uevent", "module", "net", "driver"] {
+            assert!(!function.is_match(name), "{name}");
+        }
         assert_eq!(general("devices/pci0000:15"), "devices/pci*");
         assert_eq!(general("class/drm/card1"), "class/drm/card[0-9]*");
         assert_eq!(general("driver/nvidia/capabilities/gpu0/mig"), "driver/nvidia/capabilities/gpu[0-9]*/mig");

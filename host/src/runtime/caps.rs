@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 /// What a backend may read and what it may hand to containers, as globs: `*` stays within one
 /// component, `**` crosses them, `{a,b}` and `[0-9]` work as in a shell. The same shape is a
 /// manifest's `[requests]` and an operator's `grant`; a backend gets the intersection.
+///
+/// In `sysfs`, `dev` and `procfs` a pattern ending in `/` (`bus/pci/drivers/vfio-pci/`) asks for
+/// a directory's entry *names* only: the backend may list it and sees every name, but opens no
+/// entry the other patterns do not cover (a driver directory's write-only `bind` and `new_id`
+/// show up as names, nothing more). Without it a listing shows only the entries granted whole.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Globs {
@@ -54,12 +59,26 @@ pub struct Globs {
 const MAX_GLOB_LEN: usize = 512;
 const MAX_GLOB_WILDCARDS: usize = 16;
 
+/// The wildcards of `pattern` that cost the matcher: each `*`, `[` and `{`, and each run of `?`
+/// as one (`????:??:??.?`, a PCI address, is a fixed width of any characters, not nine choices).
+fn wildcards(pattern: &str) -> usize {
+    let mut n = 0;
+    let mut prev = '\0';
+    for c in pattern.chars() {
+        if matches!(c, '*' | '[' | '{') || (c == '?' && prev != '?') {
+            n += 1;
+        }
+        prev = c;
+    }
+    n
+}
+
 pub(crate) fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
     let shown = crate::gate::clip(pattern);
     if pattern.len() > MAX_GLOB_LEN {
         return Err(format!("glob {shown} is longer than {MAX_GLOB_LEN} bytes"));
     }
-    if pattern.chars().filter(|c| matches!(c, '*' | '?' | '[' | '{')).count() > MAX_GLOB_WILDCARDS {
+    if wildcards(pattern) > MAX_GLOB_WILDCARDS {
         return Err(format!("glob {shown} has more than {MAX_GLOB_WILDCARDS} wildcards"));
     }
     if pattern.contains('\0') {
@@ -81,7 +100,7 @@ pub(crate) fn compile_glob(pattern: &str) -> Result<globset::Glob, String> {
     }
 }
 
-fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
+fn glob_set<'a>(patterns: impl Iterator<Item = &'a str>) -> Result<GlobSet, String> {
     let mut b = GlobSetBuilder::new();
     for p in patterns {
         b.add(compile_glob(p)?);
@@ -89,18 +108,50 @@ fn glob_set(patterns: &[String]) -> Result<GlobSet, String> {
     b.build().map_err(|e| e.to_string())
 }
 
+/// What a path is opened for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Its contents: read, stat, resolve, follow; a directory's entries as far as each is granted.
+    Contents,
+    /// A directory's entry names, nothing inside them (a `DIR/` pattern, see [`Globs`]).
+    Names,
+}
+
+/// The patterns of one list, split by what they grant: whole paths, and directories' names
+/// (the `DIR/` form, kept without its `/`).
+struct Split<'a> {
+    whole: Vec<&'a str>,
+    names: Vec<&'a str>,
+}
+
+fn split(patterns: &[String]) -> Split<'_> {
+    let (names, whole): (Vec<&str>, Vec<&str>) = patterns.iter().map(String::as_str).partition(|p| p.ends_with('/'));
+    Split { whole, names: names.into_iter().map(|p| p.trim_end_matches('/')).collect() }
+}
+
 /// One root's effective rule: allowed = requested ∩ granted.
 #[derive(Clone, Debug)]
 pub struct Rule {
     requested: GlobSet,
     granted: GlobSet,
+    /// Directories whose names the manifest asks for (`DIR/`), and those the operator grants so:
+    /// a grant of the path itself (`bus/pci/**`) grants its names too.
+    requested_names: GlobSet,
+    granted_names: GlobSet,
     /// The manifest key this rule comes from (`sysfs`, `dev`), for refusal messages.
     key: &'static str,
 }
 
 impl Rule {
     pub fn new(requested: &[String], granted: &[String]) -> Result<Self, String> {
-        Ok(Rule { requested: glob_set(requested)?, granted: glob_set(granted)?, key: "sysfs/dev" })
+        let (r, g) = (split(requested), split(granted));
+        Ok(Rule {
+            requested: glob_set(r.whole.into_iter())?,
+            granted: glob_set(g.whole.into_iter())?,
+            requested_names: glob_set(r.names.into_iter())?,
+            granted_names: glob_set(g.names.into_iter())?,
+            key: "sysfs/dev",
+        })
     }
 
     /// The manifest key this rule comes from, for refusal messages.
@@ -118,9 +169,34 @@ impl Rule {
         self.requested.is_match(rel) && self.granted.is_match(rel)
     }
 
+    /// Whether every entry name of directory `rel` may be shown: it may be listed, and one side
+    /// says `rel/` (the manifest asks for its names, or the operator grants them so). Otherwise
+    /// a listing shows the entries granted whole.
+    pub fn lists_all(&self, rel: &str) -> bool {
+        self.admits(rel, Access::Names) && (self.requested_names.is_match(rel) || self.granted_names.is_match(rel))
+    }
+
+    /// Whether `rel` may be opened for `access`. For its names, either side may say so as a
+    /// whole path or as `DIR/` (a manifest asking for `DIR` may list it where the operator
+    /// granted `DIR/`); which entries the listing then shows is [`Rule::lists_all`]'s question.
+    pub fn admits(&self, rel: &str, access: Access) -> bool {
+        match access {
+            Access::Contents => self.allows(rel),
+            Access::Names => {
+                (self.requested.is_match(rel) || self.requested_names.is_match(rel))
+                    && (self.granted.is_match(rel) || self.granted_names.is_match(rel))
+            }
+        }
+    }
+
     /// Whether the backend asked for `rel` at all (to tell "not requested" from "not granted").
     pub fn requested(&self, rel: &str) -> bool {
         self.requested.is_match(rel)
+    }
+
+    /// Whether the backend asked for `rel` for `access`.
+    pub fn requested_for(&self, rel: &str, access: Access) -> bool {
+        self.requested(rel) || (access == Access::Names && self.requested_names.is_match(rel))
     }
 }
 
@@ -178,4 +254,37 @@ fn absolute_globs(patterns: &[String]) -> Result<Vec<String>, String> {
                 .ok_or_else(|| format!("mount glob {p:?} must be an absolute host path"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Access, Rule, compile_glob, wildcards};
+
+    #[test]
+    fn a_run_of_question_marks_is_one_wildcard_and_every_star_counts() {
+        assert_eq!(wildcards("devices/pci*/**/????:??:??.?/net"), 7);
+        assert!(compile_glob(&"?".repeat(100)).is_ok());
+        assert!(compile_glob(&"*a".repeat(17)).unwrap_err().contains("wildcards"));
+        assert!(compile_glob(&"?a".repeat(17)).unwrap_err().contains("wildcards"));
+    }
+
+    #[test]
+    fn a_trailing_slash_asks_for_names_only() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let r = Rule::new(&s(&["bus/pci/drivers/*/", "class/net"]), &s(&["bus/**", "class/**"])).unwrap();
+        assert!(r.lists_all("bus/pci/drivers/vfio-pci"));
+        assert!(!r.allows("bus/pci/drivers/vfio-pci"), "the names, not the path");
+        assert!(r.admits("bus/pci/drivers/vfio-pci", Access::Names));
+        assert!(!r.admits("bus/pci/drivers/vfio-pci", Access::Contents));
+        assert!(!r.admits("bus/pci/drivers/vfio-pci/bind", Access::Names));
+        assert!(!r.lists_all("class/net"), "a whole path lists only what is granted whole");
+        assert!(r.admits("class/net", Access::Names));
+        let not_granted = Rule::new(&s(&["bus/pci/drivers/*/"]), &s(&["class/**"])).unwrap();
+        assert!(!not_granted.admits("bus/pci/drivers/vfio-pci", Access::Names));
+        // A manifest asking for the path, an operator granting its names: every name, as both
+        // allow; the entries' contents not.
+        let old = Rule::new(&s(&["bus/pci/devices", "bus/pci/devices/*"]), &s(&["bus/pci/devices/"])).unwrap();
+        assert!(old.lists_all("bus/pci/devices"));
+        assert!(!old.allows("bus/pci/devices/0000:3b:00.0"));
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 
-use super::caps::{Rule, compile_glob};
+use super::caps::{Access, Rule, compile_glob};
 use crate::sync::Locked;
 
 mod batch;
@@ -153,31 +153,47 @@ impl Jail {
 
     /// The checks of the name asked for: syntax, then requested ∩ granted.
     fn admit<'a>(&self, rel: &'a str) -> Result<Vec<&'a str>, FsError> {
+        self.admit_for(rel, Access::Contents)
+    }
+
+    /// [`Jail::admit`] for `access`: a directory granted as `DIR/` is admitted for its names.
+    fn admit_for<'a>(&self, rel: &'a str, access: Access) -> Result<Vec<&'a str>, FsError> {
         let comps = validate(rel)?;
-        if !self.rule.allows(rel) {
-            return Err(FsError::Denied(not_granted(&self.rule, rel)));
+        if !self.rule.admits(rel, access) {
+            return Err(FsError::Denied(not_granted(&self.rule, rel, access)));
         }
         Ok(comps)
     }
 
-    /// `rel` opened beneath the root with `flags`, after checking both the name asked for and
-    /// where it really is; the descriptor and that real path.
-    fn open_admitted(&self, b: &Beneath, rel: &str, flags: OFlag) -> Result<(OwnedFd, String), FsError> {
-        self.admit(rel)?;
+    /// `rel` opened beneath the root with `flags` for `access`, after checking both the name
+    /// asked for and where it really is; the descriptor and that real path.
+    fn open_admitted(
+        &self,
+        b: &Beneath,
+        rel: &str,
+        flags: OFlag,
+        access: Access,
+    ) -> Result<(OwnedFd, String), FsError> {
+        self.admit_for(rel, access)?;
         let (fd, canonical) = b.open(rel, flags)?;
-        self.check_canonical(rel, &canonical)?;
+        self.check_canonical_for(rel, &canonical, access)?;
         Ok((fd, canonical))
     }
 
     fn check_canonical(&self, rel: &str, canonical: &str) -> Result<(), FsError> {
-        if canonical != rel && !self.rule.allows(canonical) {
+        self.check_canonical_for(rel, canonical, Access::Contents)
+    }
+
+    fn check_canonical_for(&self, rel: &str, canonical: &str, access: Access) -> Result<(), FsError> {
+        if canonical != rel && !self.rule.admits(canonical, access) {
+            let slash = if access == Access::Names { "/" } else { "" };
             return Err(FsError::Denied(format!(
                 "{rel} resolves to {canonical}, which is {}",
-                if self.rule.requested(canonical) {
+                if self.rule.requested_for(canonical, access) {
                     "not granted".to_owned()
                 } else {
                     format!(
-                        "not requested in the manifest (add {canonical:?}, or a glob covering it, to [requests] {})",
+                        "not requested in the manifest (add \"{canonical}{slash}\", or a glob covering it, to [requests] {})",
                         self.rule.key()
                     )
                 }
@@ -199,7 +215,12 @@ impl Jail {
     /// Check and resolve `rel`. With `follow_last = false` the last component is not followed
     /// (for `read-link`).
     pub fn resolve(&self, rel: &str, follow_last: bool) -> Result<Resolved, FsError> {
-        let comps = self.admit(rel)?;
+        self.resolve_for(rel, follow_last, Access::Contents)
+    }
+
+    /// [`Jail::resolve`] for `access`.
+    fn resolve_for(&self, rel: &str, follow_last: bool, access: Access) -> Result<Resolved, FsError> {
+        let comps = self.admit_for(rel, access)?;
         let canonical = match &self.beneath {
             Some(b) if follow_last => b.open(rel, OFlag::O_PATH)?.1,
             Some(b) => match rel.rsplit_once('/') {
@@ -210,7 +231,7 @@ impl Jail {
             },
             None => self.walk(comps, follow_last)?,
         };
-        self.check_canonical(rel, &canonical)?;
+        self.check_canonical_for(rel, &canonical, access)?;
         Ok(Resolved { real: self.root.join(&canonical), canonical })
     }
 
@@ -256,7 +277,9 @@ impl Jail {
     pub fn read(&self, rel: &str) -> Result<String, FsError> {
         let file = match &self.beneath {
             // One open resolves and checks; O_NONBLOCK so a FIFO cannot hang the host.
-            Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?.0),
+            Some(b) => {
+                fs::File::from(self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, Access::Contents)?.0)
+            }
             None => {
                 let r = self.resolve(rel, true)?;
                 fs::OpenOptions::new()
@@ -269,17 +292,19 @@ impl Jail {
         read_attribute(rel, file)
     }
 
-    /// Directory entries the backend may see, sorted. An entry is shown only when both its path
-    /// under the name asked for and its path under where that name resolves are allowed (a
-    /// granted symlink to a directory must not list what lies beyond the grant). The entries are
-    /// read from the descriptor the check opened, so nothing can be swapped in between.
+    /// Directory entries the backend may see, sorted. Every name, where the directory is granted
+    /// as `DIR/` under both the name asked for and where it resolves; otherwise an entry is shown
+    /// only when both its path under the name asked for and its path under where that name
+    /// resolves are allowed (a granted symlink to a directory must not list what lies beyond the
+    /// grant). The entries are read from the descriptor the check opened, so nothing can be
+    /// swapped in between.
     pub fn list(&self, rel: &str) -> Result<Vec<String>, FsError> {
         let (names, canonical) = match &self.beneath {
             Some(b) => {
                 let (fd, canonical) = if rel.is_empty() {
                     (b.open(".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)?.0, String::new())
                 } else {
-                    self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?
+                    self.open_admitted(b, rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY, Access::Names)?
                 };
                 (dir_names(rel, fd)?, canonical)
             }
@@ -287,7 +312,7 @@ impl Jail {
                 let r = if rel.is_empty() {
                     Resolved { real: self.root.clone(), canonical: String::new() }
                 } else {
-                    self.resolve(rel, true)?
+                    self.resolve_for(rel, true, Access::Names)?
                 };
                 let names = fs::read_dir(&r.real).map_err(io_error)?;
                 let names = capped_listing(rel, names.filter_map(|e| e.ok()?.file_name().into_string().ok()))?;
@@ -299,6 +324,11 @@ impl Jail {
 
     /// The entries of directory `rel` (really at `canonical`) the backend may see, sorted.
     fn visible(&self, rel: &str, canonical: &str, names: Vec<String>) -> Vec<String> {
+        if self.rule.lists_all(rel) && (canonical == rel || self.rule.lists_all(canonical)) {
+            let mut names = names;
+            names.sort();
+            return names;
+        }
         let (mut names, hidden): (Vec<String>, Vec<String>) = names.into_iter().partition(|name| {
             self.rule.allows(&join(rel, name)) && (canonical == rel || self.rule.allows(&join(canonical, name)))
         });
@@ -504,9 +534,15 @@ fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() { name.to_owned() } else { format!("{dir}/{name}") }
 }
 
-fn not_granted(rule: &Rule, rel: &str) -> String {
-    if rule.requested(rel) {
+fn not_granted(rule: &Rule, rel: &str, access: Access) -> String {
+    if rule.requested_for(rel, access) {
         format!("{rel} is not granted to this backend")
+    } else if access == Access::Names {
+        format!(
+            "{rel} is not requested in the backend's manifest (add \"{rel}/\" to [requests] {} to list its names, \
+             or a glob covering the entries it needs)",
+            rule.key()
+        )
     } else {
         format!(
             "{rel} is not requested in the backend's manifest (add {rel:?}, or a glob covering it, to [requests] {})",
@@ -592,6 +628,47 @@ mod tests {
         assert_eq!(r.canonical, "devices/pci0000:00/0000:00:01.0/vendor");
         assert_eq!(j.read_link("bus/pci/devices/0000:00:01.0/driver").unwrap(), "../../../bus/pci/drivers/nvidia");
         assert_eq!(j.list("bus/pci/devices").unwrap(), ["0000:00:01.0"]);
+    }
+
+    /// Issue 52 (1): `DIR/` grants a directory's names and nothing inside: a driver directory
+    /// lists its devices and its write-only control files, and none of them opens.
+    #[test]
+    fn a_names_grant_lists_every_name_and_opens_nothing() {
+        let (d, _) = sysfs();
+        let r = d.path();
+        fs::write(r.join("bus/pci/drivers/nvidia/bind"), "").unwrap();
+        symlink("../../../../devices/pci0000:00/0000:00:01.0", r.join("bus/pci/drivers/nvidia/0000:00:01.0")).unwrap();
+        let jail = |req: &[&str], grant: &[&str]| Jail::new(r, Rule::new(&strings(req), &strings(grant)).unwrap());
+        fn denied<T>(x: Result<T, FsError>) -> bool {
+            matches!(x, Err(FsError::Denied(_)))
+        }
+        let drv = "bus/pci/drivers/nvidia";
+        let j = jail(&["bus/pci/drivers/nvidia/"], &["**"]);
+        assert_eq!(j.list(drv).unwrap(), ["0000:00:01.0", "bind"]);
+        let many = j.list_many(&strings(&[drv]), &mut OpenDirs::default(), &mut Meter::default());
+        assert_eq!(many[0].as_deref().unwrap(), ["0000:00:01.0", "bind"], "batched the same");
+        assert!(denied(j.read("bus/pci/drivers/nvidia/bind")));
+        assert!(denied(j.resolve("bus/pci/drivers/nvidia/0000:00:01.0", true)));
+        assert!(denied(j.read_link("bus/pci/drivers/nvidia/0000:00:01.0")));
+        assert!(denied(j.list("bus/pci/drivers/nvidia/0000:00:01.0")), "a directory below is not granted");
+        assert!(denied(j.read(drv)) && denied(j.resolve(drv, true)), "names only, not the path itself");
+        // The operator's grant decides too: whole paths grant names, `DIR/` grants names only.
+        assert!(denied(jail(&["bus/pci/drivers/nvidia/"], &["bus/pci/devices/**"]).list(drv)));
+        let names_only = jail(&["bus/pci/drivers/nvidia/", "bus/pci/drivers/nvidia/*"], &["bus/pci/drivers/*/"]);
+        assert_eq!(names_only.list(drv).unwrap().len(), 2);
+        assert!(denied(names_only.read("bus/pci/drivers/nvidia/bind")));
+        // Without `DIR/`, a listing shows only the entries granted whole, as before.
+        let whole = jail(&[drv, "bus/pci/drivers/nvidia/0000:*"], &["**"]);
+        assert_eq!(whole.list(drv).unwrap(), ["0000:00:01.0"]);
+        // A refusal says what to add.
+        let e = jail(&["bus/pci/devices/*"], &["**"]).list(drv).unwrap_err().to_string();
+        assert!(e.contains("\"bus/pci/drivers/nvidia/\""), "{e}");
+        // A name granted as `DIR/` that resolves elsewhere lists nothing beyond the grant.
+        let link = jail(&["bus/pci/devices/*/", "bus/pci/devices/*"], &["**"]);
+        assert!(denied(link.list("bus/pci/devices/0000:00:01.0")));
+        let both = jail(&["bus/pci/devices/*/", "devices/pci0000:00/*/"], &["**"]);
+        assert!(both.list("bus/pci/devices/0000:00:01.0").unwrap().contains(&"secret".to_owned()));
+        assert!(denied(both.read("bus/pci/devices/0000:00:01.0/secret")));
     }
 
     #[test]

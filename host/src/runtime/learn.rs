@@ -45,13 +45,18 @@ fn is_root_complex(s: &str) -> bool {
     s.starts_with("pci") && s.len() == 10 && s[3..].chars().all(|x| x.is_ascii_hexdigit() || x == ':')
 }
 
-/// `path` with the parts that differ between machines as wildcards: a root complex and the
-/// chain of bridges and functions below it (`devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1`)
-/// become `pci*/**`, since a device sits below as many bridges and switch ports as the machine
-/// has (`drivers/pci/probe.c` nests each bus under its bridge); any other PCI address
-/// (`bus/pci/devices/0000:3b:00.0`) becomes `*`; numbered instances (`card1`, `mlx5_0`,
-/// `virtfn3`, `gpu0`, `amdgpu_xcp.12`) `NAME[0-9]*`, and a component that is only a number
-/// (`topology/nodes/12`) `[0-9]*`.
+/// A PCI function's name as a pattern: matches any `dddd:bb:dd.f` and no control file or class
+/// directory beside it (`bind`, `net`, `driver`).
+pub const PCI_FUNCTION: &str = "????:??:??.?";
+
+/// `path` with the parts that differ between machines as wildcards, each as narrow as the
+/// instances it stands for: a root complex and the chain of bridges and functions below it
+/// (`devices/pci0000:3a/0000:3a:00.0/0000:3b:00.1`) become `pci*/**/????:??:??.?`, since a
+/// device sits below as many bridges and switch ports as the machine has
+/// (`drivers/pci/probe.c` nests each bus under its bridge); any other PCI address
+/// (`bus/pci/devices/0000:3b:00.0`) becomes `????:??:??.?`; numbered instances (`card1`,
+/// `mlx5_0`, `virtfn3`, `gpu0`, `amdgpu_xcp.12`) `NAME[0-9]*`, and a component that is only a
+/// number (`topology/nodes/12`) `[0-9]*`. A trailing `/` (a directory's names) stays.
 pub fn general(path: &str) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut parts = path.split('/').peekable();
@@ -64,17 +69,18 @@ pub fn general(path: &str) -> String {
             }
             if chain {
                 out.push("**".into());
+                out.push(PCI_FUNCTION.into());
             }
             continue;
         }
         if is_pci(c) {
-            out.push("*".into());
+            out.push(PCI_FUNCTION.into());
             continue;
         }
         let digits = c.len() - c.trim_end_matches(|x: char| x.is_ascii_digit()).len();
         let stem = &c[..c.len() - digits];
         if digits > 0 && stem.chars().any(|x| x.is_ascii_alphabetic()) {
-            out.push(format!("{stem}[0-9]*"));
+            out.push(format!("{}[0-9]*", escape_glob(stem)));
             continue;
         }
         // A directory that is only a number is an instance the kernel counted out: KFD's

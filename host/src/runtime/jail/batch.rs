@@ -26,6 +26,7 @@ use nix::sys::stat::{Mode, fstatat};
 
 use super::nodes::{NodeStat, classify, from_descriptor};
 use super::{FsError, Jail, dir_names, read_attribute};
+use crate::runtime::caps::Access;
 use crate::runtime::limits::Meter;
 
 /// What an answer costs the host in bytes (its heap data and a fixed part), for the [`Meter`].
@@ -116,7 +117,7 @@ impl Jail {
     /// [`Jail::read`] of every path, answers in order; parents opened in `dirs` (or found there).
     /// Every answer is charged to `meter`; once it is spent the remaining paths get its error.
     pub fn read_many(&self, paths: &[String], dirs: &mut OpenDirs, meter: &mut Meter) -> Vec<Result<String, FsError>> {
-        self.batch(paths, dirs, meter, Jail::read, read_in)
+        self.batch(paths, dirs, meter, Access::Contents, Jail::read, read_in)
     }
 
     /// [`Jail::read_link`] of every path, answers in order.
@@ -126,7 +127,7 @@ impl Jail {
         dirs: &mut OpenDirs,
         meter: &mut Meter,
     ) -> Vec<Result<String, FsError>> {
-        self.batch(paths, dirs, meter, Jail::read_link, read_link_in)
+        self.batch(paths, dirs, meter, Access::Contents, Jail::read_link, read_link_in)
     }
 
     /// [`Jail::stat_node`] of every path, answers in order: a device's nodes in one pass, each
@@ -137,7 +138,7 @@ impl Jail {
         dirs: &mut OpenDirs,
         meter: &mut Meter,
     ) -> Vec<Result<NodeStat, FsError>> {
-        self.batch(paths, dirs, meter, Jail::stat_node, stat_in)
+        self.batch(paths, dirs, meter, Access::Contents, Jail::stat_node, stat_in)
     }
 
     /// [`Jail::list`] of every path, answers in order.
@@ -147,7 +148,7 @@ impl Jail {
         dirs: &mut OpenDirs,
         meter: &mut Meter,
     ) -> Vec<Result<Vec<String>, FsError>> {
-        self.batch(paths, dirs, meter, Jail::list, list_in)
+        self.batch(paths, dirs, meter, Access::Names, Jail::list, list_in)
     }
 
     fn batch<T: Cost>(
@@ -155,6 +156,7 @@ impl Jail {
         paths: &[String],
         dirs: &mut OpenDirs,
         meter: &mut Meter,
+        access: Access,
         single: fn(&Jail, &str) -> Result<T, FsError>,
         fast: Fast<T>,
     ) -> Vec<Result<T, FsError>> {
@@ -169,7 +171,7 @@ impl Jail {
                 continue;
             }
             let rel = paths[i].as_str();
-            let answer = match self.split_checked(rel) {
+            let answer = match self.split_checked(rel, access) {
                 Err(e) => Err(e),
                 Ok(None) => single(self, rel),
                 Ok(Some((dir, name))) => match dirs.get(self, dir) {
@@ -185,12 +187,12 @@ impl Jail {
 
     /// Syntax and grant checks of `rel`, and its parent and last component when the fast path
     /// can serve it (`None`: the root or a top-level name, served by the single-path route).
-    fn split_checked<'a>(&self, rel: &'a str) -> Result<Option<(&'a str, &'a str)>, FsError> {
+    fn split_checked<'a>(&self, rel: &'a str, access: Access) -> Result<Option<(&'a str, &'a str)>, FsError> {
         if rel.is_empty() {
             // Only `list` takes it (the root); the single route says so.
             return Ok(None);
         }
-        self.admit(rel)?;
+        self.admit_for(rel, access)?;
         Ok(rel.rsplit_once('/'))
     }
 
@@ -201,9 +203,9 @@ impl Jail {
     }
 
     /// The entry's real path, checked like any resolved path.
-    fn entry_checked(&self, p: &Parent, rel: &str, name: &str) -> Result<(), FsError> {
+    fn entry_checked(&self, p: &Parent, rel: &str, name: &str, access: Access) -> Result<(), FsError> {
         let canonical = format!("{}/{name}", p.canonical);
-        self.check_canonical(rel, canonical.trim_start_matches('/'))
+        self.check_canonical_for(rel, canonical.trim_start_matches('/'), access)
     }
 }
 
@@ -222,11 +224,11 @@ fn read_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<String,
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
     };
-    Some(j.entry_checked(p, rel, name).and_then(|()| read_attribute(rel, fs::File::from(fd))))
+    Some(j.entry_checked(p, rel, name, Access::Contents).and_then(|()| read_attribute(rel, fs::File::from(fd))))
 }
 
 fn read_link_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<String, FsError>> {
-    if let Err(e) = j.entry_checked(p, rel, name) {
+    if let Err(e) = j.entry_checked(p, rel, name, Access::Contents) {
         return Some(Err(e));
     }
     Some(match readlinkat(&p.fd, name) {
@@ -242,7 +244,7 @@ fn list_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<Vec<Str
         Ok(fd) => fd,
         Err(e) => return Some(Err(e)),
     };
-    if let Err(e) = j.entry_checked(p, rel, name) {
+    if let Err(e) = j.entry_checked(p, rel, name, Access::Names) {
         return Some(Err(e));
     }
     let canonical = format!("{}/{name}", p.canonical).trim_start_matches('/').to_owned();
@@ -263,7 +265,7 @@ fn stat_in(j: &Jail, p: &Parent, rel: &str, name: &str) -> Option<Result<NodeSta
         // A link (`/dev/dri/by-path/…`): the single route resolves and checks where it leads.
         return None;
     }
-    if let Err(e) = j.entry_checked(p, rel, name) {
+    if let Err(e) = j.entry_checked(p, rel, name, Access::Contents) {
         return Some(Err(e));
     }
     let size = u64::try_from(st.st_size).unwrap_or(0);

@@ -7,6 +7,7 @@ use std::fs;
 use nix::fcntl::OFlag;
 
 use super::{FsError, Jail, io_error};
+use crate::runtime::caps::Access;
 
 /// What a path under the dev root is, as a container runtime needs to know it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,9 @@ impl Jail {
         // Stat the descriptor the check opened: no second lookup by name that a rename could
         // redirect.
         let meta = match &self.beneath {
-            Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_PATH)?.0).metadata().map_err(io_error)?,
+            Some(b) => fs::File::from(self.open_admitted(b, rel, OFlag::O_PATH, Access::Contents)?.0)
+                .metadata()
+                .map_err(io_error)?,
             None => fs::metadata(self.resolve(rel, true)?.real).map_err(io_error)?,
         };
         match classify(meta.mode(), meta.rdev(), meta.len(), self.fixture_nodes) {
