@@ -4,15 +4,27 @@
 use oci_client::Reference;
 
 use super::{PullArgs, PushArgs, SignArgs};
-use crate::backends::{BackendSource, manifest_for};
+use crate::backends::BackendSource;
 use crate::oci::{artifact, signature};
 
 fn reference(text: &str) -> anyhow::Result<Reference> {
     text.parse().map_err(|e| anyhow::anyhow!("{text:?} is not an image reference: {e}"))
 }
 
+/// In the node build (without the `push` feature): where to push from.
+#[cfg(not(feature = "push"))]
+pub async fn push(_: PushArgs) -> anyhow::Result<serde_json::Value> {
+    anyhow::bail!(
+        "this devplug is the node build, without `push` (nodes only pull); push from the vendor build: \
+         `cargo install --path host` (default features)"
+    )
+}
+
 /// Push a backend; the digest it got (and the signature's reference when signed).
+#[cfg(feature = "push")]
 pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
+    use crate::backends::manifest_for;
+    use crate::oci::push;
     let settings = args.registry.settings()?;
     let client = settings.client()?;
     let r = reference(&args.reference)?;
@@ -44,7 +56,7 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
     let key = args.sign_key.as_deref().map(signature::load_private_key).transpose()?;
     // By digest first; the signature next; the tag last: whatever fails on the way, no tag
     // names an unsigned artifact (a node following the tag never meets one).
-    let staged = artifact::push_untagged(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
+    let staged = push::push_untagged(&client, &auth, &r, &name, src.bytes.into_owned(), text.as_deref()).await?;
     let digest = staged.digest.clone();
     let mut out = serde_json::json!({ "reference": args.reference, "digest": digest, "name": name });
     if let Some(w) = mismatch {
@@ -69,7 +81,7 @@ pub async fn push(args: PushArgs) -> anyhow::Result<serde_json::Value> {
         }
         out["hint"] = serde_json::json!(hint);
     }
-    artifact::tag(&client, &r, &staged).await?;
+    push::tag(&client, &r, &staged).await?;
     let fetcher = settings.fetcher()?;
     let tagged = artifact::resolve(&fetcher, &auth, &r).await?;
     anyhow::ensure!(tagged == digest, "{} resolves to {tagged}, not the {digest} just pushed", args.reference);

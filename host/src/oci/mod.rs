@@ -5,17 +5,21 @@
 //!
 //! - [`settings`]: the `[registry]` config section and the clients it makes (auth, CA, plain HTTP).
 //! - [`fetch`]: every read from a registry (manifests, blobs, tokens), each body byte-capped.
-//! - [`artifact`]: pulling and pushing a backend: the Wasm OCI artifact layout (`oci-wasm`, the
-//!   manifest in an annotation) or the image `devplug pack` writes.
+//! - [`artifact`]: pulling a backend: the Wasm OCI artifact layout (the manifest in an
+//!   annotation) or the image `devplug pack` writes.
+//! - `push`: storing one (`oci-wasm` writes the layout), in the vendor build only (feature
+//!   `push`; the node never pushes).
 //! - [`signature`]: cosign's simple-signing format with ECDSA P-256 keys.
 //! - [`cache`]: the content-addressed store that serves a restart with the registry down.
 
 pub mod artifact;
 pub mod cache;
 pub mod fetch;
+#[cfg(feature = "push")]
+pub mod push;
 pub mod settings;
 pub mod signature;
 
-pub use artifact::{Pulled, Staged, pull, push_untagged, tag};
+pub use artifact::{Pulled, pull};
 pub use settings::RegistrySettings;
 pub use signature::SignatureState;
