@@ -1159,18 +1159,12 @@ fn try_waits_for_every_dra_backend_before_answering_a_claim() {
     t.quit();
 }
 
-/// Issue 52: on a DGX A100 with three GPUs in MIG mode, the real kube-scheduler allocated a
-/// GPU in MIG mode whole once its instances were free (its counters were), and every prepare of
-/// it failed: the pod held a device it could never start with. Those GPUs are no devices of
-/// their own now, so `try`'s allocator (held to the scheduler by
-/// `the_allocator_of_try_allocates_as_the_real_kube_scheduler`) finds 5 whole GPUs, not 8: a
-/// claim for 6 is unschedulable and one for all 5 is prepared.
-#[test]
-fn a_gpu_in_mig_mode_is_never_allocated_whole() {
-    let work = tempfile::tempdir().unwrap();
-    let m = work.path().join("machine");
+/// The DGX A100 with three GPUs in MIG mode (`dgx-a100-mig`) under `dir`, and a config serving
+/// `nvidia.com/gpu` through DRA with the gpu backend's mixed MIG strategy: (machine, config).
+fn mig_dgx(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let m = dir.join("machine");
     support::hardware::build("dgx-a100-mig", &m);
-    let config = work.path().join("devplug.toml");
+    let config = dir.join("devplug.toml");
     let gpu = "vendors = [\"nvidia\"]\n[mig]\nstrategy = \"mixed\"\n[mig.profiles]\n\"0000:07:00.0\" = { 1 = \"3g.40gb\", 5 = \"2g.20gb\", 13 = \"1g.10gb\", 14 = \"1g.10gb\" }\n\"0000:0f:00.0\" = { 1 = \"3g.40gb\", 2 = \"3g.40gb\" }\nall = { 7 = \"1g.10gb\", 8 = \"1g.10gb\", 9 = \"1g.10gb\", 10 = \"1g.10gb\", 11 = \"1g.10gb\", 12 = \"1g.10gb\", 13 = \"1g.10gb\" }\n";
     std::fs::write(
         &config,
@@ -1180,6 +1174,124 @@ fn a_gpu_in_mig_mode_is_never_allocated_whole() {
         ),
     )
     .unwrap();
+    (m, config)
+}
+
+/// Issue 52 (9), with the real kube-scheduler: the DeviceClass and slices devplug publishes for
+/// the MIG DGX (`devplug dra slices`, as `run` writes them) go to a real kube-apiserver; a pod
+/// claiming 6 whole GPUs stays pending with the scheduler's own "cannot allocate all claims",
+/// and one claiming 5 is scheduled onto the 5 GPUs not in MIG mode (before, the scheduler saw 8
+/// whole GPUs, three of which no prepare could serve). Needs `kube-apiserver`, `etcd` and
+/// `kube-scheduler` in `KUBEBUILDER_ASSETS`; without them `a_gpu_in_mig_mode_is_never_allocated_whole`
+/// holds the same through `try`'s allocator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kube_scheduler_never_allocates_a_gpu_in_mig_mode_whole() {
+    use serde_json::{Value, json};
+    const TEST: &str = "kube_scheduler_never_allocates_a_gpu_in_mig_mode_whole";
+    let work = tempfile::tempdir().unwrap();
+    let (m, config) = mig_dgx(work.path());
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let (code, out, err) = support::binary::run_on_machine(
+        &["dra", "slices", "--config", config.to_str().unwrap(), "--node-name", NODE],
+        &m,
+        &cache,
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let items: Vec<Value> = serde_json::from_str::<Value>(&out).unwrap()["items"].as_array().unwrap().clone();
+    let whole: Vec<String> = items
+        .iter()
+        .filter(|i| i["kind"] == "ResourceSlice")
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .filter(|d| d["attributes"]["resource"]["string"] == "nvidia.com/gpu")
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(whole.len(), 5, "the 5 GPUs not in MIG mode are published whole: {whole:?}");
+    let Some(mut real) = support::envtest::RealApiServer::from_env(TEST).await else {
+        return;
+    };
+    if !real.start_scheduler(TEST) {
+        return;
+    }
+    real.create_node(NODE).await;
+    real.make_node_ready(NODE).await;
+    let mut class = String::new();
+    for item in &items {
+        let path = match item["kind"].as_str() {
+            Some("DeviceClass") => {
+                class = item["metadata"]["name"].as_str().unwrap().to_owned();
+                "/apis/resource.k8s.io/v1/deviceclasses"
+            }
+            Some("ResourceSlice") => "/apis/resource.k8s.io/v1/resourceslices",
+            other => panic!("{other:?} in the list"),
+        };
+        let (code, answer) = real.send("POST", path, Some(item)).await;
+        assert_eq!(code, 201, "{answer}");
+    }
+    for (name, count, schedulable) in [("six", 6, false), ("five", 5, true)] {
+        let claim = json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": { "devices": { "requests": [{ "name": "gpu", "exactly": {
+                "deviceClassName": class, "count": count } }] } } });
+        let (code, answer) =
+            real.send("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", Some(&claim)).await;
+        assert_eq!(code, 201, "{answer}");
+        let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": "default" },
+            "spec": { "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
+                      "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
+        let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
+        assert_eq!(code, 201, "{answer}");
+        let end = std::time::Instant::now() + T;
+        loop {
+            let (_, p) = real.send("GET", &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
+            let scheduled = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "PodScheduled")
+                .cloned();
+            match scheduled {
+                Some(c) if c["status"] == "True" => {
+                    assert!(schedulable, "{name}: kube-scheduler allocated it: {}", real.claim("default", name).await);
+                    let stored = real.claim("default", name).await;
+                    let got: Vec<String> = stored["status"]["allocation"]["devices"]["results"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|r| r["device"].as_str().unwrap().to_owned())
+                        .collect();
+                    let mut sorted = got.clone();
+                    sorted.sort();
+                    let mut expected = whole.clone();
+                    expected.sort();
+                    assert_eq!(sorted, expected, "{name}: the GPUs not in MIG mode, each once");
+                    break;
+                }
+                Some(c)
+                    if c["status"] == "False"
+                        && c["message"].as_str().unwrap_or("").contains("cannot allocate all claims") =>
+                {
+                    assert!(!schedulable, "{name}: kube-scheduler found nothing: {c}");
+                    break;
+                }
+                _ => {}
+            }
+            assert!(std::time::Instant::now() < end, "{name}: not scheduled as expected: {p}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// Issue 52: on a DGX A100 with three GPUs in MIG mode, the real kube-scheduler allocated a
+/// GPU in MIG mode whole once its instances were free (its counters were), and every prepare of
+/// it failed: the pod held a device it could never start with. Those GPUs are no devices of
+/// their own now, so `try`'s allocator (held to the scheduler by
+/// `the_allocator_of_try_allocates_as_the_real_kube_scheduler`) finds 5 whole GPUs, not 8: a
+/// claim for 6 is unschedulable and one for all 5 is prepared.
+#[test]
+fn a_gpu_in_mig_mode_is_never_allocated_whole() {
+    let work = tempfile::tempdir().unwrap();
+    let (m, config) = mig_dgx(work.path());
     let claim = |name: &str, count: u32| {
         let p = work.path().join(format!("{name}.yaml"));
         let text = format!(
