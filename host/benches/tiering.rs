@@ -7,7 +7,8 @@
 //!   code, swapped, published);
 //! - new file → its optimised code swapped in (the background compile at idle priority);
 //! - kubelet's Allocate p50/p99 while that compile runs, against idle;
-//! - peak RSS (VmHWM, reset before the swap) above idle, and RSS once the optimised code serves.
+//! - peak RSS (VmHWM, reset before the swap) above idle, RSS while the baseline code serves, and
+//!   RSS once the optimised code serves.
 //!
 //! `cargo bench --bench tiering`; `--python` uses the 18 MB Python example instead. Numbers go
 //! in docs/BENCHMARKS.md.
@@ -177,6 +178,9 @@ fn main() -> anyhow::Result<()> {
             std::fs::rename(&tmp, backends.join(format!("{file}.wasm")))?;
             wait_count(&d, "backend swapped in", 1).await?;
             let served = landed.elapsed();
+            // What the node holds while the baseline code serves: the compiler's garbage given
+            // back (runtime/heap.rs), or not.
+            let serving_rss = kib(d.pid(), "VmRSS:");
             // Kubelet's calls while the optimised compile waits or runs; with the hogs busy it
             // runs only on idle cycles, so the window ends after 20 s and the hogs stop.
             let mut during = Vec::new();
@@ -214,10 +218,11 @@ fn main() -> anyhow::Result<()> {
                 d99.as_secs_f64() / i99.as_secs_f64()
             );
             println!(
-                "RSS idle {} MiB; peak during the swap and compile {} MiB (+{} MiB); after the optimised code serves {} MiB",
+                "RSS idle {} MiB; peak during the swap and compile {} MiB (+{} MiB); while the baseline code serves {} MiB; after the optimised code serves {} MiB",
                 idle_rss / 1024,
                 peak / 1024,
                 peak.saturating_sub(idle_rss) / 1024,
+                serving_rss / 1024,
                 after / 1024
             );
             drop(d);

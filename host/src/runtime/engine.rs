@@ -319,8 +319,9 @@ impl Runtime {
         let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from);
         let Some(dir) = &self.config.cache_dir else {
             let compiler = baseline.unwrap_or(&self.optimized);
-            let component = compile_with(&compiler.engine, bytes)?;
-            return Ok(done(component, CacheOutcome::Disabled, compiler.tier));
+            let component = compile_with(&compiler.engine, bytes);
+            super::heap::release_freed();
+            return Ok(done(component?, CacheOutcome::Disabled, compiler.tier));
         };
         // Native code is loaded from here, so the directory must be devplug's alone: created
         // 0700, checked to be its user's and writable by no one else, and its files opened
@@ -341,11 +342,13 @@ impl Runtime {
         {
             return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
         }
-        let component = compile_with(&compiler.engine, bytes)?;
-        if let Some(state) = &state {
-            store(state, dir, &compiler.entry(&digest), &component, self.config.cache_max_bytes);
+        let component = compile_with(&compiler.engine, bytes);
+        if let (Ok(component), Some(state)) = (&component, &state) {
+            store(state, dir, &compiler.entry(&digest), component, self.config.cache_max_bytes);
         }
-        Ok(done(component, CacheOutcome::Miss, compiler.tier))
+        // The compiler's working set (hundreds of MB for a large component) is garbage now.
+        super::heap::release_freed();
+        Ok(done(component?, CacheOutcome::Miss, compiler.tier))
     }
 
     /// `compiler`'s cached code of the component with this digest, if it is there and loads.

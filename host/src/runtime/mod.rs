@@ -7,6 +7,7 @@ pub mod caps;
 mod engine;
 pub mod engine_config;
 pub mod guest_log;
+mod heap;
 mod instance;
 pub mod jail;
 pub mod learn;

@@ -178,11 +178,7 @@ impl Optimizer {
             }
         }
         // What the compiler used is free now: give it back to the kernel.
-        #[cfg(target_env = "gnu")]
-        // SAFETY: malloc_trim only releases free memory back to the kernel.
-        unsafe {
-            libc::malloc_trim(0);
-        }
+        super::heap::release_freed();
     }
 }
 
