@@ -1159,6 +1159,21 @@ fn try_waits_for_every_dra_backend_before_answering_a_claim() {
     t.quit();
 }
 
+/// `devplug try` on fixture machine `m` with `config` (fixture nodes on, the suite's compile
+/// cache), plus `extra` arguments.
+fn try_on(m: &std::path::Path, config: &std::path::Path, extra: &[&str]) -> support::binary::Interactive {
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let s = |p: std::path::PathBuf| p.display().to_string();
+    let mut args: Vec<String> = vec!["try".into(), "--config".into(), s(config.to_owned())];
+    for (flag, dir) in [("--sysfs-root", "sys"), ("--dev-root", "dev"), ("--proc-root", "proc")] {
+        args.extend([flag.to_owned(), s(m.join(dir))]);
+    }
+    args.extend(["--dev-fixtures".into(), "--cache-dir".into(), s(cache)]);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    support::binary::Interactive::spawn(&args)
+}
+
 /// The DGX A100 with three GPUs in MIG mode (`dgx-a100-mig`) under `dir`, and a config serving
 /// `nvidia.com/gpu` through DRA with the gpu backend's mixed MIG strategy: (machine, config).
 fn mig_dgx(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
@@ -1301,22 +1316,7 @@ fn a_gpu_in_mig_mode_is_never_allocated_whole() {
         p.display().to_string()
     };
     let (six, five) = (claim("six", 6), claim("five", 5));
-    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
-    let (sys, dev, proc) = (m.join("sys"), m.join("dev"), m.join("proc"));
-    let mut t = support::binary::Interactive::spawn(&[
-        "try",
-        "--config",
-        config.to_str().unwrap(),
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--dev-root",
-        dev.to_str().unwrap(),
-        "--proc-root",
-        proc.to_str().unwrap(),
-        "--dev-fixtures",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-    ]);
+    let mut t = try_on(&m, &config, &[]);
     t.send(&format!("claim {six}"));
     let why = t.wait_for("claim failed").pop().unwrap();
     assert!(why.contains("request gpu wants 6 of class gpu.nvidia.com.devplug.io: 5 of the node's"), "{why}");
@@ -2815,25 +2815,7 @@ fn try_allocates_claims_as_the_scheduler_does_across_drivers() {
     };
     let first = file("claim.yaml", &claim);
     let second = file("again.yaml", &claim.replace("name: gpu-and-nic", "name: gpu-and-nic-2"));
-    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
-    let (sys, dev, proc) = (m.join("sys"), m.join("dev"), m.join("proc"));
-    let args = [
-        "try",
-        "--config",
-        config.to_str().unwrap(),
-        "--sysfs-root",
-        sys.to_str().unwrap(),
-        "--dev-root",
-        dev.to_str().unwrap(),
-        "--proc-root",
-        proc.to_str().unwrap(),
-        "--dev-fixtures",
-        "--cache-dir",
-        cache.to_str().unwrap(),
-        "--node-name",
-        "dgx-7",
-    ];
-    let mut t = support::binary::Interactive::spawn(&args);
+    let mut t = try_on(&m, &config, &["--node-name", "dgx-7"]);
     t.wait_for("DRA driver gpu.devplug.io: 8 devices published");
     t.wait_for("DRA driver nic.devplug.io: 8 devices published");
 
