@@ -364,6 +364,11 @@ async fn a_large_backend_serves_baseline_code_first_and_its_optimised_code_swaps
     let loaded =
         loaded.lines().find(|l| l.contains("backend loaded") && l.contains("backend=chaos")).unwrap().to_owned();
     assert!(loaded.contains("compiler=Baseline"), "served from baseline code first: {loaded}");
+    // The line says where the load's time went.
+    for step in ["compile_ms=", "init_ms="] {
+        let v = loaded.split(step).nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_default();
+        assert!(v.parse::<u64>().is_ok(), "{step} a number of milliseconds: {loaded}");
+    }
     d.wait_log("optimised code swapped in", T).unwrap();
     assert_eq!(thread_policy(d.pid(), "devplug-optimiz"), Some(SCHED_IDLE), "the optimiser runs at idle priority");
     let log = d.log();

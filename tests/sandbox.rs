@@ -188,6 +188,15 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
     assert_eq!(served.tier(), Tier::Baseline);
     rt.finish_background_compiles();
     assert_eq!(served.tier(), Tier::Optimized, "swapped in without a reload");
+    let entries = |suffix: &str| {
+        std::fs::read_dir(cache.path().join("c"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(suffix))
+            .count()
+    };
+    assert_eq!(entries("-baseline.cwasm"), 0, "the optimised entry replaces the baseline one");
+    assert_eq!(entries(".cwasm"), 1);
     assert!(!served.optimizing());
     assert_eq!(served.discover().unwrap()[0].devices.len(), 2);
     assert_eq!(served.allocate("r", &["spin-0".into()]).unwrap_err(), CallError::Timeout(Duration::from_millis(100)));

@@ -206,6 +206,14 @@ fn main() -> anyhow::Result<()> {
             };
             println!("--- {file}, {hogs_n} CPU hogs ---");
             println!("new file -> new version serving: {:.2} s", served.as_secs_f64());
+            // Where the load's time went, as the log line says it.
+            let log = d.log();
+            let swapped = log.lines().rfind(|l| l.contains("backend swapped in")).unwrap_or_default();
+            let steps: Vec<&str> = swapped
+                .split_whitespace()
+                .filter(|w| ["compile_ms=", "init_ms=", "discover_ms="].iter().any(|k| w.starts_with(k)))
+                .collect();
+            println!("  its load: {}", steps.join(" "));
             println!(
                 "new file -> optimised code swapped in: {:.2} s ({})",
                 optimised.as_secs_f64(),

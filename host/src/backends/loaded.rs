@@ -5,6 +5,7 @@
 use crate::sync::Locked;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
@@ -293,13 +294,14 @@ impl Loaded {
     /// Compile, instantiate and `init` a backend and claim its resources. Blocking.
     pub fn load(&self, src: BackendSource) -> Result<(), LoadError> {
         let inst = self.instantiate(&src)?;
-        self.log_loaded(&src, &inst, "backend loaded");
+        self.log_loaded(&src, &inst, None, "backend loaded");
         let retired = self.install(&src, Arc::new(inst));
         debug_assert!(retired.is_empty(), "a first load retires nothing");
         Ok(())
     }
 
-    fn log_loaded(&self, src: &BackendSource, inst: &BackendInstance, what: &'static str) {
+    fn log_loaded(&self, src: &BackendSource, inst: &BackendInstance, discover: Option<Duration>, what: &'static str) {
+        let ms = |d: Duration| d.as_millis() as u64;
         tracing::info!(
             backend = %src.name,
             version = %inst.info().version,
@@ -308,6 +310,9 @@ impl Loaded {
             origin = %src.origin,
             cache = ?inst.cache,
             compiler = ?inst.compiled_as,
+            compile_ms = ms(inst.took.compile),
+            init_ms = ms(inst.took.init),
+            discover_ms = discover.map(ms),
             "{what}"
         );
     }
@@ -319,8 +324,9 @@ impl Loaded {
     /// keeps serving and the error says which step failed. Blocking.
     pub fn swap(&self, src: BackendSource) -> Result<Swapped, LoadError> {
         let inst = self.instantiate(&src)?;
+        let t0 = std::time::Instant::now();
         let found = inst.discover().map_err(LoadError::Discover)?;
-        self.log_loaded(&src, &inst, "backend swapped in");
+        self.log_loaded(&src, &inst, Some(t0.elapsed()), "backend swapped in");
         let inst = Arc::new(inst);
         let retired = self.install(&src, inst.clone());
         let slot = self.backends.locked().get(&src.name).cloned();

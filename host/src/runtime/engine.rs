@@ -343,7 +343,10 @@ impl Runtime {
             return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
         }
         let component = compile_with(&compiler.engine, bytes);
-        if let (Ok(component), Some(state)) = (&component, &state) {
+        // Baseline code a background compile will follow is cached by that compile's job
+        // ([`Runtime::optimize_later`]), at idle priority: not on the way to serving.
+        let deferred = compiler.tier == Tier::Baseline && self.config.optimize_in_background;
+        if let (Ok(component), Some(state), false) = (&component, &state, deferred) {
             store(state, dir, &compiler.entry(&digest), component, self.config.cache_max_bytes);
         }
         // The compiler's working set (hundreds of MB for a large component) is garbage now.
@@ -387,26 +390,46 @@ impl Runtime {
         }
     }
 
-    /// Compile the optimised code of component `digest` (loaded baseline-compiled) on the
-    /// background optimiser, after what is queued, and hand it to `deliver` while `wanted`
-    /// says its instance lives; written to the cache too, when there is one. Nothing when
-    /// this runtime does no background compiles (one-shot commands).
+    /// Compile the optimised code of component `digest` (loaded baseline-compiled as
+    /// `baseline`) on the background optimiser, after what is queued, and hand it to `deliver`
+    /// while `wanted` says its instance lives. With a compile cache the job first writes the
+    /// baseline code there (a restart before the optimised code is ready loads it), then the
+    /// optimised code, which replaces it. Nothing when this runtime does no background
+    /// compiles (one-shot commands).
     pub fn optimize_later(
         &self,
         digest: &str,
         bytes: Arc<[u8]>,
+        baseline: Option<Component>,
         wanted: Box<dyn Fn() -> bool + Send>,
         deliver: super::optimizer::Deliver,
     ) {
         if !self.config.optimize_in_background {
             return;
         }
+        let max = self.config.cache_max_bytes;
+        let baseline_entry = self.baseline.as_ref().map(|b| b.entry(digest));
+        let before = self.config.cache_dir.clone().zip(baseline.zip(baseline_entry.clone())).map(|(dir, (c, name))| {
+            Box::new(move || match crate::durable::StateDir::open(&dir) {
+                Ok(state) => store(&state, &dir, &name, &c, max),
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; baseline code not kept")
+                }
+            }) as Box<dyn FnOnce() + Send>
+        });
         let keep = self.config.cache_dir.clone().map(|dir| {
-            let (name, max) = (self.optimized.entry(digest), self.config.cache_max_bytes);
-            Box::new(move |native: &[u8]| store_native(&dir, &name, native, max)) as super::optimizer::Keep
+            let name = self.optimized.entry(digest);
+            Box::new(move |native: &[u8]| {
+                store_native(&dir, &name, native, max);
+                // The optimised entry is what every later load takes; the baseline one is
+                // dead weight (tens of MB for a large backend).
+                if let (Some(old), Ok(state)) = (baseline_entry, crate::durable::StateDir::open(&dir)) {
+                    let _ = state.remove(&old);
+                }
+            }) as super::optimizer::Keep
         });
         let engine = self.optimized.engine.clone();
-        let job = super::optimizer::Job { digest: digest.to_owned(), engine, keep, bytes, wanted, deliver };
+        let job = super::optimizer::Job { digest: digest.to_owned(), engine, keep, before, bytes, wanted, deliver };
         self.optimizer.push(job);
     }
 

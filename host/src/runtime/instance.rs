@@ -126,6 +126,18 @@ pub struct BackendInstance {
     pub cache: CacheOutcome,
     /// Which compiler made the code it was loaded with (see [`BackendInstance::tier`] for now).
     pub compiled_as: Tier,
+    /// How long its load took, step by step (the load's log line says it).
+    pub took: LoadTimes,
+}
+
+/// Where a load's time went: an operator asking why a new version took seconds to serve reads
+/// these in the `backend loaded` / `backend swapped in` log line.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadTimes {
+    /// Compile, or load from the cache.
+    pub compile: std::time::Duration,
+    /// Link, instantiate and the backend's `init`.
+    pub init: std::time::Duration,
 }
 
 impl BackendInstance {
@@ -133,9 +145,12 @@ impl BackendInstance {
     /// effects, so a bad new version never replaces a good one. Loaded from baseline code, it
     /// asks the background optimiser for its optimised code once it has `init`ed.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
+        let started = std::time::Instant::now();
         let compiled = runtime.compile(bytes)?;
+        let compiled_at = std::time::Instant::now();
         let engine = compiled.component.engine().clone();
         let pre = Prepared::new(&engine, runtime.linkers_for(&compiled.component), &compiled.component)?;
+        let baseline = (compiled.tier == Tier::Baseline).then(|| compiled.component.clone());
         let version = pre.version();
         let tier = compiled.tier;
         let mut me = BackendInstance {
@@ -151,12 +166,14 @@ impl BackendInstance {
             stats: BackendStats::default(),
             cache: compiled.cache,
             compiled_as: tier,
+            took: LoadTimes { compile: compiled_at - started, init: Default::default() },
         };
         let (live, info) = me.instantiate()?;
         me.info = info;
         me.put_back(live);
-        if tier == Tier::Baseline {
-            me.optimize_later(bytes);
+        me.took.init = compiled_at.elapsed();
+        if let Some(baseline) = baseline {
+            me.optimize_later(bytes, baseline);
         }
         Ok(me)
     }
@@ -164,7 +181,7 @@ impl BackendInstance {
     /// Queue this backend's optimised compile; when it is ready its code is swapped in and the
     /// idle baseline instances let go (their memory with them). Calls under way finish on
     /// the code they started with.
-    fn optimize_later(&self, bytes: &[u8]) {
+    fn optimize_later(&self, bytes: &[u8], baseline: wasmtime::component::Component) {
         let (code, idle, name) = (Arc::downgrade(&self.code), Arc::downgrade(&self.idle), self.name.clone());
         let (alive, runtime) = (code.clone(), Arc::downgrade(&self.runtime));
         let deliver = move |component: wasmtime::component::Component| {
@@ -185,6 +202,7 @@ impl BackendInstance {
         self.runtime.optimize_later(
             &self.digest,
             Arc::from(bytes),
+            Some(baseline),
             Box::new(move || alive.strong_count() > 0),
             Box::new(deliver),
         );

@@ -4,7 +4,7 @@
 //! One worker thread at idle priority (`SCHED_IDLE`: it runs only on a core nothing else
 //! wants), compiling one component at a time without wasmtime's parallel compilation (one core,
 //! and a fraction of the working memory). Its code is written to the compile cache (when there
-//! is one) and handed to the instance that asked, which swaps it in for its next calls. The
+//! is one, where it replaces the baseline code's entry) and handed to the instance that asked, which swaps it in for its next calls. The
 //! queue is bounded and skips a component whose instance is gone (a newer version replaced it
 //! before its turn), so a burst of swaps costs at most [`MAX_QUEUED`] compiles.
 
@@ -33,6 +33,9 @@ pub struct Job {
     pub engine: wasmtime::Engine,
     /// Keeps the native code (the compile cache), when there is one.
     pub keep: Option<Keep>,
+    /// Run first, at the worker's idle priority: writing the baseline code into the cache,
+    /// which would otherwise delay the new version's serving by its serialize and write.
+    pub before: Option<Box<dyn FnOnce() + Send>>,
     pub bytes: Arc<[u8]>,
     /// Still wanted: the instance that asked is alive.
     pub wanted: Box<dyn Fn() -> bool + Send>,
@@ -133,7 +136,10 @@ impl Optimizer {
         }
     }
 
-    fn compile(serial: &mut Option<wasmtime::Engine>, job: Job) {
+    fn compile(serial: &mut Option<wasmtime::Engine>, mut job: Job) {
+        if let Some(before) = job.before.take() {
+            before();
+        }
         let short = &job.digest[..12.min(job.digest.len())];
         let started = std::time::Instant::now();
         if serial.is_none() {
@@ -221,16 +227,16 @@ mod tests {
         let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
         let seen: Seen = Arc::default();
         let yes = || -> Box<dyn Fn() -> bool + Send> { Box::new(|| true) };
-        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, &rt, "a"));
-        rt.optimize_later("a", Arc::from(wasm), yes(), deliver(&seen, &rt, "a again"));
-        rt.optimize_later("gone", Arc::from(wasm), Box::new(|| false), deliver(&seen, &rt, "gone"));
+        rt.optimize_later("a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a"));
+        rt.optimize_later("a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a again"));
+        rt.optimize_later("gone", Arc::from(wasm), None, Box::new(|| false), deliver(&seen, &rt, "gone"));
         rt.finish_background_compiles();
         assert_eq!(*seen.locked(), [("a", true, libc::SCHED_IDLE)]);
         assert!(!rt.optimizing("a") && !rt.optimizing("gone"));
         // One-shot commands compile nothing in the background.
         let one_shot =
             Runtime::new(RuntimeConfig { optimize_in_background: false, ..RuntimeConfig::default() }).unwrap();
-        one_shot.optimize_later("b", Arc::from(wasm), yes(), deliver(&seen, &one_shot, "b"));
+        one_shot.optimize_later("b", Arc::from(wasm), None, yes(), deliver(&seen, &one_shot, "b"));
         one_shot.finish_background_compiles();
         assert_eq!(seen.locked().len(), 1);
     }
@@ -247,6 +253,7 @@ mod tests {
                 digest: format!("d{i}"),
                 engine: wasmtime::Engine::default(),
                 keep: None,
+                before: None,
                 bytes: Arc::from(&b""[..]),
                 wanted: Box::new(|| true),
                 deliver: Box::new(|_| {}),
