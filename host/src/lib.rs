@@ -22,3 +22,4 @@ pub mod plugin_socket;
 pub mod proto;
 pub mod runtime;
 pub mod sync;
+pub mod tls;

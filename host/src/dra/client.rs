@@ -17,5 +17,6 @@ pub async fn connect(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> 
             anyhow::anyhow!("no API server: {e} (run in a pod with a service account, or pass --kubeconfig)")
         })?,
     };
+    crate::tls::install_crypto();
     kube::Client::try_from(config).map_err(|e| anyhow::anyhow!("API client: {e}"))
 }

@@ -56,6 +56,7 @@ pub struct Fetcher {
 
 impl Fetcher {
     pub fn new(plain_http: Vec<String>, ca_pem: Option<&[u8]>, timeout: Duration) -> anyhow::Result<Self> {
+        crate::tls::install_crypto();
         let mut b = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .read_timeout(timeout)

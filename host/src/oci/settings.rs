@@ -76,6 +76,7 @@ impl RegistrySettings {
             read_timeout: Some(self.timeout),
             ..ClientConfig::default()
         };
+        crate::tls::install_crypto();
         Client::try_from(config).map_err(|e| anyhow::anyhow!("registry client: {e}"))
     }
 
