@@ -1256,43 +1256,23 @@ async fn kube_scheduler_never_allocates_a_gpu_in_mig_mode_whole() {
                       "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
         let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
         assert_eq!(code, 201, "{answer}");
-        let end = std::time::Instant::now() + T;
-        loop {
-            let (_, p) = real.send("GET", &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
-            let scheduled = p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "PodScheduled")
-                .cloned();
-            match scheduled {
-                Some(c) if c["status"] == "True" => {
-                    assert!(schedulable, "{name}: kube-scheduler allocated it: {}", real.claim("default", name).await);
-                    let stored = real.claim("default", name).await;
-                    let got: Vec<String> = stored["status"]["allocation"]["devices"]["results"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|r| r["device"].as_str().unwrap().to_owned())
-                        .collect();
-                    let mut sorted = got.clone();
-                    sorted.sort();
-                    let mut expected = whole.clone();
-                    expected.sort();
-                    assert_eq!(sorted, expected, "{name}: the GPUs not in MIG mode, each once");
-                    break;
-                }
-                Some(c)
-                    if c["status"] == "False"
-                        && c["message"].as_str().unwrap_or("").contains("cannot allocate all claims") =>
-                {
-                    assert!(!schedulable, "{name}: kube-scheduler found nothing: {c}");
-                    break;
-                }
-                _ => {}
+        match real.scheduling("default", name, T).await {
+            Ok(()) => {
+                assert!(schedulable, "{name}: kube-scheduler allocated it: {}", real.claim("default", name).await);
+                let stored = real.claim("default", name).await;
+                let got: Vec<String> = stored["status"]["allocation"]["devices"]["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| r["device"].as_str().unwrap().to_owned())
+                    .collect();
+                let mut sorted = got.clone();
+                sorted.sort();
+                let mut expected = whole.clone();
+                expected.sort();
+                assert_eq!(sorted, expected, "{name}: the GPUs not in MIG mode, each once");
             }
-            assert!(std::time::Instant::now() < end, "{name}: not scheduled as expected: {p}");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Err(c) => assert!(!schedulable, "{name}: kube-scheduler found nothing: {c}"),
         }
     }
 }
@@ -3037,44 +3017,20 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
         let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
         assert_eq!(code, 201, "{answer}");
         let expected = ours(&allocated, name, devices);
-        let end = std::time::Instant::now() + T;
-        loop {
-            let (_, p) = real.send("GET", &format!("/api/v1/namespaces/default/pods/{name}"), None).await;
-            let scheduled = p["status"]["conditions"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .find(|c| c["type"] == "PodScheduled")
-                .cloned();
-            match scheduled {
-                Some(c) if c["status"] == "True" => {
-                    let stored = real.claim("default", name).await;
-                    let theirs = &stored["status"]["allocation"];
-                    let mine = expected
-                        .as_ref()
-                        .unwrap_or_else(|e| panic!("{name}: the scheduler allocated {theirs}, the allocator: {e}"));
-                    assert_eq!(
-                        picked(mine),
-                        picked(theirs),
-                        "{name}: the allocator and kube-scheduler chose differently"
-                    );
-                    allocated.extend(theirs["devices"]["results"].as_array().cloned().unwrap_or_default());
-                    break;
-                }
-                Some(c)
-                    if c["status"] == "False"
-                        && c["message"].as_str().unwrap_or("").contains("cannot allocate all claims") =>
-                {
-                    assert!(
-                        matches!(expected, Err(devplug_standins::scheduler::AllocError::Unschedulable { .. })),
-                        "{name}: kube-scheduler found nothing ({c}), the allocator: {expected:?}"
-                    );
-                    break;
-                }
-                _ => {}
+        match real.scheduling("default", name, T).await {
+            Ok(()) => {
+                let stored = real.claim("default", name).await;
+                let theirs = &stored["status"]["allocation"];
+                let mine = expected
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("{name}: the scheduler allocated {theirs}, the allocator: {e}"));
+                assert_eq!(picked(mine), picked(theirs), "{name}: the allocator and kube-scheduler chose differently");
+                allocated.extend(theirs["devices"]["results"].as_array().cloned().unwrap_or_default());
             }
-            assert!(std::time::Instant::now() < end, "{name}: not scheduled: {p}");
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Err(c) => assert!(
+                matches!(expected, Err(devplug_standins::scheduler::AllocError::Unschedulable { .. })),
+                "{name}: kube-scheduler found nothing ({c}), the allocator: {expected:?}"
+            ),
         }
     }
     assert_eq!(allocated.len(), 6, "pairs 2 + 2, large 1, fallback 1 (one GPU was left, so not `two`): {allocated:?}");

@@ -282,6 +282,29 @@ impl RealApiServer {
         answer["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
     }
 
+    /// Wait (up to `timeout`) until kube-scheduler has decided on pod `namespace/name`: `Ok` once
+    /// it is scheduled, `Err(the PodScheduled condition)` once no allocation of its claims fits.
+    pub async fn scheduling(&self, namespace: &str, name: &str, timeout: std::time::Duration) -> Result<(), Value> {
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            let (_, pod) = self.send("GET", &format!("/api/v1/namespaces/{namespace}/pods/{name}"), None).await;
+            let scheduled =
+                pod["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "PodScheduled");
+            match scheduled {
+                Some(c) if c["status"] == "True" => return Ok(()),
+                Some(c)
+                    if c["status"] == "False"
+                        && c["message"].as_str().unwrap_or("").contains("cannot allocate all claims") =>
+                {
+                    return Err(c.clone());
+                }
+                _ => {}
+            }
+            assert!(std::time::Instant::now() < end, "{namespace}/{name}: kube-scheduler decided nothing: {pod}");
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
     /// A claim as stored.
     pub async fn claim(&self, namespace: &str, name: &str) -> Value {
         let (code, answer) = self
