@@ -1244,18 +1244,9 @@ async fn kube_scheduler_never_allocates_a_gpu_in_mig_mode_whole() {
         assert_eq!(code, 201, "{answer}");
     }
     for (name, count, schedulable) in [("six", 6, false), ("five", 5, true)] {
-        let claim = json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": { "name": name, "namespace": "default" },
-            "spec": { "devices": { "requests": [{ "name": "gpu", "exactly": {
-                "deviceClassName": class, "count": count } }] } } });
-        let (code, answer) =
-            real.send("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", Some(&claim)).await;
-        assert_eq!(code, 201, "{answer}");
-        let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": "default" },
-            "spec": { "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
-                      "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
-        let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
-        assert_eq!(code, 201, "{answer}");
+        let devices =
+            json!({ "requests": [{ "name": "gpu", "exactly": { "deviceClassName": class, "count": count } }] });
+        real.claim_with_pod("default", name, &devices).await;
         match real.scheduling("default", name, T).await {
             Ok(()) => {
                 assert!(schedulable, "{name}: kube-scheduler allocated it: {}", real.claim("default", name).await);
@@ -3006,16 +2997,7 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
     }
     let mut allocated: Vec<Value> = Vec::new();
     for (name, devices) in &claims {
-        let claim = json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": { "name": name, "namespace": "default" }, "spec": { "devices": devices } });
-        let (code, answer) =
-            real.send("POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims", Some(&claim)).await;
-        assert_eq!(code, 201, "{answer}");
-        let pod = json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": "default" },
-            "spec": { "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
-                      "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
-        let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod)).await;
-        assert_eq!(code, 201, "{answer}");
+        real.claim_with_pod("default", name, devices).await;
         let expected = ours(&allocated, name, devices);
         match real.scheduling("default", name, T).await {
             Ok(()) => {

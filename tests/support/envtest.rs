@@ -282,6 +282,21 @@ impl RealApiServer {
         answer["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
     }
 
+    /// Create ResourceClaim `namespace/name` asking for `devices` (its `spec.devices`) and a pod
+    /// of the same name that uses it, for kube-scheduler to allocate.
+    pub async fn claim_with_pod(&self, namespace: &str, name: &str, devices: &Value) {
+        let claim = serde_json::json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": name, "namespace": namespace }, "spec": { "devices": devices } });
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
+        let (code, answer) = self.send("POST", &path, Some(&claim)).await;
+        assert_eq!(code, 201, "{answer}");
+        let pod = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name, "namespace": namespace },
+            "spec": { "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
+                      "containers": [{ "name": "c", "image": "busybox", "resources": { "claims": [{ "name": "c" }] } }] } });
+        let (code, answer) = self.send("POST", &format!("/api/v1/namespaces/{namespace}/pods"), Some(&pod)).await;
+        assert_eq!(code, 201, "{answer}");
+    }
+
     /// Wait (up to `timeout`) until kube-scheduler has decided on pod `namespace/name`: `Ok` once
     /// it is scheduled, `Err(the PodScheduled condition)` once no allocation of its claims fits.
     pub async fn scheduling(&self, namespace: &str, name: &str, timeout: std::time::Duration) -> Result<(), Value> {

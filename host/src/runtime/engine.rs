@@ -419,14 +419,8 @@ impl Runtime {
         });
         let keep = self.config.cache_dir.clone().map(|dir| {
             let name = self.optimized.entry(digest);
-            Box::new(move |native: &[u8]| {
-                store_native(&dir, &name, native, max);
-                // The optimised entry is what every later load takes; the baseline one is
-                // dead weight (tens of MB for a large backend).
-                if let (Some(old), Ok(state)) = (baseline_entry, crate::durable::StateDir::open(&dir)) {
-                    let _ = state.remove(&old);
-                }
-            }) as super::optimizer::Keep
+            Box::new(move |native: &[u8]| store_native(&dir, &name, native, max, baseline_entry.as_deref()))
+                as super::optimizer::Keep
         });
         let engine = self.optimized.engine.clone();
         let job = super::optimizer::Job { digest: digest.to_owned(), engine, keep, before, bytes, wanted, deliver };
@@ -481,27 +475,38 @@ fn compile_with(engine: &Engine, bytes: &[u8]) -> Result<Component, LoadError> {
 /// `max` bytes; a failure is logged, not fatal.
 fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component, max: u64) {
     match component.serialize() {
-        Ok(native) => write_native(state, dir, name, &native),
+        Ok(native) => {
+            write_native(state, dir, name, &native);
+        }
         Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
     }
     evict(state, dir, name, max);
 }
 
-/// [`store`] for code compiled elsewhere (the background optimiser), the cache opened here.
-fn store_native(dir: &Path, name: &str, native: &[u8], max: u64) {
+/// [`store`] for code compiled elsewhere (the background optimiser), the cache opened here;
+/// `replaces` (the same component's baseline entry) is removed once it is written: every later
+/// load takes the optimised entry, and the baseline one is tens of MB for a large backend.
+fn store_native(dir: &Path, name: &str, native: &[u8], max: u64, replaces: Option<&str>) {
     match crate::durable::StateDir::open(dir) {
         Ok(state) => {
-            write_native(&state, dir, name, native);
+            if write_native(&state, dir, name, native)
+                && let Some(old) = replaces
+            {
+                let _ = state.remove(old);
+            }
             evict(&state, dir, name, max);
         }
         Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; optimised code not kept"),
     }
 }
 
-fn write_native(state: &crate::durable::StateDir, dir: &Path, name: &str, native: &[u8]) {
-    if let Err(e) = state.write(name, native, true) {
+/// Whether it was written (a failure is logged).
+fn write_native(state: &crate::durable::StateDir, dir: &Path, name: &str, native: &[u8]) -> bool {
+    let written = state.write(name, native, true);
+    if let Err(e) = &written {
         tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
     }
+    written.is_ok()
 }
 
 /// Remove the least recently used compiled code until the cache's `.cwasm` files take at most
