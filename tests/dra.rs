@@ -180,7 +180,7 @@ impl devplug::dra::plugin::ClaimApi for AllocatedClaims {
         _: &str,
         _: &devplug::dra::plugin::ClaimRef,
         _: &[serde_json::Value],
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), devplug::dra::plugin::claim_api::StatusRefused> {
         Ok(())
     }
 }
@@ -2333,6 +2333,151 @@ async fn a_pool_is_published_and_a_claim_prepared_against_each_api_server() {
         assert_eq!(status[0]["driver"], driver, "{}", server.name());
         let un = node.dra.unprepare(driver, &[("ml", &uid, "train")]).await.unwrap();
         assert!(un[&uid].is_empty(), "{}: {un:?}", server.name());
+        daemon.stop().await.unwrap();
+    }
+}
+
+/// Issue 59: devplug under the chart's least privilege, against the stand-in and (with
+/// `KUBEBUILDER_ASSETS`) a real kube-apiserver 1.36 run as clusters run it (`Node,RBAC`, the
+/// chart's ClusterRole, binding, ValidatingAdmissionPolicy and its binding applied as rendered,
+/// devplug under the chart's ServiceAccount with a token bound to a Pod on its node): the pool
+/// publishes, a claim allocated on the node is prepared and its `status.devices` written (1.36
+/// requires `resourceclaims/driver` `associated-node:patch` for that); with the same token,
+/// another node's slice cannot be created, updated or deleted, and the status of a claim
+/// allocated on another node cannot be written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_least_privilege_serves_its_node_and_refuses_every_other() {
+    use serde_json::json;
+    const TEST: &str = "the_charts_least_privilege_serves_its_node_and_refuses_every_other";
+    let m = support::fixtures::Machine::generic_box();
+    let driver = "chaos.devplug.io";
+    let foreign = |name: &str| {
+        json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": { "name": name },
+            "spec": { "driver": driver, "nodeName": "node-b", "pool": { "name": "node-b", "generation": 1, "resourceSliceCount": 1 },
+                "devices": [{ "name": "widget-9" }] } })
+    };
+    for server in Server::all(TEST).await {
+        let node = support::dra_node::chaos_node(&m, "devices=2", "").await;
+        let api = node.api.clone();
+        let mut cfg = node.cfg.clone();
+        let token = match &server {
+            Server::StandIn => node.token.clone(),
+            Server::Real(r) => {
+                r.apply(&support::chart::render(&["dra.resources.test\\.devplug\\.io/widget=chaos"])).await;
+                r.create_node("node-b").await;
+                let token = r.pod_bound_token("devplug", "devplug", NODE, "devplug-on-node-a").await;
+                r.wait_policy(&token, "devplug-resourceslices", driver).await;
+                token
+            }
+        };
+        let send = |method: &'static str,
+                    path: String,
+                    kind: &'static str,
+                    body: Option<serde_json::Value>,
+                    as_token: Option<String>| {
+            let (server, api) = (&server, api.clone());
+            async move {
+                let who = as_token.unwrap_or_else(|| match server {
+                    Server::StandIn => api.token(),
+                    Server::Real(r) => r.token.clone(),
+                });
+                match server {
+                    Server::StandIn => api.send_as(&who, method, &path, kind, body.as_ref()).await,
+                    Server::Real(r) => r.send_as(&who, method, &path, kind, body.as_ref()).await,
+                }
+            }
+        };
+        let kubeconfig = node.root.path().join("kubeconfig-under-test");
+        let text = match &server {
+            Server::StandIn => api.kubeconfig_with(&token),
+            Server::Real(r) => r.kubeconfig_with(&token),
+        };
+        std::fs::write(&kubeconfig, text).unwrap();
+        cfg.dra.kubeconfig = Some(kubeconfig);
+        cfg.dra.claim_status = devplug::dra::plugin::status::StatusPolicy::All;
+        let daemon = support::daemon::Daemon::start(cfg);
+        node.dra.wait_plugin(driver, T).await;
+        let end = std::time::Instant::now() + T;
+        while server.device_names(&api, driver).await != ["widget-0", "widget-1"] {
+            assert!(std::time::Instant::now() < end, "{}: the pool never showed", server.name());
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        // Its own node's claim: prepared, and its status written under associated-node:patch.
+        let uid = server.allocate(&api, "ml", "train", &[("gpu", driver, NODE, "widget-1")]).await;
+        let answers = node.dra.prepare(driver, &[("ml", &uid, "train")]).await.unwrap();
+        assert!(answers[&uid].error.is_empty(), "{}: {:?}", server.name(), answers[&uid]);
+        let end = std::time::Instant::now() + T;
+        while server.status_devices(&api, "ml", "train").await.is_empty() {
+            assert!(std::time::Instant::now() < end, "{}: status.devices never written", server.name());
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+
+        // Another node's slice, which the admin made: the node agent may not touch it.
+        let slices = "/apis/resource.k8s.io/v1/resourceslices".to_owned();
+        let (code, stored) =
+            send("POST", slices.clone(), "application/json", Some(foreign("node-b-widgets")), None).await;
+        assert_eq!(code, 201, "{}: the admin's slice of node-b: {stored}", server.name());
+        let refused = |(code, answer): (u16, serde_json::Value), what: &str| {
+            assert_eq!(code, 403, "{}: {what} must be refused: {answer}", server.name());
+            assert!(
+                answer["message"].as_str().unwrap_or("").contains("ValidatingAdmissionPolicy 'devplug-resourceslices'"),
+                "{}: {what}: refused by the chart's policy: {answer}",
+                server.name()
+            );
+        };
+        refused(
+            send("POST", slices.clone(), "application/json", Some(foreign("planted")), Some(token.clone())).await,
+            "creating a slice of node-b",
+        );
+        let mut taken = stored.clone();
+        taken["spec"]["devices"] = json!([{ "name": "poisoned" }]);
+        refused(
+            send(
+                "PUT",
+                format!("{slices}/node-b-widgets"),
+                "application/json",
+                Some(taken.clone()),
+                Some(token.clone()),
+            )
+            .await,
+            "updating node-b's slice",
+        );
+        // (Moving a slice to another node is no way around it: `spec.nodeName` is immutable.)
+        refused(
+            send("DELETE", format!("{slices}/node-b-widgets"), "application/json", None, Some(token.clone())).await,
+            "deleting node-b's slice",
+        );
+        let (code, still) = send("GET", format!("{slices}/node-b-widgets"), "application/json", None, None).await;
+        assert_eq!(
+            (code, &still["spec"]["devices"][0]["name"]),
+            (200, &json!("widget-9")),
+            "{}: untouched: {still}",
+            server.name()
+        );
+
+        // A claim allocated on node-b: its status is not this node's to write.
+        server.allocate(&api, "ml", "elsewhere", &[("gpu", driver, "node-b", "widget-9")]).await;
+        let patch = json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": { "name": "elsewhere", "namespace": "ml" },
+            "status": { "devices": [{ "driver": driver, "pool": "node-b", "device": "widget-9", "conditions": [{
+                "type": "Ready", "status": "True", "reason": "Prepared", "message": "", "lastTransitionTime": "2026-12-01T00:00:00Z" }] }] } });
+        let (code, answer) = send(
+            "PATCH",
+            "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/elsewhere/status?fieldManager=devplug-chaos.devplug.io&force=true".into(),
+            "application/apply-patch+yaml",
+            Some(patch),
+            Some(token.clone()),
+        )
+        .await;
+        assert_eq!(code, 422, "{}: another node's claim status: {answer}", server.name());
+        assert!(
+            answer["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("requires resource=\"resourceclaims/driver\", verb=\"[arbitrary-node:patch]\""),
+            "{}: {answer}",
+            server.name()
+        );
+        assert!(server.status_devices(&api, "ml", "elsewhere").await.is_empty(), "{}", server.name());
         daemon.stop().await.unwrap();
     }
 }

@@ -392,3 +392,34 @@ async fn a_large_backend_serves_baseline_code_first_and_its_optimised_code_swaps
     assert_eq!(log.matches("backend loaded").count(), 1, "no reload: {log}");
     drop(d);
 }
+
+/// Issue 62: the chart's default cache is an emptyDir, which kubelet creates `0777`; devplug
+/// refused it (`compile cache refused … writable by other users`), so every pod compiled every
+/// backend again. Through the binary, with a `0777` directory as `--cache-dir`: the first run
+/// compiles and keeps the code in devplug's own `0700` directory inside it, the next run
+/// loads it from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_dir_others_may_write_holds_devplugs_own_private_cache() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = setup();
+    let shared = s.backends.parent().unwrap().join("emptydir");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut cache_of_run = Vec::new();
+    for _ in 0..2 {
+        let kubelet = Kubelet::start(&s.kdir).await;
+        let mut args = run_args(&s.kdir, &s.backends, &s.machine);
+        args.extend(["--cache-dir".into(), shared.display().to_string()]);
+        let mut d = Devplug::spawn(&args);
+        kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+        let log = d.log();
+        assert!(!log.contains("compile cache refused"), "{log}");
+        let line = log.lines().find(|l| l.contains("backend loaded") && l.contains("backend=chaos")).unwrap();
+        cache_of_run.push(line.split("cache=").nth(1).and_then(|r| r.split_whitespace().next()).unwrap().to_owned());
+        d.terminate(T).unwrap();
+    }
+    assert_eq!(cache_of_run, ["Miss", "Hit"], "the second run loads what the first compiled");
+    let own = shared.join("devplug");
+    assert_eq!(std::fs::metadata(&own).unwrap().permissions().mode() & 0o777, 0o700);
+    assert!(std::fs::read_dir(&own).unwrap().count() > 0, "the compiled code is in devplug's own directory");
+}

@@ -10,6 +10,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 use support::binary::run;
+use support::chart::{repo, tool};
 use support::daemon::chaos_paths;
 
 fn sha(b: &[u8]) -> String {
@@ -126,27 +127,10 @@ fn pack_refuses_what_devplug_would_not_load() {
     assert!(std::fs::read_dir(out.path()).unwrap().next().is_none(), "nothing written on refusal");
 }
 
-/// A tool the suite's setup (`./scripts/test`) installs; a test that needs it fails loudly
-/// without it rather than passing.
-fn tool(name: &str) -> PathBuf {
-    let installed = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin"));
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .chain(installed)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("`{name}` is not on PATH: run the suite with ./scripts/test, which installs it"))
-}
-
 /// `kubernetes-validate --strict -k VERSION file`: (passed, output).
 fn validate(file: &Path, version: &str) -> (bool, String) {
     let out = Command::new(tool("kubernetes-validate")).args(["--strict", "-k", version]).arg(file).output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
 }
 
 #[test]
@@ -156,7 +140,7 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
     let dir = repo().join("deploy/kubernetes");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
     files.sort();
-    assert_eq!(files.len(), 2, "{files:?}");
+    assert_eq!(files.len(), 3, "{files:?}");
     for f in &files {
         let (ok, out) = validate(f, K8S);
         assert!(ok && out.contains("passed for resource daemonset/devplug"), "{}:\n{out}", f.display());
@@ -249,6 +233,117 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
     }
 }
 
+/// Issue 62: the chart and both manifests mounted the host's `/dev` read-only at `/dev`, where
+/// kubelet puts the default `terminationMessagePath` (`/dev/termination-log`): runc could not
+/// create it and the container never started. Every pod spec devplug ships leaves `/dev` to the
+/// runtime (the host's is mounted elsewhere and named by `--dev-root`), and runs this release.
+#[test]
+fn every_shipped_pod_spec_leaves_dev_to_the_runtime_and_runs_this_release() {
+    let version = env!("CARGO_PKG_VERSION");
+    let chart = std::fs::read_to_string(repo().join("deploy/helm/devplug/Chart.yaml")).unwrap();
+    assert!(
+        chart.contains(&format!("appVersion: \"{version}\"")),
+        "the chart's appVersion is the release {version}:\n{chart}"
+    );
+    let mut specs: Vec<(String, Vec<serde_json::Value>)> = Vec::new();
+    for f in ["devplug.yaml", "devplug-no-image-volume.yaml", "devplug-dra.yaml"] {
+        let text = std::fs::read_to_string(repo().join("deploy/kubernetes").join(f)).unwrap();
+        specs.push((f.to_owned(), support::chart::objects(&text)));
+    }
+    for sets in [&[][..], &["backends.imageVolume=false"][..], &["dra.resources.devplug\\.io/fuse=generic"][..]] {
+        specs.push((format!("chart {sets:?}"), support::chart::render(sets)));
+    }
+    for (name, objects) in &specs {
+        let pod = &support::chart::find(objects, "DaemonSet", None)["spec"]["template"]["spec"];
+        let host_dev = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["hostPath"]["path"] == "/dev")
+            .expect("the host's /dev");
+        for c in
+            pod["containers"].as_array().unwrap().iter().chain(pod["initContainers"].as_array().into_iter().flatten())
+        {
+            let message = c["terminationMessagePath"].as_str().unwrap_or("/dev/termination-log");
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                let at = m["mountPath"].as_str().unwrap();
+                assert!(
+                    !(message == at || message.starts_with(&format!("{}/", at.trim_end_matches('/')))),
+                    "{name}: {} mounts {at} over its termination message path {message}",
+                    c["name"]
+                );
+                if m["name"] == host_dev["name"] {
+                    let arg = format!("--dev-root={at}");
+                    assert!(
+                        c["args"].as_array().unwrap().iter().any(|a| a == &serde_json::json!(arg)),
+                        "{name}: devplug is told where the host's /dev is ({arg})"
+                    );
+                }
+            }
+            if c["name"] == "devplug" {
+                let image = c["image"].as_str().unwrap();
+                assert!(image.ends_with(&format!(":{version}")), "{name}: the host image is this release: {image}");
+                let env: Vec<&str> =
+                    c["env"].as_array().into_iter().flatten().filter_map(|e| e["name"].as_str()).collect();
+                assert!(
+                    env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"),
+                    "{name}: the lock holder is named by its pod: {env:?}"
+                );
+            }
+        }
+    }
+}
+
+/// Issue 59: the plain manifests carry DRA too, and say no more nor less than the chart: the
+/// DRA variant is the chart rendered with one resource served through DRA (plus its Namespace),
+/// so its RBAC and policy are the ones the least-privilege tests exercise.
+#[test]
+fn the_plain_dra_manifest_is_what_the_chart_renders() {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes/devplug-dra.yaml")).unwrap();
+    let mut plain = support::chart::objects(&text);
+    assert_eq!(plain.remove(0)["kind"], "Namespace");
+    let rendered = support::chart::render(&["dra.resources.devplug\\.io/fuse=generic"]);
+    assert!(
+        plain == rendered,
+        "deploy/kubernetes/devplug-dra.yaml is not what the chart renders: generate it again (its header says how)"
+    );
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "DeviceClass",
+        "DaemonSet",
+    ] {
+        support::chart::find(&plain, kind, None);
+    }
+    // Least privilege, as the chart states it: no wildcard, no arbitrary-node, no verb devplug
+    // does not use, and the status of claims only for its own drivers.
+    let rules = support::chart::rbac_rules(&plain);
+    for r in &rules {
+        for list in [&r.verbs, &r.resources, &r.api_groups] {
+            assert!(!list.iter().any(|v| v == "*"), "{r:?}");
+        }
+        assert!(
+            !r.verbs.iter().any(|v| v.starts_with("arbitrary-node:")
+                || v == "deletecollection"
+                || v == "patch" && r.resources != ["resourceclaims/status"]),
+            "{r:?}"
+        );
+    }
+    let driver_rule =
+        rules.iter().find(|r| r.resources == ["resourceclaims/driver"]).expect("the granular status rule");
+    assert_eq!(
+        (driver_rule.verbs.as_slice(), driver_rule.resource_names.as_slice()),
+        (&["associated-node:patch".to_owned()][..], &["generic.devplug.io".to_owned()][..])
+    );
+    let policy = support::chart::slice_policy(&plain);
+    assert_eq!(
+        (policy.username.as_str(), policy.drivers.as_slice()),
+        ("system:serviceaccount:devplug:devplug", &["generic.devplug.io".to_owned()][..])
+    );
+}
+
 /// The text of a ConfigMap's `key: |` block (its lines indented one level deeper than the key).
 fn block_scalar(yaml: &str, key: &str) -> String {
     let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
@@ -270,29 +365,33 @@ impl Drop for Container<'_> {
     }
 }
 
+/// The host image from deploy/Containerfile (buildah, no registry) and a backends image of
+/// chaos from `devplug pack` (loaded as a registry would deliver it), named `…:e2e-<test>`.
+fn images(podman: &support::podman::Podman, work: &Path, test: &str) -> (String, String) {
+    let s = |p: &Path| p.display().to_string();
+    let ctx = work.join("ctx");
+    let st = Command::new(repo().join("deploy/image-context.sh")).arg(&ctx).arg(support::binary::BIN).output().unwrap();
+    assert!(st.status.success(), "image-context.sh: {}", String::from_utf8_lossy(&st.stderr));
+    let containerfile = s(&repo().join("deploy/Containerfile"));
+    let tag = format!("localhost/devplug-host:e2e-{test}-{}", std::process::id());
+    podman.ok("buildah", &["bud", "--isolation", "chroot", "-f", &containerfile, "-t", &tag, &s(&ctx)]);
+    let (_src, wasm, _) = backend_dir();
+    let archive = work.join("backends.tar");
+    let (code, _, err) = run(&["pack", "--tar", &s(&archive), "--tag", "e2e", &s(&wasm)]);
+    assert_eq!(code, 0, "{err}");
+    let pulled = podman.ok("podman", &["pull", "-q", &format!("oci-archive:{}", s(&archive))]);
+    let backends_image = format!("localhost/devplug-backends:e2e-{test}-{}", std::process::id());
+    podman.ok("podman", &["tag", pulled.trim(), &backends_image]);
+    (tag, backends_image)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_image() {
     use support::fixtures::Machine;
     let podman = tokio::task::spawn_blocking(support::podman::Podman::new).await.unwrap();
     let work = tempfile::tempdir().unwrap();
     let s = |p: &Path| p.display().to_string();
-
-    // The host image, from deploy/Containerfile, with buildah and no registry.
-    let ctx = work.path().join("ctx");
-    let st = Command::new(repo().join("deploy/image-context.sh")).arg(&ctx).arg(support::binary::BIN).output().unwrap();
-    assert!(st.status.success(), "image-context.sh: {}", String::from_utf8_lossy(&st.stderr));
-    let containerfile = s(&repo().join("deploy/Containerfile"));
-    let tag = format!("localhost/devplug-host:e2e-{}", std::process::id());
-    podman.ok("buildah", &["bud", "--isolation", "chroot", "-f", &containerfile, "-t", &tag, &s(&ctx)]);
-
-    // The backends image, from `devplug pack`, loaded as a registry would deliver it.
-    let (_src, wasm, _) = backend_dir();
-    let archive = work.path().join("backends.tar");
-    let (code, _, err) = run(&["pack", "--tar", &s(&archive), "--tag", "e2e", &s(&wasm)]);
-    assert_eq!(code, 0, "{err}");
-    let pulled = podman.ok("podman", &["pull", "-q", &format!("oci-archive:{}", s(&archive))]);
-    let backends_image = format!("localhost/devplug-backends:e2e-{}", std::process::id());
-    podman.ok("podman", &["tag", pulled.trim(), &backends_image]);
+    let (tag, backends_image) = images(&podman, work.path(), "image");
 
     // Run it as the DaemonSet does: read-only root, no capabilities, the backends image mounted
     // read-only at /backends, kubelet's dir and a fixture machine bind-mounted.
@@ -361,4 +460,167 @@ async fn the_host_image_serves_kubelet_with_the_packed_backends_mounted_as_an_im
     assert_eq!(resp.container_responses[0].envs["CHAOS_IDS"], "widget-2");
     let log = support::podman::text(&podman.tool("podman").args(["logs", &name]).output().unwrap());
     assert!(log.contains("origin=/backends/chaos.wasm"), "the backend came from the image volume:\n{log}");
+}
+
+/// How kubelet and containerd start the devplug container of a rendered pod spec, on podman's
+/// runc: every volume mount at its path with its `readOnly` (a hostPath `/dev` or `/sys` is the
+/// host's own, read-only; any other hostPath a private directory of the test's; a ConfigMap its
+/// files; an emptyDir a `0777` directory, as kubelet makes it; an image volume the image), the
+/// termination message file kubelet bind-mounts at `terminationMessagePath` (default
+/// `/dev/termination-log`), the container's args and env (downward API values filled in),
+/// `readOnlyRootFilesystem` without podman's extra tmpfs mounts, `capabilities.drop`,
+/// `allowPrivilegeEscalation`, `runAsUser`. The network is the container's own (hostNetwork
+/// would share the test machine's ports). Returns `podman run -d`'s output.
+fn run_as_kubelet(
+    podman: &support::podman::Podman,
+    objects: &[serde_json::Value],
+    host: &Path,
+    image: &str,
+    backends_image: &str,
+    name: &str,
+) -> std::process::Output {
+    let pod = &support::chart::find(objects, "DaemonSet", None)["spec"]["template"]["spec"];
+    let c = pod["containers"].as_array().unwrap().iter().find(|c| c["name"] == "devplug").unwrap();
+    let mut args: Vec<String> =
+        vec!["run".into(), "-d".into(), "--name".into(), name.into(), "--network".into(), "none".into()];
+    let sc = &c["securityContext"];
+    if sc["readOnlyRootFilesystem"] == true {
+        args.extend(["--read-only".into(), "--read-only-tmpfs=false".into()]);
+    }
+    if sc["allowPrivilegeEscalation"] == false {
+        args.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    }
+    for cap in sc["capabilities"]["drop"].as_array().into_iter().flatten() {
+        args.extend(["--cap-drop".into(), cap.as_str().unwrap().into()]);
+    }
+    if let Some(uid) = sc["runAsUser"].as_i64() {
+        args.extend(["--user".into(), uid.to_string()]);
+    }
+    for e in c["env"].as_array().into_iter().flatten() {
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.name") => "devplug-e2e".to_owned(),
+            Some("metadata.namespace") => "devplug".to_owned(),
+            Some("spec.nodeName") => "node-a".to_owned(),
+            _ => e["value"].as_str().unwrap_or_default().to_owned(),
+        };
+        args.extend(["--env".into(), format!("{}={value}", e["name"].as_str().unwrap())]);
+    }
+    for m in c["volumeMounts"].as_array().unwrap() {
+        let at = m["mountPath"].as_str().unwrap();
+        let ro = m["readOnly"] == true;
+        let v = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == m["name"]).unwrap();
+        let source = if let Some(path) = v["hostPath"]["path"].as_str() {
+            // The host's /dev and /sys, and kubelet's dirs where the chart was told they are
+            // (`kubeletDir`: kubelet and devplug then name its sockets by the same paths).
+            if path == "/dev" || path == "/sys" || Path::new(path).starts_with(host) {
+                PathBuf::from(path)
+            } else {
+                host.join(path.trim_start_matches('/'))
+            }
+        } else if let Some(cm) = v["configMap"]["name"].as_str() {
+            let data = &support::chart::find(objects, "ConfigMap", Some(cm))["data"];
+            let dir = host.join("configmaps").join(cm);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (k, text) in data.as_object().unwrap() {
+                std::fs::write(dir.join(k), text.as_str().unwrap()).unwrap();
+            }
+            dir
+        } else if v.get("emptyDir").is_some() {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = host.join("emptydir").join(v["name"].as_str().unwrap());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+            dir
+        } else if v.get("image").is_some() {
+            args.extend(["--mount".into(), format!("type=image,source={backends_image},destination={at}")]);
+            continue;
+        } else {
+            panic!("a volume kind this emulation does not know: {v}");
+        };
+        std::fs::create_dir_all(&source).unwrap();
+        args.extend(["-v".into(), format!("{}:{at}{}", source.display(), if ro { ":ro" } else { "" })]);
+    }
+    // Kubelet makes the termination message file in the pod's directory and mounts it.
+    let message = host.join("termination-log");
+    std::fs::write(&message, b"").unwrap();
+    let message_path = c["terminationMessagePath"].as_str().unwrap_or("/dev/termination-log");
+    args.extend(["-v".into(), format!("{}:{message_path}", message.display())]);
+    args.push(image.into());
+    args.extend(c["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()));
+    podman.tool("podman").args(&args).output().unwrap()
+}
+
+/// Issue 62: the chart's pod never started on a real kubelet and containerd (the host's `/dev`
+/// read-only over the container's, where the termination message file goes). The chart's
+/// default pod spec, started as kubelet would start it on runc: it runs, loads the embedded
+/// backends and the image volume's, uses its emptyDir cache, and registers with kubelet's
+/// plugin watcher (the kubelet stand-in, in the host dirs the spec mounts). The
+/// same spec with the host's `/dev` at `/dev` fails as it failed on the real cluster, so the
+/// emulation is no more forgiving than kubelet there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_pod_spec_starts_as_kubelet_starts_it() {
+    let podman = tokio::task::spawn_blocking(support::podman::Podman::new).await.unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let (image, backends_image) = images(&podman, work.path(), "pod");
+    // The chart's defaults, but the image volume's backend granted what it requests (so it has
+    // devices to register) and kubelet's dirs in the test's own place (`kubeletDir`, as for a
+    // kubelet with another root dir), where the kubelet stand-in serves.
+    let host = work.path().join("host");
+    let kubelet_root = host.join("var/lib/kubelet");
+    let objects = support::chart::render(&[
+        "config=default_grant = \"requested\"",
+        &format!("kubeletDir={}", kubelet_root.display()),
+    ]);
+
+    // The spec as it was: refused by the runtime, as on the real cluster.
+    let mut old = objects.clone();
+    for o in old.iter_mut().filter(|o| o["kind"] == "DaemonSet") {
+        for m in o["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].as_array_mut().unwrap() {
+            if m["name"] == "dev" {
+                m["mountPath"] = serde_json::json!("/dev");
+            }
+        }
+    }
+    let old_name = format!("devplug-e2e-old-{}", std::process::id());
+    let _old_guard = Container(&podman, old_name.clone());
+    let out = run_as_kubelet(&podman, &old, &work.path().join("old-host"), &image, &backends_image, &old_name);
+    let said = support::podman::text(&out);
+    assert!(
+        !out.status.success() && said.contains("read-only file system"),
+        "the old layout must fail to start:\n{said}"
+    );
+
+    // The chart as shipped.
+    let kdir = kubelet_root.join("device-plugins");
+    let registry = kubelet_root.join("plugins_registry");
+    std::fs::create_dir_all(&kdir).unwrap();
+    std::fs::create_dir_all(&registry).unwrap();
+    let kubelet = support::kubelet::Kubelet::start_with_watcher(&kdir, &registry).await;
+    let name = format!("devplug-e2e-pod-{}", std::process::id());
+    let _guard = Container(&podman, name.clone());
+    let out = run_as_kubelet(&podman, &objects, &host, &image, &backends_image, &name);
+    assert!(out.status.success(), "the chart's pod spec must start:\n{}", support::podman::text(&out));
+    let logs = || support::podman::text(&podman.tool("podman").args(["logs", &name]).output().unwrap());
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !logs().contains("backends loaded") {
+        let state = podman.ok("podman", &["inspect", "-f", "{{.State.Status}}", &name]);
+        assert!(
+            state.trim() == "running" && std::time::Instant::now() < end,
+            "devplug did not load its backends ({state}):\n{}",
+            logs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let log = logs();
+    assert!(log.contains("origin=/backends/chaos.wasm"), "the image volume's backend loaded:\n{log}");
+    assert!(!log.contains("compile cache refused"), "the emptyDir cache is used:\n{log}");
+    let cache = host.join("emptydir/cache/devplug");
+    assert!(
+        std::fs::read_dir(&cache).map(|d| d.count() > 0).unwrap_or(false),
+        "compiled code kept in {}:\n{log}",
+        cache.display()
+    );
+    // It registers through kubelet's plugin watcher, from the socket dirs kubelet shares.
+    let plugin = kubelet.wait_registered(support::daemon::WIDGET, 1, std::time::Duration::from_secs(60)).await;
+    plugin.unwrap_or_else(|e| panic!("{e}\n{}", logs()));
 }

@@ -261,6 +261,16 @@ async fn two_devplugs_on_one_node_serve_one_at_a_time() {
     assert!(!new.log().contains("backends loaded"), "nothing loaded while standing by:\n{}", new.log());
     assert_eq!(kubelet.registrations(), 1, "the standing-by devplug registered nothing");
 
+    // Issue 62: what needs nothing exclusive is done before the lock, so the take-over is
+    // loads from memory: the standby compiled its backend while the old one served.
+    let standing = new.log();
+    let lines: Vec<&str> = standing.lines().collect();
+    let at =
+        |what: &str| lines.iter().position(|l| l.contains(what)).unwrap_or_else(|| panic!("no {what:?}:\n{standing}"));
+    let compiled = at("backend compiled ahead of its load");
+    assert!(lines[compiled].contains("backend=chaos"), "{}", lines[compiled]);
+    assert!(compiled < at("standing by until it exits"), "compiled before standing by:\n{standing}");
+
     old.terminate(T).unwrap();
     new.wait_log("taking over", T).unwrap();
     let plugin = kubelet.wait_registered(WIDGET, 2, T).await.unwrap();

@@ -1,6 +1,7 @@
 //! A node serving the chaos test backend's `test.devplug.io/widget` through DRA, in-process: the
 //! API-server stand-in (Node `node-a`), the kubelet stand-in with DRA's handler in its plugin
-//! watcher, and the daemon's config, ready to adjust and start.
+//! watcher, and the daemon's config, ready to adjust and start. devplug's kubeconfig is the
+//! chart's ServiceAccount's, bound to the node, with only what the chart grants.
 
 use std::sync::Arc;
 
@@ -25,6 +26,8 @@ pub struct ChaosNode {
     pub kubelet: Kubelet,
     pub dra: Arc<DraKubelet>,
     pub cfg: Config,
+    /// devplug's token on the stand-in: the chart's ServiceAccount, bound to [`NODE`].
+    pub token: String,
 }
 
 /// Chaos with `chaos_config` (and `manifest_extra` lines in its manifest) on `m`.
@@ -37,8 +40,11 @@ pub async fn chaos_node(m: &Machine, chaos_config: &str, manifest_extra: &str) -
         std::fs::write(&toml, format!("{text}{manifest_extra}")).expect("chaos.toml");
     }
     let api = Arc::new(ApiServer::start(&[NODE]).await);
+    // devplug runs as the chart's ServiceAccount with a token bound to its node, held to what
+    // the chart grants (RBAC and its slice policy), as in a cluster.
+    let token = super::chart::least_privilege(&api, &["dra.resources.test\\.devplug\\.io/widget=chaos"], NODE);
     let kubeconfig = root.path().join("kubeconfig");
-    api.write_kubeconfig(&kubeconfig);
+    std::fs::write(&kubeconfig, api.kubeconfig_with(&token)).expect("kubeconfig");
     let (kdir, registry) = (root.path().join("device-plugins"), root.path().join("plugins_registry"));
     let kubelet = Kubelet::start_with_watcher(&kdir, &registry).await;
     let dra = DraKubelet::new(KNOWN_1_34, NODE, api.clone());
@@ -52,5 +58,5 @@ pub async fn chaos_node(m: &Machine, chaos_config: &str, manifest_extra: &str) -
     cfg.dra.kubeconfig = Some(kubeconfig);
     cfg.dra.node_name = Some(NODE.into());
     cfg.dra.plugins_dir = Some(root.path().join("plugins"));
-    ChaosNode { root, backends, api, kubelet, dra, cfg }
+    ChaosNode { root, backends, api, kubelet, dra, cfg, token }
 }

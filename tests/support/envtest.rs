@@ -2,8 +2,11 @@
 //! `KUBEBUILDER_ASSETS` names a directory holding `kube-apiserver` and `etcd` (build them once
 //! with `scripts/kube-assets/build`), [`RealApiServer::from_env`] starts both on free loopback
 //! ports with a serving certificate the server makes itself, a token of its own and the flags a
-//! bare test cluster needs (scripts/kube-assets/build says how they were found). Without
-//! it, it says in one line that the test ran against the stand-in only.
+//! bare test cluster needs (scripts/kube-assets/build says how they were found), configured
+//! as clusters run it: `Node,RBAC` authorization, ServiceAccount and NodeRestriction admission,
+//! default feature gates. The test's own token is an admin's (`system:masters`); devplug runs
+//! under the chart's ServiceAccount with a Pod-bound token ([`RealApiServer::pod_bound_token`]).
+//! Without it, it says in one line that the test ran against the stand-in only.
 //!
 //! Both processes die with this value (and with the test process: they are in its group).
 
@@ -107,13 +110,14 @@ impl RealApiServer {
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
             .arg(format!("--cert-dir={}", d.join("certs").display()))
             .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
-            .arg("--authorization-mode=AlwaysAllow")
+            .arg("--authorization-mode=Node,RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", key.display()))
-            // No controller-manager: nothing would make service accounts or lift a new Node's
-            // not-ready taint.
-            .arg("--disable-admission-plugins=ServiceAccount,TaintNodesByCondition")
+            // No controller-manager: nothing would lift a new Node's not-ready taint (the tests
+            // make the service accounts they use themselves).
+            .arg("--enable-admission-plugins=NodeRestriction")
+            .arg("--disable-admission-plugins=TaintNodesByCondition")
             .args(["--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false"])
             .arg("--service-cluster-ip-range=10.0.0.0/24")
             .stdout(Stdio::null())
@@ -159,13 +163,18 @@ impl RealApiServer {
 
     /// A kubeconfig for this server: its CA (the self-made serving certificate) and token.
     pub fn kubeconfig(&self) -> String {
+        self.kubeconfig_with(&self.token)
+    }
+
+    /// A kubeconfig for this server and `token`.
+    pub fn kubeconfig_with(&self, token: &str) -> String {
         use base64::Engine;
         let ca = std::fs::read(self.ca()).expect("the server's certificate");
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: devplug\n  user:\n    token: {}\ncontexts:\n- name: real\n  context:\n    cluster: real\n    user: devplug\ncurrent-context: real\n",
             self.url,
             base64::engine::general_purpose::STANDARD.encode(ca),
-            self.token
+            token
         )
     }
 
@@ -174,7 +183,13 @@ impl RealApiServer {
     }
 
     async fn try_client(&self) -> kube::Result<kube::Client> {
-        let kc = kube::config::Kubeconfig::from_yaml(&self.kubeconfig()).map_err(kube::Error::InferKubeconfig)?;
+        self.client_with(&self.token).await
+    }
+
+    /// A client that sends `token`.
+    pub async fn client_with(&self, token: &str) -> kube::Result<kube::Client> {
+        let kc =
+            kube::config::Kubeconfig::from_yaml(&self.kubeconfig_with(token)).map_err(kube::Error::InferKubeconfig)?;
         let cfg = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(kube::Error::InferKubeconfig)?;
@@ -187,11 +202,34 @@ impl RealApiServer {
 
     /// `method path` with a JSON body; (status, answer).
     pub async fn send(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
-        let client = self.client();
+        self.send_with(&self.client(), method, path, "application/json", body).await
+    }
+
+    /// [`send`](Self::send) as the holder of `token`, with `content_type`.
+    pub async fn send_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let client = self.client_with(token).await.expect("a client for the token");
+        self.send_with(&client, method, path, content_type, body).await
+    }
+
+    async fn send_with(
+        &self,
+        client: &kube::Client,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
         let req = http::Request::builder()
             .method(method)
             .uri(path)
-            .header("content-type", "application/json")
+            .header("content-type", content_type)
             .body(body.map_or_else(kube::client::Body::empty, |b| {
                 kube::client::Body::from(serde_json::to_vec(b).expect("JSON"))
             }))
@@ -259,9 +297,7 @@ impl RealApiServer {
     /// What the scheduler does to a claim: create it (one `exactly` request per result) and
     /// write its allocation through `/status`. Returns its UID.
     pub async fn allocate_claim(&self, namespace: &str, name: &str, results: &[(&str, &str, &str, &str)]) -> String {
-        let ns = serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": namespace } });
-        let (code, answer) = self.send("POST", "/api/v1/namespaces", Some(&ns)).await;
-        assert!(code == 201 || code == 409, "create Namespace {namespace}: {answer}");
+        self.namespace(namespace).await;
         let mut requests: Vec<&str> = results.iter().map(|(r, ..)| *r).collect();
         requests.dedup();
         let claim = serde_json::json!({
@@ -277,6 +313,23 @@ impl RealApiServer {
         stored["status"] = serde_json::json!({ "allocation": { "devices": { "results": results.iter().map(|(request, driver, pool, device)| serde_json::json!({
             "request": request, "driver": driver, "pool": pool, "device": device
         })).collect::<Vec<_>>() } } });
+        // As kube-scheduler does for devices of a node-local pool: the allocation is for the
+        // node its slices name.
+        if let Some((_, driver, pool, _)) = results.first() {
+            let path = format!("/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver%3D{driver}");
+            let (_, slices) = self.send("GET", &path, None).await;
+            let node = slices["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|s| s["spec"]["pool"]["name"] == *pool)
+                .and_then(|s| s["spec"]["nodeName"].as_str().map(str::to_owned));
+            if let Some(node) = node {
+                stored["status"]["allocation"]["nodeSelector"] = serde_json::json!({ "nodeSelectorTerms": [
+                    { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [node] }] }
+                ] });
+            }
+        }
         let (code, answer) = self.send("PUT", &format!("{base}/{name}/status"), Some(&stored)).await;
         assert_eq!(code, 200, "allocate ResourceClaim {namespace}/{name}: {answer}");
         answer["metadata"]["uid"].as_str().unwrap_or_default().to_owned()
@@ -285,6 +338,7 @@ impl RealApiServer {
     /// Create ResourceClaim `namespace/name` asking for `devices` (its `spec.devices`) and a pod
     /// of the same name that uses it, for kube-scheduler to allocate.
     pub async fn claim_with_pod(&self, namespace: &str, name: &str, devices: &Value) {
+        self.namespace(namespace).await;
         let claim = serde_json::json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": { "name": name, "namespace": namespace }, "spec": { "devices": devices } });
         let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
@@ -317,6 +371,87 @@ impl RealApiServer {
             }
             assert!(std::time::Instant::now() < end, "{namespace}/{name}: kube-scheduler decided nothing: {pod}");
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Namespace `ns` and its `default` ServiceAccount (ServiceAccount admission gives a pod
+    /// that names none that one, and refuses the pod while it is missing; no controller-manager
+    /// makes it here).
+    pub async fn namespace(&self, ns: &str) {
+        let namespace = serde_json::json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": ns } });
+        let (code, answer) = self.send("POST", "/api/v1/namespaces", Some(&namespace)).await;
+        assert!(code == 201 || code == 409, "create Namespace {ns}: {answer}");
+        let sa = serde_json::json!({ "apiVersion": "v1", "kind": "ServiceAccount", "metadata": { "name": "default", "namespace": ns } });
+        let (code, answer) = self.send("POST", &format!("/api/v1/namespaces/{ns}/serviceaccounts"), Some(&sa)).await;
+        assert!(code == 201 || code == 409, "create ServiceAccount {ns}/default: {answer}");
+    }
+
+    /// Create `objects` as the admin (the chart's RBAC, policy, ServiceAccount, DeviceClasses:
+    /// the kinds devplug's DRA side depends on; workloads are not started here).
+    pub async fn apply(&self, objects: &[Value]) {
+        for o in objects {
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or("default");
+            let path = match o["kind"].as_str().unwrap_or("") {
+                "ServiceAccount" => format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+                "ClusterRole" => "/apis/rbac.authorization.k8s.io/v1/clusterroles".into(),
+                "ClusterRoleBinding" => "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".into(),
+                "ValidatingAdmissionPolicy" => {
+                    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies".into()
+                }
+                "ValidatingAdmissionPolicyBinding" => {
+                    "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings".into()
+                }
+                "DeviceClass" => "/apis/resource.k8s.io/v1/deviceclasses".into(),
+                _ => continue,
+            };
+            if o["kind"] == "ServiceAccount" {
+                self.namespace(ns).await;
+            }
+            let (code, answer) = self.send("POST", &path, Some(o)).await;
+            assert!(code == 201 || code == 409, "create {} {}: {answer}", o["kind"], o["metadata"]["name"]);
+        }
+    }
+
+    /// A token of ServiceAccount `ns/sa` bound to Pod `pod` on node `node`, from the TokenRequest
+    /// API as kubelet gets a projected token: the server authenticates it as that account with
+    /// the node's name in its extra `authentication.kubernetes.io/node-name`.
+    pub async fn pod_bound_token(&self, ns: &str, sa: &str, node: &str, pod: &str) -> String {
+        let spec = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": { "name": pod, "namespace": ns },
+            "spec": { "nodeName": node, "serviceAccountName": sa, "containers": [{ "name": "devplug", "image": "devplug" }] } });
+        let (code, created) = self.send("POST", &format!("/api/v1/namespaces/{ns}/pods"), Some(&spec)).await;
+        assert_eq!(code, 201, "create Pod {ns}/{pod}: {created}");
+        let request = serde_json::json!({ "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": { "expirationSeconds": 3600, "boundObjectRef": { "apiVersion": "v1", "kind": "Pod", "name": pod,
+                "uid": created["metadata"]["uid"] } } });
+        let (code, answer) =
+            self.send("POST", &format!("/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token"), Some(&request)).await;
+        assert_eq!(code, 201, "TokenRequest for {ns}/{sa}: {answer}");
+        answer["status"]["token"].as_str().expect("a token").to_owned()
+    }
+
+    /// Wait until the ValidatingAdmissionPolicy named `policy` refuses what it should: a
+    /// dry-run create, as `token`, of a slice of another node (the server loads new policies
+    /// asynchronously). Nothing is stored by a dry run.
+    pub async fn wait_policy(&self, token: &str, policy: &str, driver: &str) {
+        let probe = serde_json::json!({ "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": { "name": "policy-probe" },
+            "spec": { "driver": driver, "nodeName": "policy-probe-node", "pool": { "name": "p", "generation": 1, "resourceSliceCount": 1 } } });
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (code, answer) = self
+                .send_as(
+                    token,
+                    "POST",
+                    "/apis/resource.k8s.io/v1/resourceslices?dryRun=All",
+                    "application/json",
+                    Some(&probe),
+                )
+                .await;
+            if code == 403 && answer["message"].as_str().unwrap_or("").contains(policy) {
+                return;
+            }
+            assert!(Instant::now() < end, "the policy {policy} never took effect: {code} {answer}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 

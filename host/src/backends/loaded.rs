@@ -216,6 +216,22 @@ impl Loaded {
         self.settings.get(name).is_none_or(|s| s.enabled)
     }
 
+    /// Compile `src` ahead of its [`Loaded::load`] (a standby does, before the instance lock),
+    /// unless the config turns it off. Blocking.
+    pub fn prepare(&self, src: &BackendSource) {
+        if self.enabled(&src.name) {
+            let t0 = std::time::Instant::now();
+            self.runtime.prepare(&src.bytes);
+            tracing::info!(backend = %src.name, origin = %src.origin, compile_ms = t0.elapsed().as_millis() as u64,
+                "backend compiled ahead of its load");
+        }
+    }
+
+    /// Drop compiled code [`Loaded::prepare`] made that no load took.
+    pub fn forget_prepared(&self) {
+        self.runtime.forget_prepared();
+    }
+
     fn capabilities(&self, src: &BackendSource) -> Result<Capabilities, LoadError> {
         let settings = self.settings.get(&src.name);
         let explicit = settings.and_then(|s| s.grant.clone());

@@ -27,4 +27,4 @@ pub use polls::{PollDone, PollJob, PollReport};
 pub use reconcile::{Changes, Reconciler};
 pub use routing::{ReadyResource, ResourceCalls};
 pub use source::{BackendSource, Origin, load_dir, manifest_for, split_version};
-pub use startup::{load_all, sources};
+pub use startup::{load_all, prepare_all, sources};

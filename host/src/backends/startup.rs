@@ -45,6 +45,19 @@ pub fn sources(catalog: &Catalog, pulled: &[BackendSource]) -> (Vec<BackendSourc
     (out, problems)
 }
 
+/// Compile every enabled source ahead of loading it, one at a time off the async workers:
+/// what a devplug does before it holds the instance lock (see `daemon::handover`), so that a
+/// standby's take-over costs loads from memory, not compiles.
+pub async fn prepare_all(loaded: &Arc<Loaded>, sources: &[BackendSource]) {
+    for src in sources {
+        let (r, src) = (loaded.clone(), src.clone());
+        let name = src.name.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || r.prepare(&src)).await {
+            tracing::error!(backend = %name, "backend compile panicked: {e}");
+        }
+    }
+}
+
 /// Load every enabled source at startup (a backend whose first discover fails is still loaded:
 /// its device list fills in once discover works). Returns the sources that failed, by name and
 /// key, so the same file is not retried until it changes.

@@ -4,11 +4,13 @@
 //! serves. Two would fight over the same sockets (each replacing the other's), the same claim
 //! checkpoint and the same CDI spec files. So every `devplug run` takes an exclusive `flock` on
 //! the instance lock (`<plugins dir>/devplug/instance.lock`, on the host) before it loads a
-//! backend, writes a spec or serves a socket. A second one stands by: its probes answer
-//! (`/readyz` says ready, "standby", so the DaemonSet controller goes on and deletes the old
-//! pod), and the moment the old one has stopped — sockets removed, the pool left in place —
-//! and exited (the kernel drops its lock), it takes over. The lock is the process's: a
-//! crashed devplug never leaves it held.
+//! backend, writes a spec or serves a socket. What needs nothing exclusive comes first: a
+//! second one pulls its registries' versions and compiles every backend, then stands by: its
+//! probes answer (`/readyz` says ready, "standby", so the DaemonSet controller goes on and
+//! deletes the old pod), and the moment the old one has stopped — sockets removed, the pool
+//! left in place — and exited (the kernel drops its lock), it takes over (it looks every
+//! [`RETRY`]), with loads from memory. The lock is the process's: a crashed devplug never
+//! leaves it held.
 
 use std::fs::File;
 use std::path::Path;
@@ -16,8 +18,10 @@ use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
 
-/// How often a standing-by devplug tries the lock again.
-const RETRY: Duration = Duration::from_millis(100);
+/// How often a standing-by devplug tries the lock again: kubelet holds the node's devices
+/// unhealthy from the old devplug's exit until the new one registers, so this is most of a
+/// rolling update's gap (a try is a few system calls).
+const RETRY: Duration = Duration::from_millis(20);
 
 /// The held lock; dropping it (or exiting) hands the node over. `None` inside when the lock
 /// file could not be had at all (a read-only or unmounted dir, logged): devplug serves anyway,
@@ -41,11 +45,29 @@ pub fn try_acquire(path: &Path) -> anyhow::Result<Option<InstanceLock>> {
             // Who holds it, for a person looking at the node (the lock itself is the flock).
             use std::io::{Seek, Write};
             let mut f: &File = &held;
-            let _ = f.set_len(0).and_then(|_| f.rewind()).and_then(|_| writeln!(f, "{}", std::process::id()));
+            let _ = f.set_len(0).and_then(|_| f.rewind()).and_then(|_| writeln!(f, "{}", whoami()));
             Ok(Some(InstanceLock { _held: Some(held) }))
         }
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
         Err((_, e)) => Err(anyhow::anyhow!("instance lock {}: flock: {e}", path.display())),
+    }
+}
+
+/// How this process names itself in the lock file, for the standby's log: its pod
+/// (`POD_NAMESPACE`/`POD_NAME`, which the chart and manifests set from the downward API) when
+/// it runs in one — a PID alone is its own PID namespace's, `1` in every pod — and its PID.
+fn whoami() -> String {
+    named(|k| std::env::var(k).ok())
+}
+
+/// [`whoami`] with the environment read through `var`; the pod's words pass the text gate.
+fn named(var: impl Fn(&str) -> Option<String>) -> String {
+    let pid = std::process::id();
+    let var = |k: &str| var(k).filter(|v| !v.is_empty()).map(|v| crate::gate::clip_to(&v, 64).into_owned());
+    match (var("POD_NAMESPACE"), var("POD_NAME")) {
+        (Some(ns), Some(name)) => format!("pod {ns}/{name}, pid {pid} in its PID namespace"),
+        (None, Some(name)) => format!("pod {name}, pid {pid} in its PID namespace"),
+        _ => format!("pid {pid}"),
     }
 }
 
@@ -55,7 +77,7 @@ fn holder(path: &Path) -> String {
         return String::new();
     };
     let text = crate::durable::StateDir::open(dir).and_then(|d| d.read(name)).ok().flatten().unwrap_or_default();
-    crate::gate::clip_to(String::from_utf8_lossy(&text).trim(), 32).into_owned()
+    crate::gate::clip_to(String::from_utf8_lossy(&text).trim(), 160).into_owned()
 }
 
 /// Take the lock at `path`, standing by (with one log line) while another devplug holds it;
@@ -93,13 +115,13 @@ pub async fn acquire(
             None => {
                 since = Some(tokio::time::Instant::now());
                 on_standby(Standby::Waiting);
-                tracing::info!(lock = %path.display(), holder_pid = %holder(path),
+                tracing::info!(lock = %path.display(), holder = %holder(path),
                     "another devplug serves this node; standing by until it exits (a rolling update)");
             }
             Some(t) if !overdue && t.elapsed() >= patience => {
                 overdue = true;
                 on_standby(Standby::Overdue);
-                tracing::error!(lock = %path.display(), holder_pid = %holder(path), waited = ?patience,
+                tracing::error!(lock = %path.display(), holder = %holder(path), waited = ?patience,
                     "still standing by: the devplug holding the instance lock has not exited; this one is not ready. Stop the process named (or the old pod) so this one can serve");
             }
             Some(_) => {}
@@ -122,7 +144,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("devplug/instance.lock");
         let first = try_acquire(&path).unwrap().expect("a free lock is taken");
-        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), std::process::id().to_string());
+        assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), whoami());
         assert!(try_acquire(&path).unwrap().is_none(), "held: a second open of the file cannot take it");
         let standby = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = standby.clone();
@@ -144,6 +166,21 @@ mod tests {
         // Cancelled while standing by: no lock.
         let _held = try_acquire(&path).unwrap().unwrap();
         assert!(acquire(&path, Duration::from_secs(600), async {}, |_| {}).await.unwrap().is_none());
+    }
+
+    /// Issue 62: the standby said `holder_pid=1`, the old pod's PID in its own namespace.
+    #[test]
+    fn the_holder_is_named_by_its_pod() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let pid = std::process::id();
+        assert_eq!(
+            named(env(&[("POD_NAMESPACE", "devplug"), ("POD_NAME", "devplug-x7k2p")])),
+            format!("pod devplug/devplug-x7k2p, pid {pid} in its PID namespace")
+        );
+        assert_eq!(named(env(&[])), format!("pid {pid}"));
+        assert!(!named(env(&[("POD_NAME", "a\nb\u{1b}[2J")])).contains('\u{1b}'), "escaped");
     }
 
     /// Issue 41: the lock was `0644` and followed links, so any local user could hold it (a

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::polls::Polls;
 use super::{BEAT, Daemon, specs};
 use crate::backends::watch::DirTicks;
-use crate::backends::{BackendSource, Follower, Loaded, Reconciler, load_all, sources};
+use crate::backends::{BackendSource, Follower, Loaded, Reconciler, load_all, prepare_all, sources};
 use crate::config::Config;
 use crate::kubelet::{Endpoints, KubeletPaths, podresources};
 use crate::observe;
@@ -24,10 +24,11 @@ impl Daemon {
     /// Everything the control loop needs, with the backends loaded; `None` when `shutdown`
     /// came first.
     pub(super) async fn start<F: Future<Output = ()>>(
-        cfg: Config,
+        mut cfg: Config,
         mut shutdown: Pin<&mut F>,
     ) -> anyhow::Result<Option<Daemon>> {
         raise_open_files();
+        cfg.cache_dir = cfg.cache_dir.take().map(|dir| own_cache_dir(&dir));
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
         let metrics = Arc::new(observe::Metrics::new());
@@ -89,6 +90,13 @@ impl Daemon {
                 }
             }
         });
+        // What needs nothing exclusive comes before the lock: the registries' versions pulled
+        // and every backend compiled, so a standby takes over with loads from memory.
+        let Some(prepared) = prepare(&cfg, &loaded, follower, shutdown.as_mut()).await? else {
+            loading.abort();
+            stop.cancel();
+            return Ok(None);
+        };
         // One devplug serves the node at a time: nothing is loaded, written or served before
         // the instance lock is held (a second devplug stands by, see handover.rs).
         let Some(instance) =
@@ -107,7 +115,7 @@ impl Daemon {
                 "{e:#}: `devplug status` cannot reach this devplug (a loopback --metrics-addr still serves /status)"
             );
         }
-        let started = load(&cfg, &loaded, follower, shutdown).await;
+        let started = load(&cfg, &loaded, prepared, shutdown).await;
         loading.abort();
         let Some(Started { refused, follower, pulled_tx, pulled }) = started? else {
             stop.cancel();
@@ -157,15 +165,24 @@ struct Started {
     pulled: watch::Receiver<Vec<BackendSource>>,
 }
 
-/// Load every backend the config names; `None` when `shutdown` came first.
-async fn load<F: Future<Output = ()>>(
+/// What [`prepare`] did before the instance lock: the follower (started) and its channel.
+struct Prepared {
+    follower: Option<Follower>,
+    pulled_tx: watch::Sender<Vec<BackendSource>>,
+    pulled: watch::Receiver<Vec<BackendSource>>,
+}
+
+/// Before the instance lock: the registries' versions (the cached ones at once, then one look
+/// at each registry, bounded by registry.timeout, so a node that can pull starts with the
+/// newest) and every backend compiled. Nothing here is exclusive: the registry cache is
+/// content-addressed and written by rename, compiled code is kept in memory for [`load`] (and
+/// in the compile cache, likewise). `None` when `shutdown` came first.
+async fn prepare<F: Future<Output = ()>>(
     cfg: &Config,
     loaded: &Arc<Loaded>,
     mut follower: Option<Follower>,
     mut shutdown: Pin<&mut F>,
-) -> anyhow::Result<Option<Started>> {
-    // Backends from registries: the cached versions at once, then one look at each registry
-    // (bounded by registry.timeout), so a node that can pull starts with the newest.
+) -> anyhow::Result<Option<Prepared>> {
     let (pulled_tx, pulled) = tokio::sync::watch::channel(Vec::new());
     if let Some(f) = follower.as_mut() {
         tokio::select! {
@@ -175,6 +192,25 @@ async fn load<F: Future<Output = ()>>(
         }
         pulled_tx.send_replace(f.sources());
     }
+    let (srcs, _) = sources(&cfg.catalog(), &pulled.borrow());
+    tokio::select! {
+        biased;
+        _ = &mut shutdown => return Ok(None),
+        _ = prepare_all(loaded, &srcs) => {}
+    }
+    Ok(Some(Prepared { follower, pulled_tx, pulled }))
+}
+
+/// Load every backend the config names, as the backends dir and the registries have them now
+/// (a standby may have waited long: what changed meanwhile is loaded, compiled then); `None`
+/// when `shutdown` came first.
+async fn load<F: Future<Output = ()>>(
+    cfg: &Config,
+    loaded: &Arc<Loaded>,
+    prepared: Prepared,
+    mut shutdown: Pin<&mut F>,
+) -> anyhow::Result<Option<Started>> {
+    let Prepared { follower, pulled_tx, pulled } = prepared;
     let (srcs, problems) = sources(&cfg.catalog(), &pulled.borrow());
     for p in &problems {
         tracing::error!("backends dir: {p}");
@@ -187,6 +223,7 @@ async fn load<F: Future<Output = ()>>(
         }
         refused = load_all(loaded, srcs) => refused,
     };
+    loaded.forget_prepared();
     Ok(Some(Started { refused, follower, pulled_tx, pulled }))
 }
 
@@ -239,6 +276,18 @@ fn listen_uevents() -> Option<tokio::sync::mpsc::Receiver<crate::backends::ueven
             )
         })
         .ok()
+}
+
+/// Where the compile and registry cache lives for a configured `dir`: the directory itself, or
+/// devplug's own private directory inside it when others may write it (an emptyDir volume is
+/// `0777`), said once.
+fn own_cache_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    let place = crate::durable::StateDir::own_place(dir);
+    if place != dir {
+        tracing::info!(dir = %dir.display(), cache = %place.display(),
+            "the cache dir is writable by other users (a Kubernetes emptyDir is); devplug keeps its cache in a private directory inside it");
+    }
+    place
 }
 
 /// Take the whole open-file limit the process may have: a node's default soft limit (often

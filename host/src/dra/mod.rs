@@ -22,4 +22,5 @@ pub mod node;
 pub mod plugin;
 pub mod pool_id;
 pub mod publish;
+pub mod refusal;
 pub mod served;

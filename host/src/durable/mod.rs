@@ -7,7 +7,7 @@
 
 mod state_dir;
 
-pub use state_dir::{FileEntry, StateDir};
+pub use state_dir::{FileEntry, OWN_SUBDIR, StateDir};
 
 use std::fs;
 use std::io::Write;

@@ -71,7 +71,25 @@ fn check_name(name: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The name of devplug's own directory inside a directory it shares (see [`StateDir::own_place`]).
+pub const OWN_SUBDIR: &str = "devplug";
+
 impl StateDir {
+    /// Where devplug keeps a state directory configured as `path`: `path` itself when it is
+    /// missing (it is created `0700`) or already devplug's alone, else — a directory others may
+    /// write, such as the `0777` emptyDir kubelet makes, or another user's — devplug's own
+    /// `0700` sub-directory [`OWN_SUBDIR`] inside it, which [`StateDir::open`] then checks as it
+    /// checks any state directory (so a sub-directory another user planted, or a link, is still
+    /// refused). A link at `path` is returned as it is, to be refused by `open`.
+    pub fn own_place(path: &Path) -> PathBuf {
+        match nix::sys::stat::lstat(path) {
+            Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR && own(&st).is_err() => {
+                path.join(OWN_SUBDIR)
+            }
+            _ => path.to_owned(),
+        }
+    }
+
     /// Open directory `path`, creating it (and its parents) `0700` if missing. A link, a
     /// non-directory, or a directory another user owns or may write is refused.
     pub fn open(path: &Path) -> std::io::Result<StateDir> {
@@ -271,6 +289,49 @@ fn rand_suffix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 62: kubelet makes an emptyDir `0777`; the chart's default cache is one, and devplug
+    /// refused it, so every pod compiled every backend again. Its own `0700` directory inside
+    /// is used instead, with the same ownership rules; a directory of its own is used as it is.
+    #[test]
+    fn a_shared_directory_holds_devplugs_own_private_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let shared = d.path().join("emptydir");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(StateDir::open(&shared).unwrap_err().to_string().contains("writable by other users"));
+        let place = StateDir::own_place(&shared);
+        assert_eq!(place, shared.join(OWN_SUBDIR));
+        let state = StateDir::open(&place).unwrap();
+        state.write("entry", b"code", false).unwrap();
+        let mode = std::fs::metadata(&place).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "devplug's own directory is private");
+        // The same place on the next start (the cache is found again).
+        assert_eq!(StateDir::own_place(&shared), place);
+        assert_eq!(StateDir::open(&place).unwrap().read("entry").unwrap().as_deref(), Some(&b"code"[..]));
+        // A private directory, or none yet, is used as it is.
+        let own = d.path().join("own");
+        assert_eq!(StateDir::own_place(&own), own);
+        StateDir::open(&own).unwrap();
+        assert_eq!(StateDir::own_place(&own), own);
+        // What another user could plant in the shared directory is still refused: a link at
+        // devplug's name, or a directory others may write.
+        std::fs::remove_dir_all(&place).unwrap();
+        std::os::unix::fs::symlink(&own, &place).unwrap();
+        assert!(StateDir::open(&StateDir::own_place(&shared)).is_err(), "a link planted at devplug's name");
+        std::fs::remove_file(&place).unwrap();
+        std::fs::create_dir(&place).unwrap();
+        std::fs::set_permissions(&place, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(
+            StateDir::open(&StateDir::own_place(&shared)).unwrap_err().to_string().contains("writable by other users")
+        );
+        // A link at the configured path itself is not looked through either.
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&shared, &link).unwrap();
+        assert_eq!(StateDir::own_place(&link), link);
+        assert!(StateDir::open(&link).is_err());
+    }
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     #[test]

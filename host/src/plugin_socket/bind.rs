@@ -2,10 +2,12 @@
 //! else at the path (a file, a directory, a link) is refused, so a misconfigured path never
 //! deletes what devplug did not create.
 //!
-//! The socket is bound and listening under a hidden name first and then renamed into place, so
-//! its name appears only once it accepts: kubelet's plugin watcher dials a socket the moment it
-//! sees it (and ignores names starting with `.`), and a dial between `bind` and `listen` is
-//! refused, which would cost a registration retry.
+//! The socket is bound at its own name, and no other name ever appears in the directory:
+//! kubelet's plugin watcher `stat`s every name created in its directory *before* it looks at
+//! whether the name is hidden (`pluginwatcher.handleCreateEvent`), so a hidden name bound and
+//! then renamed away made kubelet log an ERROR ("stat file … failed") for every socket at every
+//! start. The watcher only queues a new socket; its reconciler dials it on its next pass, long
+//! after `listen` (which follows `bind` in the same call here).
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
@@ -25,17 +27,7 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
     }
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let hidden = path.with_file_name(format!(".dp{}-{n}.sock", std::process::id()));
-    let _ = std::fs::remove_file(&hidden);
-    let listener = UnixListener::bind(&hidden)
-        .map_err(|e| std::io::Error::new(e.kind(), format!("binding {}: {e}", hidden.display())))?;
-    if let Err(e) = std::fs::rename(&hidden, path) {
-        let _ = std::fs::remove_file(&hidden);
-        return Err(std::io::Error::new(e.kind(), format!("moving the socket to {}: {e}", path.display())));
-    }
-    Ok(listener)
+    UnixListener::bind(path).map_err(|e| std::io::Error::new(e.kind(), format!("binding {}: {e}", path.display())))
 }
 
 /// Remove the socket at `path` if it is one (and still there): what [`bind`] made, at the end.
@@ -75,18 +67,35 @@ mod tests {
         assert!(!sock.exists());
     }
 
-    /// The socket's name appears only once it listens: a dial the moment it is seen connects.
+    /// Issue 62: kubelet's plugin watcher stats every name created in its directory, hidden or
+    /// not, and logged an ERROR for the hidden name devplug bound and renamed away. Seen through
+    /// the kernel's own inotify (what kubelet's fsnotify reads): binding, and binding again over
+    /// a stale socket, make no name in the directory but the socket's own, and the socket
+    /// accepts as soon as its name is there.
     #[tokio::test]
-    async fn the_name_appears_only_once_the_socket_listens() {
+    async fn no_name_but_the_sockets_own_ever_appears_in_its_directory() {
+        use notify::{EventKind, RecursiveMode, Watcher};
         let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut watcher = notify::recommended_watcher(tx).unwrap();
+        watcher.watch(dir.path(), RecursiveMode::NonRecursive).unwrap();
         let sock = dir.path().join("p.sock");
+        drop(bind(&sock).unwrap());
         let listener = bind(&sock).unwrap();
-        let names: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        assert_eq!(names, ["p.sock"], "no hidden name left behind");
+        // inotify delivers in order: once the marker's event is read, every earlier one was.
+        std::fs::write(dir.path().join("marker"), b"").unwrap();
+        let mut named = std::collections::BTreeSet::new();
+        loop {
+            let event = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("inotify events").unwrap();
+            if matches!(event.kind, EventKind::Create(_) | EventKind::Modify(notify::event::ModifyKind::Name(_))) {
+                named
+                    .extend(event.paths.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()));
+            }
+            if named.contains("marker") {
+                break;
+            }
+        }
+        assert_eq!(named.into_iter().collect::<Vec<_>>(), ["marker", "p.sock"], "no other name appeared");
         let (dialed, accepted) = tokio::join!(tokio::net::UnixStream::connect(&sock), listener.accept());
         dialed.expect("the socket accepts as soon as its name is there");
         accepted.unwrap();

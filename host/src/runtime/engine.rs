@@ -144,6 +144,9 @@ pub struct Runtime {
     cutoffs: Arc<Cutoffs>,
     /// Guest calls under way: the epoch thread ticks only while there is one.
     in_flight: Arc<InFlight>,
+    /// Code compiled ahead of its load ([`Runtime::prepare`]), by digest, taken by the first
+    /// [`Runtime::compile`] of the same bytes.
+    prepared: std::sync::Mutex<std::collections::HashMap<String, Compiled>>,
 }
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
@@ -274,7 +277,27 @@ impl Runtime {
             timers: Timers(Some(timers)),
             cutoffs,
             in_flight,
+            prepared: Default::default(),
         }))
+    }
+
+    /// Compile `bytes` now, for a [`Runtime::compile`] of the same bytes later to take at once:
+    /// a devplug standing by for the instance lock compiles every backend it will serve while
+    /// the old one still serves, so it serves within moments of taking over. A component that
+    /// fails to compile is left for that later compile to fail on, and say so. Blocking.
+    pub fn prepare(&self, bytes: &[u8]) {
+        let digest = sha256_hex(bytes);
+        if self.prepared.locked().contains_key(&digest) {
+            return;
+        }
+        if let Ok(compiled) = self.compile(bytes) {
+            self.prepared.locked().insert(digest, compiled);
+        }
+    }
+
+    /// Drop what was prepared and not loaded (a backend removed while standing by).
+    pub fn forget_prepared(&self) {
+        self.prepared.locked().clear();
     }
 
     /// Run a guest call on this thread until it finishes or `deadline` (plus a little slack)
@@ -312,6 +335,9 @@ impl Runtime {
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
+        if let Some(compiled) = self.prepared.locked().remove(&digest) {
+            return Ok(compiled);
+        }
         let done = |component, cache, tier| Compiled { component, cache, digest: digest.clone(), tier };
         if let Some(component) = self.precompiled(&digest) {
             return Ok(done(component, CacheOutcome::Precompiled, Tier::Optimized));
@@ -657,6 +683,25 @@ mod tests {
         let table: &'static [(&'static str, &'static [u8])] = vec![(&*digest.leak(), alien)].leak();
         let rt = Runtime::new(RuntimeConfig { precompiled: table, ..RuntimeConfig::default() }).unwrap();
         assert_eq!(rt.compile(wasm).unwrap().cache, CacheOutcome::Disabled);
+    }
+
+    /// Issue 62: a standby compiles before it holds the instance lock; its load after takes
+    /// that code once (and a later compile of the same bytes compiles again).
+    #[test]
+    fn prepared_code_is_taken_by_the_next_compile_of_the_same_bytes() {
+        let wasm = std::fs::read(crate::backends::embedded::test_program("chaos").unwrap().0).unwrap();
+        let rt = Runtime::new(RuntimeConfig::default()).unwrap();
+        rt.prepare(&wasm);
+        rt.prepare(&wasm);
+        assert_eq!(rt.prepared.locked().len(), 1, "prepared once");
+        rt.prepare(b"\0asm\x0d\0\x01\0 not a component");
+        assert_eq!(rt.prepared.locked().len(), 1, "what does not compile is left for the load to fail on");
+        let compiled = rt.compile(&wasm).unwrap();
+        assert_eq!(compiled.digest, sha256_hex(&wasm));
+        assert!(rt.prepared.locked().is_empty(), "taken by the load");
+        rt.prepare(&wasm);
+        rt.forget_prepared();
+        assert!(rt.prepared.locked().is_empty());
     }
 
     #[test]

@@ -130,6 +130,8 @@ impl LastWords {
             self.at = Some(line.to_owned());
         } else if is_exception(line) {
             self.thrown = Some(line.to_owned());
+        } else if let Some(inner) = received(line).filter(|inner| is_exception(inner)) {
+            self.thrown = Some(inner.to_owned());
         }
         if self.lines.len() == LAST_WORDS {
             self.lines.pop_front();
@@ -154,6 +156,16 @@ impl LastWords {
     pub fn clear(&mut self) {
         *self = LastWords::default();
     }
+}
+
+/// What componentize-js's bindings say they were handed where a result's error variant was
+/// due: a backend that throws a plain `Error` (or lets `JSON.parse` throw) from an export
+/// returning `result<_, backend-error>` is reported as ``invalid variant tag value `undefined`
+/// (received `SyntaxError: JSON.parse: …`) specified for `BackendError` ``: the exception is
+/// the text between `` (received ` `` and the next `` `) ``.
+fn received(line: &str) -> Option<&str> {
+    let (_, rest) = line.split_once("(received `")?;
+    Some(rest.split_once("`)").map_or(rest, |(inner, _)| inner).trim())
 }
 
 /// Whether `line` is how a JavaScript or Python runtime states an uncaught exception: a
@@ -292,6 +304,22 @@ mod tests {
             Some(
                 "json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0) (at File \"/usr/lib/json/__init__.py\", line 346, in loads)"
             )
+        );
+        // Issue 62: what a real componentize-js 0.23 component prints when its export throws
+        // where a `backend-error` was due (the exception inside the bindings' complaint).
+        let bindings = words(
+            "invalid variant tag value `undefined` (received `SyntaxError: JSON.parse: unexpected character at line 1 column 1 of the JSON data`) specified for `BackendError`\n\
+             Stack:\n  export_backend_0_3_0$discover@initializer.js:1895:17\nRedirecting call to abort() to mozalloc_abort",
+        );
+        assert_eq!(
+            bindings.exception().as_deref(),
+            Some(
+                "SyntaxError: JSON.parse: unexpected character at line 1 column 1 of the JSON data (at export_backend_0_3_0$discover@initializer.js:1895:17)"
+            )
+        );
+        assert_eq!(
+            words("invalid variant tag value `undefined` (received `42`) specified for `BackendError`").exception(),
+            None
         );
         assert_eq!(words("thread 'main' panicked at src/lib.rs:3:5:\nboom").exception(), None);
         for not in ["Error handling is hard", "ERROR: x", "see: Error", "my error: x", "a.b-c.Error: x"] {

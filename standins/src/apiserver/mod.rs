@@ -1,8 +1,9 @@
 //! A kube-apiserver stand-in for what devplug's DRA side uses: Node GET, ResourceSlice list
 //! (field selectors `spec.nodeName`, `spec.driver`), create, replace, delete and delete
 //! collection, ResourceClaim GET and its `status.devices` by server-side apply. It enforces what
-//! the real server enforces on these paths: a bearer token (random for each stand-in), the
-//! ResourceSlice validation of kube-apiserver 1.36 ([`validation`], ported from upstream's;
+//! the real server enforces on these paths: a bearer token (random for each stand-in; or a
+//! ServiceAccount's, bound to a node, held to RBAC rules, the granular claim status rule and a
+//! slice policy's effect as [`authz`] says), the ResourceSlice validation of kube-apiserver 1.36 ([`validation`], ported from upstream's;
 //! decode errors are 400, invalid objects 422 with every cause's field path; agreement with the
 //! recorded server is tested case by case), `AlreadyExists` on a second create, optimistic
 //! concurrency (`resourceVersion`) on replace, and Status objects as errors. What it stores is
@@ -23,14 +24,22 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+pub mod authz;
 pub mod field;
 pub mod formats;
 pub mod validation;
 
+use authz::{Attributes, Identity};
+
 #[derive(Default)]
 pub struct Store {
-    /// The bearer token this stand-in accepts (the kubeconfig it writes carries it).
+    /// The admin's bearer token (the kubeconfig it writes carries it).
     token: String,
+    /// Tokens of ServiceAccounts minted with [`ApiServer::service_account_token`].
+    accounts: BTreeMap<String, Identity>,
+    /// What ServiceAccounts may do (RBAC), and the slice policy in force, if any.
+    rules: Vec<authz::Rule>,
+    slice_policy: Option<authz::SlicePolicy>,
     pub nodes: BTreeMap<String, Value>,
     pub slices: BTreeMap<String, Value>,
     pub claims: BTreeMap<(String, String), Value>,
@@ -190,13 +199,44 @@ fn status(code: StatusCode, reason: &str, message: String, causes: Vec<Value>) -
 type Failure = (StatusCode, Json<Value>);
 type Reply = Result<(StatusCode, Json<Value>), Failure>;
 
-fn authorized(s: &Shared, h: &HeaderMap) -> Result<(), Failure> {
-    let token = lock(s).token.clone();
-    let want = format!("Bearer {token}");
-    if !token.is_empty() && h.get("authorization").and_then(|v| v.to_str().ok()) == Some(want.as_str()) {
-        Ok(())
-    } else {
-        Err(status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), vec![]))
+/// Who sent the request (`401` for no or an unknown token), and whether RBAC lets them do
+/// `verb` on `resource[/subresource]` (`403` in upstream's words when not).
+fn authorized(
+    s: &Shared,
+    h: &HeaderMap,
+    verb: &str,
+    what: (&str, &str, &str),
+    namespace: &str,
+    name: &str,
+) -> Result<Identity, Failure> {
+    let st = lock(s);
+    let sent = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let id = match sent {
+        Some(t) if !st.token.is_empty() && t == st.token => Identity::Admin,
+        Some(t) => match st.accounts.get(t) {
+            Some(id) => id.clone(),
+            None => return Err(status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), vec![])),
+        },
+        None => return Err(status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized".into(), vec![])),
+    };
+    let (group, resource, subresource) = what;
+    authz::check(&id, &st.rules, &Attributes { verb, group, resource, subresource, namespace, name })?;
+    Ok(id)
+}
+
+const SLICES: (&str, &str, &str) = ("resource.k8s.io", "resourceslices", "");
+
+/// The slice policy's verdict on `id` doing `operation` to `new` over `old`.
+fn admitted(
+    s: &Shared,
+    id: &Identity,
+    operation: &str,
+    new: Option<&Value>,
+    old: Option<&Value>,
+) -> Result<(), Failure> {
+    match &lock(s).slice_policy {
+        Some(p) => p.judge(id, operation, new, old),
+        None => Ok(()),
     }
 }
 
@@ -259,7 +299,7 @@ fn matches(slice: &Value, sel: &[(String, String)]) -> bool {
 }
 
 async fn get_node(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&s, &h)?;
+    authorized(&s, &h, "get", ("", "nodes", ""), "", &name)?;
     let mut st = lock(&s);
     st.log.push(format!("GET node {name}"));
     match st.nodes.get(&name) {
@@ -277,7 +317,7 @@ async fn list_or_watch(
     if q.get("watch").map(String::as_str) != Some("true") {
         return list_slices(State(s), h, Query(q)).await.into_response();
     }
-    if let Err(e) = authorized(&s, &h) {
+    if let Err(e) = authorized(&s, &h, "watch", SLICES, "", "") {
         return e.into_response();
     }
     let sel = match selector(&q) {
@@ -333,7 +373,7 @@ async fn list_or_watch(
 }
 
 async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
-    authorized(&s, &h)?;
+    authorized(&s, &h, "list", SLICES, "", "")?;
     let sel = selector(&q)?;
     let mut st = lock(&s);
     st.log.push(format!("LIST resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
@@ -348,8 +388,9 @@ async fn list_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTre
 }
 
 async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Json<Value>) -> Reply {
-    authorized(&s, &h)?;
+    let id = authorized(&s, &h, "create", SLICES, "", "")?;
     validate(&mut slice, None)?;
+    admitted(&s, &id, "CREATE", Some(&slice), None)?;
     if slice["metadata"]["name"].as_str().is_none_or(str::is_empty)
         && let Some(prefix) = slice["metadata"]["generateName"].as_str()
     {
@@ -379,7 +420,7 @@ async fn create_slice(State(s): State<Shared>, h: HeaderMap, Json(mut slice): Js
 }
 
 async fn get_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&s, &h)?;
+    authorized(&s, &h, "get", SLICES, "", &name)?;
     let st = lock(&s);
     match st.slices.get(&name) {
         Some(v) => Ok((StatusCode::OK, Json(v.clone()))),
@@ -393,10 +434,11 @@ async fn replace_slice(
     UrlPath(name): UrlPath<String>,
     Json(mut slice): Json<Value>,
 ) -> Reply {
-    authorized(&s, &h)?;
+    let id = authorized(&s, &h, "update", SLICES, "", &name)?;
     let old = lock(&s).slices.get(&name).cloned();
     if let Some(old) = &old {
         validate(&mut slice, Some(old))?;
+        admitted(&s, &id, "UPDATE", Some(&slice), Some(old))?;
     }
     let mut st = lock(&s);
     st.log.push(format!("PUT resourceslice {name}"));
@@ -425,7 +467,11 @@ async fn replace_slice(
 }
 
 async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlPath<String>) -> Reply {
-    authorized(&s, &h)?;
+    let id = authorized(&s, &h, "delete", SLICES, "", &name)?;
+    let old = lock(&s).slices.get(&name).cloned();
+    if let Some(old) = old {
+        admitted(&s, &id, "DELETE", None, Some(&old))?;
+    }
     let mut st = lock(&s);
     st.log.push(format!("DELETE resourceslice {name}"));
     match st.slices.remove(&name) {
@@ -438,8 +484,13 @@ async fn delete_slice(State(s): State<Shared>, h: HeaderMap, UrlPath(name): UrlP
 }
 
 async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BTreeMap<String, String>>) -> Reply {
-    authorized(&s, &h)?;
+    let id = authorized(&s, &h, "deletecollection", SLICES, "", "")?;
     let sel = selector(&q)?;
+    // Admission sees each object of a collection delete as a DELETE of it.
+    let doomed: Vec<Value> = lock(&s).slices.values().filter(|v| matches(v, &sel)).cloned().collect();
+    for old in &doomed {
+        admitted(&s, &id, "DELETE", None, Some(old))?;
+    }
     let mut st = lock(&s);
     st.log.push(format!("DELETECOLLECTION resourceslices {}", q.get("fieldSelector").cloned().unwrap_or_default()));
     let gone: Vec<Value> = st.slices.values().filter(|v| matches(v, &sel)).cloned().collect();
@@ -454,7 +505,7 @@ async fn delete_slices(State(s): State<Shared>, h: HeaderMap, Query(q): Query<BT
 }
 
 async fn get_claim(State(s): State<Shared>, h: HeaderMap, UrlPath((ns, name)): UrlPath<(String, String)>) -> Reply {
-    authorized(&s, &h)?;
+    authorized(&s, &h, "get", ("resource.k8s.io", "resourceclaims", ""), &ns, &name)?;
     let mut st = lock(&s);
     st.log.push(format!("GET resourceclaim {ns}/{name}"));
     match st.claims.get(&(ns.clone(), name.clone())) {
@@ -482,7 +533,7 @@ async fn apply_claim_status(
     Query(q): Query<BTreeMap<String, String>>,
     body: axum::body::Bytes,
 ) -> Reply {
-    authorized(&s, &h)?;
+    let id = authorized(&s, &h, "patch", ("resource.k8s.io", "resourceclaims", "status"), &ns, &name)?;
     let kind = h.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
     if kind.split(';').next().map(str::trim) != Some("application/apply-patch+yaml") {
         return Err(status(
@@ -608,6 +659,7 @@ async fn apply_claim_status(
         }
     }
     // Ownership: another manager's entry is taken over only by force.
+    let owners_before = st.status_owners.get(&key).cloned();
     let owners = st.status_owners.entry(key.clone()).or_default();
     if !force
         && let Some((other, _)) = owners.iter().find(|(m, ks)| **m != manager && ks.iter().any(|k| keys.contains(k)))
@@ -625,10 +677,9 @@ async fn apply_claim_status(
     }
     owners.insert(manager, keys.clone());
     let still_owned: Vec<Value> = owners.values().flatten().cloned().collect();
-    let rv = st.next_version();
-    let claim = st.claims.get_mut(&key).expect("looked up above");
     let entry_key = |d: &Value| json!([d["driver"], d["pool"], d["device"], d["shareID"]]);
-    let mut devices: Vec<Value> = claim["status"]["devices"].as_array().cloned().unwrap_or_default();
+    let old_devices: Vec<Value> = claim["status"]["devices"].as_array().cloned().unwrap_or_default();
+    let mut devices = old_devices.clone();
     // Drop what this manager applied before and no longer applies (unless someone else owns it).
     devices.retain(|d| {
         let k = entry_key(d);
@@ -636,6 +687,29 @@ async fn apply_claim_status(
         !keys.contains(&k) && !dropped
     });
     devices.extend(applied);
+    // The drivers whose entries this apply adds, changes or removes (upstream's
+    // `getModifiedDrivers`) need the granular rule.
+    let mut changed = std::collections::BTreeSet::new();
+    for d in &devices {
+        if !old_devices.iter().any(|o| entry_key(o) == entry_key(d) && o == d) {
+            changed.insert(d["driver"].as_str().unwrap_or("").to_owned());
+        }
+    }
+    for o in &old_devices {
+        if !devices.iter().any(|d| entry_key(d) == entry_key(o)) {
+            changed.insert(o["driver"].as_str().unwrap_or("").to_owned());
+        }
+    }
+    let rules = st.rules.clone();
+    if let Err(refused) = authz::device_status(&id, &rules, "patch", &claim, &changed) {
+        match owners_before {
+            Some(o) => st.status_owners.insert(key, o),
+            None => st.status_owners.remove(&key),
+        };
+        return Err(refused);
+    }
+    let rv = st.next_version();
+    let claim = st.claims.get_mut(&key).expect("looked up above");
     if devices.is_empty() {
         claim["status"].as_object_mut().map(|o| o.remove("devices"));
     } else {
@@ -701,6 +775,35 @@ impl ApiServer {
         lock(&self.store).token.clone()
     }
 
+    /// A token of ServiceAccount `namespace/name` bound to a Pod on `node` (a projected token,
+    /// whose requests carry the node's name), or to no node; it may do what
+    /// [`grant`](Self::grant) gave ServiceAccounts, no more.
+    pub fn service_account_token(&self, namespace: &str, name: &str, node: Option<&str>) -> String {
+        let token = random_token();
+        let id =
+            Identity::ServiceAccount { namespace: namespace.into(), name: name.into(), node: node.map(str::to_owned) };
+        lock(&self.store).accounts.insert(token.clone(), id);
+        token
+    }
+
+    /// Give ServiceAccounts these RBAC rules (a ClusterRole's `rules`, bound to them).
+    pub fn grant(&self, rules: Vec<authz::Rule>) {
+        lock(&self.store).rules = rules;
+    }
+
+    /// Enforce a slice policy as a ValidatingAdmissionPolicy and its `Deny` binding would.
+    pub fn enforce(&self, policy: authz::SlicePolicy) {
+        lock(&self.store).slice_policy = Some(policy);
+    }
+
+    /// A kubeconfig for this server and `token` (see [`service_account_token`](Self::service_account_token)).
+    pub fn kubeconfig_with(&self, token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://{}\nusers:\n- name: devplug\n  user:\n    token: {}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: devplug\ncurrent-context: standin\n",
+            self.addr, token
+        )
+    }
+
     /// Let `n` slice writes through, then refuse one (as a quota admission plugin would).
     pub fn refuse_write_after(&self, n: usize) {
         lock(&self.store).refuse_after = Some(n);
@@ -708,11 +811,7 @@ impl ApiServer {
 
     /// A kubeconfig for this server (its address and token).
     pub fn kubeconfig(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: http://{}\nusers:\n- name: devplug\n  user:\n    token: {}\ncontexts:\n- name: standin\n  context:\n    cluster: standin\n    user: devplug\ncurrent-context: standin\n",
-            self.addr,
-            self.token()
-        )
+        self.kubeconfig_with(&self.token())
     }
 
     /// [`kubeconfig`](Self::kubeconfig) written to `path`, for tests (which give it a
@@ -821,7 +920,7 @@ impl ApiServer {
             .iter()
             .map(|(request, driver, pool, device)| json!({ "request": request, "driver": driver, "pool": pool, "device": device }))
             .collect();
-        let claim = json!({
+        let mut claim = json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": { "name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1" },
             "spec": { "devices": { "requests": devices.iter().map(|(r, ..)| json!({ "name": r, "exactly": { "deviceClassName": "devplug" } })).collect::<Vec<_>>() } },
@@ -830,7 +929,18 @@ impl ApiServer {
                 "config": config.iter().map(|(driver, parameters)| json!({ "source": "FromClaim", "opaque": { "driver": driver, "parameters": parameters } })).collect::<Vec<_>>(),
             } } },
         });
-        lock(&self.store).claims.insert((namespace.to_owned(), name.to_owned()), claim);
+        let mut st = lock(&self.store);
+        // As kube-scheduler does for devices of a node-local pool: the allocation is for the
+        // node the pool's slices name (what the granular status rule compares a token's node to).
+        let node = devices.first().and_then(|(_, driver, pool, _)| {
+            st.slices.values().find(|s| s["spec"]["driver"] == *driver && s["spec"]["pool"]["name"] == *pool)
+        });
+        if let Some(node) = node.and_then(|s| s["spec"]["nodeName"].as_str()) {
+            claim["status"]["allocation"]["nodeSelector"] = json!({ "nodeSelectorTerms": [
+                { "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [node] }] }
+            ] });
+        }
+        st.claims.insert((namespace.to_owned(), name.to_owned()), claim);
     }
 
     /// The requests seen, as "METHOD what".
@@ -842,18 +952,33 @@ impl ApiServer {
 impl ApiServer {
     /// `POST path` with `body` and the token, as any client would; (status, answer).
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.send_as(&self.token(), "POST", path, "application/json", Some(body)).await
+    }
+
+    /// `method path` as the holder of `token`, with `content_type`; (status, answer).
+    pub async fn send_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
         use http_body_util::{BodyExt, Full};
         let stream = tokio::net::TcpStream::connect(self.addr).await.expect("connect to the stand-in");
         let (mut send, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("HTTP handshake");
         tokio::spawn(conn);
-        let req = hyper::Request::post(path)
+        let bytes = body.map(|b| serde_json::to_vec(b).expect("JSON")).unwrap_or_default();
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
             .header("host", self.addr.to_string())
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {}", self.token()))
-            .body(Full::new(bytes::Bytes::from(serde_json::to_vec(body).expect("JSON"))))
+            .header("content-type", content_type)
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::new(bytes::Bytes::from(bytes)))
             .expect("request");
-        let resp = send.send_request(req).await.expect("POST");
+        let resp = send.send_request(req).await.expect("the stand-in answers");
         let code = resp.status().as_u16();
         let bytes = resp.into_body().collect().await.expect("body").to_bytes();
         (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))

@@ -21,7 +21,7 @@ pub trait ClaimApi: Send + Sync + 'static {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, DraError>;
     /// Apply `devices` as `driver`'s part of the claim's `status.devices` (server-side apply
     /// under the driver's own field manager).
-    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> anyhow::Result<()>;
+    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> Result<(), StatusRefused>;
 }
 
 /// The real API server.
@@ -40,7 +40,7 @@ impl ClaimApi for ApiServer {
             })
     }
 
-    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> anyhow::Result<()> {
+    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> Result<(), StatusRefused> {
         let patch = json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -51,8 +51,24 @@ impl ClaimApi for ApiServer {
             .patch_status(&claim.name, &PatchParams::apply(&field_manager(driver)).force(), &Patch::Apply(&patch))
             .await
             .map(drop)
-            .map_err(|e| anyhow::anyhow!("{e}"))
+            .map_err(|e| {
+                let claim = format!("{}/{}", claim.namespace, claim.name);
+                let write = crate::dra::refusal::Write::ClaimStatus { claim: &claim, driver };
+                StatusRefused {
+                    cause: crate::dra::refusal::cause(&e),
+                    message: crate::dra::refusal::explain(write, &e),
+                }
+            })
     }
+}
+
+/// Why a claim's `status.devices` was not written: the kind (one WARN per driver and kind) and
+/// the whole sentence.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct StatusRefused {
+    pub cause: crate::dra::refusal::Cause,
+    pub message: String,
 }
 
 /// The field manager a driver applies claim status as.

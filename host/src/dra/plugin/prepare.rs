@@ -289,7 +289,12 @@ mod tests {
         async fn get(&self, _: &str, _: &str) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, DraError> {
             unreachable!("prepare never reads the API server")
         }
-        async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+        async fn apply_status(
+            &self,
+            _: &str,
+            _: &ClaimRef,
+            _: &[serde_json::Value],
+        ) -> Result<(), super::super::claim_api::StatusRefused> {
             Ok(())
         }
     }

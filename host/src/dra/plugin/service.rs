@@ -443,7 +443,12 @@ mod tests {
                 Some(ResourceClaimStatus { allocation: Some(AllocationResult::default()), ..Default::default() });
             Ok(rc)
         }
-        async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+        async fn apply_status(
+            &self,
+            _: &str,
+            _: &ClaimRef,
+            _: &[serde_json::Value],
+        ) -> Result<(), super::super::claim_api::StatusRefused> {
             Ok(())
         }
     }
@@ -530,7 +535,12 @@ mod tests {
                     source: Arc::new(kube::Error::Api(status.boxed())),
                 })
             }
-            async fn apply_status(&self, _: &str, _: &ClaimRef, _: &[serde_json::Value]) -> anyhow::Result<()> {
+            async fn apply_status(
+                &self,
+                _: &str,
+                _: &ClaimRef,
+                _: &[serde_json::Value],
+            ) -> Result<(), super::super::claim_api::StatusRefused> {
                 Ok(())
             }
         }

@@ -4,9 +4,13 @@
 //! server-side apply under the driver's own field manager, so another driver's entries and the
 //! scheduler's fields are never touched. Best effort: a cluster without the feature
 //! (`DRAResourceClaimDeviceStatus`, beta and on since 1.33) or without the RBAC
-//! (`resourceclaims/status` patch) costs one WARN per driver; prepare goes on either way.
+//! (`resourceclaims/status` patch, and since 1.36 `resourceclaims/driver` `associated-node:patch`
+//! for the driver) costs one WARN per driver and cause, naming the missing rule
+//! ([`crate::dra::refusal`]); prepare goes on either way.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashSet;
+
+use crate::sync::Locked;
 
 use serde_json::{Value, json};
 
@@ -75,12 +79,13 @@ pub struct Reporter {
     api: std::sync::Arc<dyn ClaimApi>,
     pub driver: String,
     pub policy: StatusPolicy,
-    warned: AtomicBool,
+    /// The causes already warned about (each once).
+    warned: std::sync::Mutex<HashSet<crate::dra::refusal::Cause>>,
 }
 
 impl Reporter {
     pub fn new(api: std::sync::Arc<dyn ClaimApi>, driver: String, policy: StatusPolicy) -> std::sync::Arc<Reporter> {
-        std::sync::Arc::new(Reporter { api, driver, policy, warned: AtomicBool::new(false) })
+        std::sync::Arc::new(Reporter { api, driver, policy, warned: Default::default() })
     }
 
     /// Report `devices` of `claim` Ready, those the policy keeps; never waits for the API server.
@@ -96,13 +101,14 @@ impl Reporter {
                 Ok(()) => {
                     tracing::debug!(driver = %me.driver, claim = %format!("{}/{}", claim.namespace, claim.name), "claim device status written")
                 }
-                Err(e) if !me.warned.swap(true, Ordering::Relaxed) => tracing::warn!(
+                Err(e) if me.warned.locked().insert(e.cause) => tracing::warn!(
                     driver = %me.driver,
-                    "claim device status not written ({e}); the claim is prepared all the same. \
-                     Needs Kubernetes with DRAResourceClaimDeviceStatus (on since 1.33) and RBAC to patch \
-                     resourceclaims/status (the Helm chart grants it); said once per driver"
+                    "claim device status not written, the claim is prepared all the same: {}; said once per driver and cause",
+                    crate::gate::clip_to(&e.message, 2048)
                 ),
-                Err(e) => tracing::debug!(driver = %me.driver, "claim device status not written: {e}"),
+                Err(e) => {
+                    tracing::debug!(driver = %me.driver, "claim device status not written: {}", crate::gate::clip(&e.message))
+                }
             }
         });
     }

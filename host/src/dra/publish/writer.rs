@@ -107,6 +107,7 @@ impl PoolWriter {
             slice.metadata.labels = Some(BTreeMap::from([(MANAGED_BY.0.to_owned(), MANAGED_BY.1.to_owned())]));
             slice.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_owned(), hash.clone())]));
             let old = current.get(name);
+            let verb = if old.is_some() { "update" } else { "create" };
             let written = match old {
                 Some(old) => {
                     slice.metadata.resource_version = old.metadata.resource_version.clone();
@@ -124,9 +125,8 @@ impl PoolWriter {
                     // A conflict means the view was behind the server: the next sync LISTs.
                     self.view.invalidate();
                     let after = self.roll_back(done, newest).await;
-                    return Err(anyhow::anyhow!(
-                        "writing ResourceSlice {name} of generation {generation}: {e}; {after}"
-                    ));
+                    let refused = self.refused(verb, name, &e);
+                    return Err(anyhow::anyhow!("{refused} (generation {generation}); {after}"));
                 }
             }
         }
@@ -156,7 +156,7 @@ impl PoolWriter {
                             self.view.wrote(stored);
                             Ok(())
                         }
-                        Err(e) => Err(anyhow::anyhow!("{e}")),
+                        Err(e) => Err(anyhow::anyhow!("{}", self.refused("update", &name, &e))),
                     }
                 }
             };
@@ -186,8 +186,14 @@ impl PoolWriter {
                 self.view.removed(name);
                 Ok(())
             }
-            Err(e) => Err(anyhow::anyhow!("deleting ResourceSlice {name}: {e}")),
+            Err(e) => Err(anyhow::anyhow!("{}", self.refused("delete", name, &e))),
         }
+    }
+
+    /// What the server's refusal of `verb` on slice `name` means, once, with what to do.
+    fn refused(&self, verb: &str, name: &str, e: &kube::Error) -> String {
+        let write = crate::dra::refusal::Write::Slice { verb, name, driver: &self.id.driver, node: &self.id.node };
+        crate::dra::refusal::explain(write, e)
     }
 
     /// Keep this pool's [`PoolView`] by a watch, and wake `wake` whenever the server's copy
