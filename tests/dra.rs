@@ -2856,6 +2856,7 @@ async fn extended_resource_requests_above_one_are_scheduled_on_shared_devices() 
             "spec": { "containers": [{ "name": "c", "image": "busybox", "resources": {
                 "requests": { extended.as_str(): quantity }, "limits": { extended.as_str(): quantity } } }] } })
     };
+    real.namespace("default").await;
     for (name, quantity) in [("two", "2"), ("one-more", "1")] {
         let (code, answer) = real.send("POST", "/api/v1/namespaces/default/pods", Some(&pod(name, quantity))).await;
         assert_eq!(code, 201, "{answer}");
