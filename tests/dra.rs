@@ -2341,7 +2341,8 @@ async fn a_pool_is_published_and_a_claim_prepared_against_each_api_server() {
 /// `KUBEBUILDER_ASSETS`) a real kube-apiserver 1.36 run as clusters run it (`Node,RBAC`, the
 /// chart's ClusterRole, binding, ValidatingAdmissionPolicy and its binding applied as rendered,
 /// devplug under the chart's ServiceAccount with a token bound to a Pod on its node): the pool
-/// publishes, a claim allocated on the node is prepared and its `status.devices` written (1.36
+/// publishes (`devplug run`, the binary), a claim allocated on the node is prepared and its
+/// `status.devices` written with no refusal in devplug's log (1.36
 /// requires `resourceclaims/driver` `associated-node:patch` for that); with the same token,
 /// another node's slice cannot be created, updated or deleted, and the status of a claim
 /// allocated on another node cannot be written.
@@ -2359,7 +2360,6 @@ async fn the_charts_least_privilege_serves_its_node_and_refuses_every_other() {
     for server in Server::all(TEST).await {
         let node = support::dra_node::chaos_node(&m, "devices=2", "").await;
         let api = node.api.clone();
-        let mut cfg = node.cfg.clone();
         let token = match &server {
             Server::StandIn => node.token.clone(),
             Server::Real(r) => {
@@ -2393,9 +2393,31 @@ async fn the_charts_least_privilege_serves_its_node_and_refuses_every_other() {
             Server::Real(r) => r.kubeconfig_with(&token),
         };
         std::fs::write(&kubeconfig, text).unwrap();
-        cfg.dra.kubeconfig = Some(kubeconfig);
-        cfg.dra.claim_status = devplug::dra::plugin::status::StatusPolicy::All;
-        let daemon = support::daemon::Daemon::start(cfg);
+        // Through the binary: `devplug run` on the node's dirs, as the chart runs it.
+        let s = |p: &std::path::Path| p.display().to_string();
+        let config = node.root.path().join("devplug.toml");
+        std::fs::write(
+            &config,
+            "[resources.\"test.devplug.io/widget\"]\napi = \"dra\"\n[dra]\nclaim_status = \"all\"\n",
+        )
+        .unwrap();
+        let toml = node.backends.path().join("chaos.toml");
+        let manifest = std::fs::read_to_string(&toml).unwrap();
+        std::fs::write(&toml, format!("config = \"devices=2\"\n{manifest}")).unwrap();
+        let mut args = support::binary::run_args(&node.root.path().join("device-plugins"), node.backends.path(), &m);
+        args.extend([
+            "--config".into(),
+            s(&config),
+            "--kubeconfig".into(),
+            s(&kubeconfig),
+            "--node-name".into(),
+            NODE.into(),
+            "--plugins-registry-dir".into(),
+            s(&node.root.path().join("plugins_registry")),
+            "--dra-plugins-dir".into(),
+            s(&node.root.path().join("plugins")),
+        ]);
+        let mut d = support::binary::Devplug::spawn(&args);
         node.dra.wait_plugin(driver, T).await;
         let end = std::time::Instant::now() + T;
         while server.device_names(&api, driver).await != ["widget-0", "widget-1"] {
@@ -2478,7 +2500,11 @@ async fn the_charts_least_privilege_serves_its_node_and_refuses_every_other() {
             server.name()
         );
         assert!(server.status_devices(&api, "ml", "elsewhere").await.is_empty(), "{}", server.name());
-        daemon.stop().await.unwrap();
+        let log = d.log();
+        for refusal in ["claim device status not written", "ResourceSlices not published", "the API server refused"] {
+            assert!(!log.contains(refusal), "{}: no refusal of devplug's own writes:\n{log}", server.name());
+        }
+        d.terminate(T).unwrap();
     }
 }
 

@@ -423,3 +423,30 @@ async fn a_cache_dir_others_may_write_holds_devplugs_own_private_cache() {
     assert_eq!(std::fs::metadata(&own).unwrap().permissions().mode() & 0o777, 0o700);
     assert!(std::fs::read_dir(&own).unwrap().count() > 0, "the compiled code is in devplug's own directory");
 }
+
+/// Issue 58 (6): a backend that failed to load at start was absent from `/status` and
+/// `devplug status` (only the log said so). It is listed, not loaded, with its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_fails_to_load_is_in_status_with_its_error() {
+    let s = setup();
+    let manifest = std::fs::read_to_string(chaos_paths().1).unwrap().replace("name = \"chaos\"", "name = \"broken\"");
+    std::fs::write(s.backends.join("broken.toml"), manifest).unwrap();
+    std::fs::write(s.backends.join("broken.wasm"), b"not a component at all").unwrap();
+    let kubelet = Kubelet::start(&s.kdir).await;
+    let (d, addr) = start(&s, "1s");
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap();
+    let body = wait_http(&addr, "/status", "the broken backend", |_, b| b.contains("\"broken\"")).await;
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let broken = v["backends"].as_array().unwrap().iter().find(|b| b["name"] == "broken").unwrap().clone();
+    assert_eq!(broken["loaded"], false, "{broken}");
+    let error = broken["last_error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("not loaded: "), "{broken}");
+    let chaos = v["backends"].as_array().unwrap().iter().find(|b| b["name"] == "chaos").unwrap().clone();
+    assert_eq!(chaos["loaded"], true, "the good backend beside it serves: {chaos}");
+    let socket = s.kdir.parent().unwrap().join("plugins/devplug/status.sock").display().to_string();
+    let (code, table, err) = tokio::task::spawn_blocking(move || run(&["status", "--addr", &socket])).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    let row = table.lines().find(|l| l.starts_with("broken")).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.contains("NOT LOADED") && row.contains("not loaded: "), "{table}");
+    drop(d);
+}

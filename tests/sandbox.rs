@@ -223,7 +223,18 @@ fn a_memory_hog_hits_the_cap_and_a_trap_is_contained() {
     assert_eq!(inst.allocate("r", &["hog-0".into()]).unwrap_err(), CallError::MemoryCap(64 << 20));
     assert!(inst.allocate("r", &["widget-0".into()]).is_ok(), "fresh instance after the cap");
     match inst.allocate("r", &["trap-0".into()]).unwrap_err() {
-        CallError::Trap(msg) => assert!(!msg.is_empty()),
+        // Issue 58 (5): the host's own cause first and whole, then the backend's words, marked
+        // as its own (they were first, and a long backend line clipped the host's cause away).
+        CallError::Trap(msg) => {
+            let (host, backend) = msg
+                .split_once("; the backend said (its own words, not devplug's): ")
+                .unwrap_or_else(|| panic!("{msg}"));
+            assert!(host.contains("wasm") && !host.contains("chaos"), "the host speaks first: {msg}");
+            assert!(
+                backend.contains("its last words: ") && backend.contains("chaos: trapping in allocate for trap-0"),
+                "{msg}"
+            );
+        }
         e => panic!("{e:?}"),
     }
     assert!(inst.allocate("r", &["widget-0".into()]).is_ok(), "fresh instance after the trap");

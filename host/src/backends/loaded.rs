@@ -67,6 +67,9 @@ pub struct Swapped {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BackendSummary {
     pub name: String,
+    /// Whether a version of it is loaded: `false` for a backend that failed to load and has
+    /// no version serving (its error is in `last_error`).
+    pub loaded: bool,
     pub version: String,
     pub wit_version: String,
     pub digest: String,
@@ -153,6 +156,8 @@ pub struct Loaded {
     /// Who owns each device node, from every backend's latest discover: the answer writers'
     /// gate reads it.
     pub(super) owners: OwnersView,
+    /// Backends that failed to load with no version serving: name → (origin, error).
+    failed: Mutex<BTreeMap<String, (String, String)>>,
 }
 
 impl Loaded {
@@ -174,7 +179,15 @@ impl Loaded {
             dra_resources: Vec::new(),
             all_dra: false,
             owners: OwnersView::default(),
+            failed: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Remember that `name` (from `origin`) failed to load with `error`, for status, until a
+    /// version of it loads.
+    pub fn note_failed(&self, name: &str, origin: &str, error: &str) {
+        let error = crate::gate::clip_to(error, 2048).into_owned();
+        self.failed.locked().insert(name.to_owned(), (origin.to_owned(), error));
     }
 
     /// The node-ownership table every answer writer checks against (kept current by the polls).
@@ -452,13 +465,37 @@ impl Loaded {
 
     pub fn summaries(&self) -> Vec<BackendSummary> {
         let resources = self.resources.locked();
-        self.backends
+        let backends = self.backends.locked();
+        let failed: Vec<BackendSummary> = self
+            .failed
             .locked()
+            .iter()
+            .filter(|(name, _)| !backends.contains_key(*name))
+            .map(|(name, (origin, error))| BackendSummary {
+                name: name.clone(),
+                loaded: false,
+                version: String::new(),
+                wit_version: String::new(),
+                digest: String::new(),
+                origin: origin.clone(),
+                breaker_open: false,
+                resources: Vec::new(),
+                stats: StatsSnapshot::default(),
+                last_error: Some(format!("not loaded: {error}")),
+                denied: Vec::new(),
+                conflicts: Vec::new(),
+                compiler: crate::runtime::Tier::Optimized,
+                optimizing: false,
+                warnings: Vec::new(),
+            })
+            .collect();
+        backends
             .iter()
             .map(|(name, slot)| {
                 let inst = slot.current.load();
                 BackendSummary {
                     name: name.clone(),
+                    loaded: true,
                     version: inst.info().version.clone(),
                     wit_version: inst.wit_version().to_owned(),
                     digest: inst.digest().to_owned(),
@@ -494,6 +531,7 @@ impl Loaded {
                     last_error: slot.last_error.locked().clone(),
                 }
             })
+            .chain(failed)
             .collect()
     }
 }

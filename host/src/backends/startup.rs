@@ -72,8 +72,14 @@ pub async fn load_all(loaded: &Arc<Loaded>, sources: Vec<BackendSource>) -> Hash
         let r = loaded.clone();
         match tokio::task::spawn_blocking(move || r.load(src)).await {
             Ok(Ok(())) => continue,
-            Ok(Err(e)) => tracing::error!(backend = %name, file = %origin, "backend not loaded: {e}"),
-            Err(e) => tracing::error!(backend = %name, file = %origin, "backend load panicked: {e}"),
+            Ok(Err(e)) => {
+                tracing::error!(backend = %name, file = %origin, "backend not loaded: {e}");
+                loaded.note_failed(&name, &origin.to_string(), &e.to_string());
+            }
+            Err(e) => {
+                tracing::error!(backend = %name, file = %origin, "backend load panicked: {e}");
+                loaded.note_failed(&name, &origin.to_string(), &format!("its load panicked: {e}"));
+            }
         }
         failed.insert(name, key);
     }

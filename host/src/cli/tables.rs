@@ -51,12 +51,19 @@ pub fn status_table(v: &serde_json::Value) -> String {
     let mut denied_lines = Vec::new();
     for b in v["backends"].as_array().into_iter().flatten() {
         let digest: String = str_of(&b["digest"]).chars().take(12).collect();
-        let breaker = if b["breaker_open"].as_bool() == Some(true) { "OPEN" } else { "closed" };
+        // A backend that failed to load has no version serving (an older devplug sends no
+        // `loaded`: everything it lists is loaded).
+        let loaded = b["loaded"].as_bool() != Some(false);
+        let breaker = match (loaded, b["breaker_open"].as_bool() == Some(true)) {
+            (false, _) => "NOT LOADED",
+            (true, true) => "OPEN",
+            (true, false) => "closed",
+        };
         rows.push(vec![
             str_of(&b["name"]),
-            str_of(&b["version"]),
+            if loaded { str_of(&b["version"]) } else { "-".to_owned() },
             digest,
-            code(b),
+            if loaded { code(b) } else { "-".to_owned() },
             breaker.to_owned(),
             str_of(&b["stats"]["traps"]),
             str_of(&b["stats"]["timeouts"]),

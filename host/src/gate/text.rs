@@ -11,6 +11,13 @@
 //! every separator but U+0020 (U+2028/2029, NBSP, ideographic space), private-use, surrogate and
 //! unassigned code points are escaped. A deny-list of controls and bidi overrides let U+2028 and
 //! U+FEFF through (issue 49); the next Unicode version's new format character would have followed.
+//!
+//! Within the allowed categories, what shows nothing is escaped too (issue 58): every
+//! `Default_Ignorable_Code_Point` (Unicode's derived property: Hangul fillers U+115F, U+1160,
+//! U+3164, U+FFA0, the combining grapheme joiner U+034F, variation selectors, Khmer's inherent
+//! vowels U+17B4/5, Mongolian's free variation selectors, tags) and the blank Braille pattern
+//! U+2800; and a base character keeps at most [`MAX_MARKS`] combining marks, the rest escaped
+//! (a letter under 200 marks is a smear over its neighbours, not text).
 
 use std::borrow::Cow;
 
@@ -21,39 +28,103 @@ pub const CLIP: usize = 256;
 /// length-and-hash suffix (shorter limits get a plain cut).
 const MIN_KEPT: usize = 8;
 
+/// Combining marks one base character keeps (Vietnamese and Indic text use two or three; Unicode's
+/// Stream-Safe Text Format allows 30 non-starters in a row, text a person can read far fewer).
+pub const MAX_MARKS: usize = 8;
+
+/// `Default_Ignorable_Code_Point` (DerivedCoreProperties.txt, Unicode 16: stable in practice,
+/// since the property is reserved ahead for whole blocks), plus U+2800 BRAILLE PATTERN BLANK,
+/// which is a symbol but renders as nothing. Code points of the Cf and Cn categories here are
+/// escaped by the category allow-list anyway; listed whole so the table reads as the property.
+const INVISIBLE: &[(u32, u32)] = &[
+    (0x00AD, 0x00AD),
+    (0x034F, 0x034F),
+    (0x061C, 0x061C),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x206F),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFEFF, 0xFEFF),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0000, 0xE0FFF),
+];
+
+fn invisible(c: char) -> bool {
+    let c = c as u32;
+    INVISIBLE
+        .binary_search_by(|&(lo, hi)| {
+            if hi < c {
+                std::cmp::Ordering::Less
+            } else if lo > c {
+                std::cmp::Ordering::Greater
+            } else {
+                std::cmp::Ordering::Equal
+            }
+        })
+        .is_ok()
+}
+
+fn is_mark(c: char) -> bool {
+    use unicode_general_category::{GeneralCategory as G, get_general_category};
+    !c.is_ascii() && matches!(get_general_category(c), G::NonspacingMark | G::SpacingMark | G::EnclosingMark)
+}
+
+/// `text` as pieces to write: each character plain or escaped, marks past [`MAX_MARKS`] on one
+/// base escaped.
+fn pieces(text: &str) -> impl Iterator<Item = Piece> + '_ {
+    let mut marks = 0usize;
+    text.chars().map(move |c| {
+        if is_mark(c) {
+            marks += 1;
+        } else {
+            marks = 0;
+        }
+        if needs_escape(c) || marks > MAX_MARKS { Piece::Escaped(c) } else { Piece::Plain(c) }
+    })
+}
+
 /// Whether `c` must be escaped: everything but the printable general categories and the ASCII
-/// space (see the module's doc).
+/// space, and within those what shows nothing (see the module's doc).
 fn needs_escape(c: char) -> bool {
     use unicode_general_category::{GeneralCategory as G, get_general_category};
     if c.is_ascii() {
         // The common case, without a table look-up: printable ASCII passes.
         return !(' '..='~').contains(&c);
     }
-    !matches!(
-        get_general_category(c),
-        G::UppercaseLetter
-            | G::LowercaseLetter
-            | G::TitlecaseLetter
-            | G::ModifierLetter
-            | G::OtherLetter
-            | G::NonspacingMark
-            | G::SpacingMark
-            | G::EnclosingMark
-            | G::DecimalNumber
-            | G::LetterNumber
-            | G::OtherNumber
-            | G::ConnectorPunctuation
-            | G::DashPunctuation
-            | G::OpenPunctuation
-            | G::ClosePunctuation
-            | G::InitialPunctuation
-            | G::FinalPunctuation
-            | G::OtherPunctuation
-            | G::MathSymbol
-            | G::CurrencySymbol
-            | G::ModifierSymbol
-            | G::OtherSymbol
-    )
+    invisible(c)
+        || !matches!(
+            get_general_category(c),
+            G::UppercaseLetter
+                | G::LowercaseLetter
+                | G::TitlecaseLetter
+                | G::ModifierLetter
+                | G::OtherLetter
+                | G::NonspacingMark
+                | G::SpacingMark
+                | G::EnclosingMark
+                | G::DecimalNumber
+                | G::LetterNumber
+                | G::OtherNumber
+                | G::ConnectorPunctuation
+                | G::DashPunctuation
+                | G::OpenPunctuation
+                | G::ClosePunctuation
+                | G::InitialPunctuation
+                | G::FinalPunctuation
+                | G::OtherPunctuation
+                | G::MathSymbol
+                | G::CurrencySymbol
+                | G::ModifierSymbol
+                | G::OtherSymbol
+        )
 }
 
 /// `text` escaped and clipped to [`CLIP`] characters (see [`clip_to`]).
@@ -67,15 +138,12 @@ pub fn clip(text: &str) -> Cow<'_, str> {
 pub fn clip_to(text: &str, keep: usize) -> Cow<'_, str> {
     // Only the first `keep + 1` characters are ever looked at (a backend's text may be 16 MiB,
     // and this runs for every refusal it causes).
-    let as_is = text.chars().take(keep.saturating_add(1)).enumerate().all(|(i, c)| i < keep && !needs_escape(c));
+    let as_is =
+        pieces(text).take(keep.saturating_add(1)).enumerate().all(|(i, p)| i < keep && matches!(p, Piece::Plain(_)));
     if as_is {
         return Cow::Borrowed(text);
     }
-    Cow::Owned(clipped(
-        text.chars().map(|c| if needs_escape(c) { Piece::Escaped(c) } else { Piece::Plain(c) }),
-        text,
-        keep,
-    ))
+    Cow::Owned(clipped(pieces(text), text, keep))
 }
 
 enum Piece {
@@ -132,6 +200,33 @@ fn clipped(pieces: impl Iterator<Item = Piece>, text: &str, keep: usize) -> Stri
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Issue 58 (5): characters that show nothing reached the discover table and the logs raw.
+    #[test]
+    fn what_shows_nothing_is_escaped_and_marks_are_bounded() {
+        for c in [
+            '\u{3164}',
+            '\u{115F}',
+            '\u{FFA0}',
+            '\u{2800}',
+            '\u{034F}',
+            '\u{FE0F}',
+            '\u{E0100}',
+            '\u{17B4}',
+            '\u{180B}',
+        ] {
+            let shown = clip(&format!("a{c}b")).into_owned();
+            assert_eq!(shown, format!("a{}b", c.escape_default()), "U+{:04X}", c as u32);
+        }
+        // Real text keeps its marks: Vietnamese (two on one letter), Hindi, Korean, emoji.
+        for text in ["Tiếng Việt ệ", "हिन्दी", "한국어", "ǅ", "✓ café"] {
+            assert_eq!(clip(text), text);
+        }
+        let zalgo = format!("e{}x", "\u{0301}".repeat(200));
+        let shown = clip_to(&zalgo, 100_000).into_owned();
+        assert!(shown.starts_with(&format!("e{}\\u{{301}}", "\u{0301}".repeat(MAX_MARKS))), "{shown}");
+        assert!(shown.ends_with('x') && shown.matches('\u{0301}').count() == MAX_MARKS, "{shown}");
+    }
 
     #[test]
     fn long_text_is_cut_and_stays_distinguishable() {

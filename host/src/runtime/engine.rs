@@ -262,6 +262,11 @@ impl Runtime {
         spawn_ticker(&engines, cutoffs.clone(), in_flight.clone());
         if let Some(dir) = &config.cache_dir {
             create_private_dir(dir)?;
+            // What a killed devplug left (a whole entry's temp file) goes now, and the cache
+            // starts within its bound.
+            if let Ok(state) = crate::durable::StateDir::open(dir) {
+                evict(&state, dir, "", config.cache_max_bytes);
+            }
         }
         let timers = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -535,18 +540,41 @@ fn write_native(state: &crate::durable::StateDir, dir: &Path, name: &str, native
     written.is_ok()
 }
 
-/// Remove the least recently used compiled code until the cache's `.cwasm` files take at most
-/// `max` bytes; `keep` (just written) stays whatever its size. Only this module's own entries
-/// are counted or removed (the registry's pulled versions live in sub-directories).
+/// A temp file of an entry's write older than this was left by a write that never finished (a
+/// devplug killed while writing): writing even a 100 MB entry takes seconds.
+const STALE_TEMP: Duration = Duration::from_secs(600);
+
+/// Remove the least recently used compiled code until the cache's `.cwasm` files (and the temp
+/// files of writes under way) take at most `max` bytes; `keep` (just written) stays whatever its
+/// size. Temp files an interrupted write left ([`STALE_TEMP`]) are removed first; a fresh one,
+/// perhaps another devplug's write under way (a rolling update shares a hostPath cache), is
+/// counted and left alone. Only this module's own entries are counted or removed (the
+/// registry's pulled versions live in sub-directories).
 fn evict(state: &crate::durable::StateDir, dir: &Path, keep: &str, max: u64) {
     let Ok(mut files) = state.files() else { return };
-    files.retain(|f| f.name.ends_with(".cwasm") && !f.name.starts_with('.'));
+    // `StateDir::write`'s temp name of an entry: `.NAME.cwasm.PID.RAND.tmp`.
+    let temp = |f: &crate::durable::FileEntry| {
+        f.name.starts_with('.') && f.name.contains(".cwasm.") && f.name.ends_with(".tmp")
+    };
+    let now = std::time::SystemTime::now();
+    let stale = |f: &crate::durable::FileEntry| now.duration_since(f.modified).is_ok_and(|age| age >= STALE_TEMP);
+    for f in files.iter().filter(|f| temp(f) && stale(f)) {
+        match state.remove(&f.name) {
+            Ok(_) => {
+                tracing::info!(dir = %dir.display(), file = %f.name, bytes = f.len, "removed the temp file of a compile cache write that never finished")
+            }
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), file = %f.name, error = %e, "could not remove a stale compile cache temp file")
+            }
+        }
+    }
+    files.retain(|f| (f.name.ends_with(".cwasm") && !f.name.starts_with('.')) || (temp(f) && !stale(f)));
     let mut total: u64 = files.iter().map(|f| f.len).sum();
     if total <= max {
         return;
     }
     files.sort_by_key(|f| f.modified);
-    for f in files.iter().filter(|f| f.name != keep) {
+    for f in files.iter().filter(|f| f.name != keep && !temp(f)) {
         if total <= max {
             break;
         }
@@ -683,6 +711,37 @@ mod tests {
         let table: &'static [(&'static str, &'static [u8])] = vec![(&*digest.leak(), alien)].leak();
         let rt = Runtime::new(RuntimeConfig { precompiled: table, ..RuntimeConfig::default() }).unwrap();
         assert_eq!(rt.compile(wasm).unwrap().cache, CacheOutcome::Disabled);
+    }
+
+    /// Issue 58 (6): a kill during a cache write left its temp file (a whole entry), never
+    /// removed nor counted, so the cache ended over its bound, one more per crash loop. A
+    /// stale one goes at the next start; a fresh one (a write under way) is counted, not touched.
+    #[test]
+    fn an_interrupted_writes_temp_file_is_removed_at_start_and_a_fresh_one_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        let state = crate::durable::StateDir::open(&cache).unwrap();
+        state.write("a.cwasm", &[1; 1000], false).unwrap();
+        state.write(".b.cwasm.77.1f.tmp", &[2; 5000], false).unwrap();
+        state.write(".c.cwasm.78.2e.tmp", &[3; 600], false).unwrap();
+        let old = std::time::SystemTime::now() - STALE_TEMP - Duration::from_secs(1);
+        std::fs::File::options().write(true).open(cache.join(".b.cwasm.77.1f.tmp")).unwrap().set_modified(old).unwrap();
+        let _rt = Runtime::new(RuntimeConfig {
+            cache_dir: Some(cache.clone()),
+            cache_max_bytes: 1200,
+            ..RuntimeConfig::default()
+        })
+        .unwrap();
+        let names = |s: &crate::durable::StateDir| {
+            let mut v: Vec<String> = s.files().unwrap().into_iter().map(|f| f.name).collect();
+            v.sort();
+            v
+        };
+        // The stale temp is gone; the fresh one (600 bytes) counts, so 1,000 more is over 1,200.
+        assert_eq!(names(&state), [".c.cwasm.78.2e.tmp"], "the entry went to make room beside the write under way");
+        state.write("d.cwasm", &[4; 100], false).unwrap();
+        evict(&state, &cache, "d.cwasm", 1200);
+        assert_eq!(names(&state), [".c.cwasm.78.2e.tmp", "d.cwasm"], "a fresh temp file is never removed");
     }
 
     /// Issue 62: a standby compiles before it holds the instance lock; its load after takes

@@ -322,18 +322,29 @@ impl BackendInstance {
             CallError::Timeout(deadline)
         } else {
             self.stats.traps.fetch_add(1, Ordering::Relaxed);
-            // The root cause says what kind of trap; the guest's last stderr lines usually say
-            // why (a Rust panic message, a Python traceback's last line).
-            let mut why = e.root_cause().to_string();
+            // The host's own words first and whole: the root cause says what kind of trap.
+            // Then the backend's, marked as its own and on a budget of their own (a backend
+            // that prints a host-like message before trapping must not speak first, nor push
+            // the host's cause out of a clipped line): its exception (a JavaScript or Python
+            // runtime's), then its last stderr lines (a Rust panic message).
+            let host = crate::gate::clip_to(&e.root_cause().to_string(), 512).into_owned();
+            let mut backend = String::new();
+            if let Some(thrown) = store.data().exception() {
+                backend = format!("its exception: {thrown}");
+            }
             let said = store.data().last_words();
             if !said.is_empty() {
-                why = format!("{why}; the backend's last words: {said}");
+                let sep = if backend.is_empty() { "" } else { "; " };
+                backend = format!("{backend}{sep}its last words: {said}");
             }
-            // A JavaScript or Python backend's own exception says what went wrong: first.
-            if let Some(thrown) = store.data().exception() {
-                why = format!("{thrown}; {why}");
-            }
-            CallError::Trap(crate::gate::clip_to(&why, 1024).into_owned())
+            CallError::Trap(if backend.is_empty() {
+                host
+            } else {
+                format!(
+                    "{host}; the backend said (its own words, not devplug's): {}",
+                    crate::gate::clip_to(&backend, 512)
+                )
+            })
         }
     }
 
