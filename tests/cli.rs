@@ -479,6 +479,59 @@ fn a_node_two_backends_hand_out_is_refused_to_both_whatever_loads_first() {
     }
 }
 
+/// Issue 58 (1): udev makes `/dev/char/195:0` for `/dev/nvidia0`. A backend granted
+/// `char/*` named it as its device's node and handed the embedded gpu backend's GPU to a second
+/// container, with nothing logged: ownership compared path strings. On a copy of the DGX
+/// fixture with that alias, the second name is contested exactly as the first: the GPU and the
+/// alias device are both refused, and the error names both resources, both names and the node's
+/// numbers.
+#[test]
+fn a_second_name_of_a_gpus_node_is_the_same_node() {
+    let m = tempfile::tempdir().unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/sysfs/dgx-h100");
+    let st = std::process::Command::new("cp").arg("-a").arg(&fixture).arg(m.path().join("dgx")).status().unwrap();
+    assert!(st.success());
+    let root = m.path().join("dgx");
+    std::fs::create_dir_all(root.join("dev/char")).unwrap();
+    std::fs::write(root.join("dev/char/195:0"), "c 195:0\n").unwrap();
+    let (wasm, manifest) = chaos_paths();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(manifest)
+        .unwrap()
+        .replace("name = \"chaos\"\n", "")
+        .replace("dev = [\"null\", \"zero\"]", "dev = [\"null\", \"zero\", \"nvidia*\", \"char/*\"]");
+    std::fs::copy(&wasm, dir.path().join("alias.wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("alias.toml"),
+        format!("config = \"resource=alias.devplug.io/gpu devices=1 nodes=char/195:0 exclusive\"\n{text}"),
+    )
+    .unwrap();
+    let cache = m.path().join("cache");
+    let backend = dir.path().join("alias.wasm").display().to_string();
+    let (code, out, err) = support::binary::run_on_machine(
+        &["discover", "--embedded", "--backend", &backend, "--format", "json"],
+        &root,
+        &cache,
+        &[],
+    );
+    assert_ne!(code, 0, "a contested node fails discover:\n{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let devices = |r: &str| -> usize {
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["name"] == r)
+            .map(|x| x["devices"].as_array().unwrap().len())
+            .sum()
+    };
+    assert_eq!(devices("nvidia.com/gpu"), 7, "the GPU behind /dev/nvidia0 is refused, the other 7 serve: {out}");
+    assert_eq!(devices("alias.devplug.io/gpu"), 0, "{out}");
+    for want in ["/dev/char/195:0", "/dev/nvidia0", "char 195:0", "nvidia.com/gpu", "alias.devplug.io/gpu"] {
+        assert!(err.contains(want), "{want} not named:\n{err}");
+    }
+}
+
 /// Issue 49: the generic backend served one path under two of its resources (`alpha`, `beta`
 /// both `/dev/kvm`) with no error. `discover` with such a config now fails, naming both
 /// resources and the node; declared shared on both, they serve.

@@ -67,7 +67,7 @@ pub fn explain(write: Write, e: &kube::Error) -> String {
         _ => String::new(),
     };
     let what = match write {
-        Write::Slice { verb, name, driver, .. } if name.is_empty() => {
+        Write::Slice { verb, name: "", driver, .. } => {
             format!("{verb} a ResourceSlice of driver {driver}")
         }
         Write::Slice { verb, name, .. } => format!("{verb} ResourceSlice {name}"),

@@ -295,7 +295,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 let admitted = match self.handle.owners.load().admit_allocation(&snap, &c.devices_ids, extra) {
                     Ok(a) => a,
                     Err(why) => {
-                        tracing::error!(resource = %self.handle.name, owner = %why.owner_resource, "allocate answer refused: {why}");
+                        tracing::error!(resource = %self.handle.name, owner = %why.owner.resource, "allocate answer refused: {why}");
                         return Err(Status::internal(format!("{}: allocate answer refused: {why}", self.handle.name)));
                     }
                 };

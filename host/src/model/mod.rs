@@ -60,12 +60,19 @@ pub struct DeviceNode {
     pub numbers: Option<NodeNumbers>,
 }
 
-/// A device node's type and numbers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A device node's type and numbers: what the kernel (and a container's device cgroup) knows a
+/// node by, whatever path names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NodeNumbers {
     pub block: bool,
     pub major: u32,
     pub minor: u32,
+}
+
+impl std::fmt::Display for NodeNumbers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}:{}", if self.block { "block" } else { "char" }, self.major, self.minor)
+    }
 }
 
 impl DeviceNode {

@@ -2,8 +2,11 @@
 //! claim finally gets passes through.
 //!
 //! [`NodeOwners`] is built from every backend's last discover (before anything is refused): a
-//! host node a device names in its own edits is that device's. Two rules follow from it, and
-//! neither depends on which backend loaded first:
+//! host node a device names in its own edits is that device's. A node is known by what the
+//! kernel knows it by — its type, major and minor as the host vetted them ([`NodeKey`]) — not by
+//! the path that names it: udev makes `/dev/char/195:0` for `/dev/nvidia0`, and a second name
+//! of a node is the same node. Two rules follow from it, and neither depends on which backend
+//! loaded first:
 //!
 //! - **Contested nodes are nobody's.** A node that devices of two backends both name (not every
 //!   one of them declaring `shared-node`), or that one backend's device names while another
@@ -24,7 +27,24 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{ContainerEdits, Device, Resource, SHARED_NODE};
+use super::{ContainerEdits, Device, DeviceNode, NodeNumbers, Resource, SHARED_NODE};
+
+/// A node as the table knows it: its vetted type and numbers; a node the host has not vetted
+/// yet (none reaches a writer) by its path.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NodeKey {
+    Numbers(NodeNumbers),
+    Path(String),
+}
+
+impl NodeKey {
+    pub fn of(n: &DeviceNode) -> NodeKey {
+        match n.numbers {
+            Some(numbers) => NodeKey::Numbers(numbers),
+            None => NodeKey::Path(n.host_path().to_owned()),
+        }
+    }
+}
 
 /// The current table, shared by the poll loop (which replaces it whenever a discover changes
 /// what any backend names) and every answer writer (which reads it per answer).
@@ -47,6 +67,8 @@ pub struct Owner {
     pub backend: String,
     pub resource: String,
     pub device: String,
+    /// The path this device names the node by.
+    pub path: String,
     /// The device declares `shared-node`.
     pub shared: bool,
 }
@@ -55,9 +77,10 @@ pub struct Owner {
 /// all their containers (common edits).
 #[derive(Clone, Debug, Default)]
 pub struct NodeOwners {
-    owners: BTreeMap<String, Vec<Owner>>,
-    /// Host path → (backend, resource) whose common edits hand it to every container.
-    common: BTreeMap<String, Vec<(String, String)>>,
+    owners: BTreeMap<NodeKey, Vec<Owner>>,
+    /// Node → (backend, resource, the path it names it by) whose common edits hand it to every
+    /// container.
+    common: BTreeMap<NodeKey, Vec<(String, String, String)>>,
 }
 
 fn shared(d: &Device) -> bool {
@@ -67,20 +90,29 @@ fn shared(d: &Device) -> bool {
 /// A node two backends would both hand out, as the refused side sees it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 pub struct Conflict {
-    /// The host path (`/dev/dri/renderD128`).
+    /// The host path the refused resource names it by (`/dev/dri/renderD128`).
     pub node: String,
-    /// The other side: a resource and its backend.
+    /// The node's type and numbers, when vetted (`char 226:128`).
+    pub numbers: Option<String>,
+    /// The other side: a resource, its backend, and the path it names the node by.
     pub holder: String,
     pub holder_backend: String,
+    pub holder_path: String,
     /// The devices of the refused resource that named it.
     pub devices: Vec<String>,
 }
 
 impl std::fmt::Display for Conflict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let numbers = self.numbers.as_ref().map(|n| format!(" ({n})")).unwrap_or_default();
+        let there = if self.holder_path == self.node {
+            String::new()
+        } else {
+            format!(" as {}", crate::gate::clip(&self.holder_path))
+        };
         write!(
             f,
-            "device node {} is also handed out by resource {} (backend {}); refused to both until the config decides — give the node to one backend (narrow the other's grant.dev, or disable it), or mark every device naming it shared-node = \"true\"; refused here for {}",
+            "device node {}{numbers} is also handed out by resource {} (backend {}){there}; refused to both until the config decides — give the node to one backend (narrow the other's grant.dev, or disable it), or mark every device naming it shared-node = \"true\"; refused here for {}",
             crate::gate::clip(&self.node),
             crate::gate::clip(&self.holder),
             crate::gate::clip(&self.holder_backend),
@@ -94,13 +126,17 @@ impl std::fmt::Display for Conflict {
 /// claim ([`resource`](Self::resource)) before it, so one rule reads the same on every path.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "device node {node} belongs to device {device} of resource {owner_resource} (backend {owner_backend}), which was not allocated here; refused"
+    "device node {node} belongs to device {} of resource {} (backend {}){}, which was not allocated here; refused",
+    .owner.device,
+    .owner.resource,
+    .owner.backend,
+    if .owner.path == *.node { String::new() } else { format!(" as {}", .owner.path) }
 )]
 pub struct Foreign {
     pub node: String,
-    pub device: String,
-    pub owner_resource: String,
-    pub owner_backend: String,
+    /// The device that owns it: its backend, resource, and the path it names the node by (a
+    /// second name of the same node, or the same), each clipped for the message.
+    pub owner: Box<Owner>,
     /// The resource (or claim) whose answer named it.
     pub resource: String,
 }
@@ -137,31 +173,31 @@ impl NodeOwners {
             for d in &r.devices {
                 let shared = shared(d);
                 for n in &d.edits.device_nodes {
-                    let owners = t.owners.entry(n.host_path().to_owned()).or_default();
+                    let owners = t.owners.entry(NodeKey::of(n)).or_default();
                     if !owners.iter().any(|o| o.resource == r.name && o.device == d.id) {
                         owners.push(Owner {
                             backend: backend.to_owned(),
                             resource: r.name.clone(),
                             device: d.id.clone(),
+                            path: n.host_path().to_owned(),
                             shared,
                         });
                     }
                 }
             }
             for n in &r.common_edits.device_nodes {
-                let users = t.common.entry(n.host_path().to_owned()).or_default();
-                let me = (backend.to_owned(), r.name.clone());
-                if !users.contains(&me) {
-                    users.push(me);
+                let users = t.common.entry(NodeKey::of(n)).or_default();
+                if !users.iter().any(|(b, res, _)| b == backend && *res == r.name) {
+                    users.push((backend.to_owned(), r.name.clone(), n.host_path().to_owned()));
                 }
             }
         }
         t
     }
 
-    /// The devices whose own edits name `path`.
-    pub fn owners(&self, path: &str) -> &[Owner] {
-        self.owners.get(path).map_or(&[], Vec::as_slice)
+    /// The devices whose own edits name node `n` (by any of its names).
+    pub fn owners(&self, n: &DeviceNode) -> &[Owner] {
+        self.owners.get(&NodeKey::of(n)).map_or(&[], Vec::as_slice)
     }
 
     /// What of `resource` (backend `backend`'s) is contested: each node one of its devices
@@ -171,11 +207,14 @@ impl NodeOwners {
     /// (then every device of the resource is refused: each would carry the node).
     pub fn conflicts(&self, backend: &str, resource: &Resource) -> Vec<Conflict> {
         let mut out: BTreeMap<String, Conflict> = BTreeMap::new();
-        let mut add = |path: &str, holder: (&str, &str), device: &str| {
+        let mut add = |n: &DeviceNode, holder: (&str, &str, &str), device: &str| {
+            let path = n.host_path();
             let c = out.entry(path.to_owned()).or_insert_with(|| Conflict {
                 node: path.to_owned(),
+                numbers: n.numbers.map(|x| x.to_string()),
                 holder: holder.0.to_owned(),
                 holder_backend: holder.1.to_owned(),
+                holder_path: holder.2.to_owned(),
                 devices: Vec::new(),
             });
             if !c.devices.iter().any(|d| d == device) {
@@ -184,27 +223,25 @@ impl NodeOwners {
         };
         for d in &resource.devices {
             for n in &d.edits.device_nodes {
-                let path = n.host_path();
-                let owners = self.owners(path);
+                let owners = self.owners(n);
                 let all_shared = owners.iter().all(|o| o.shared);
                 let rival = owners
                     .iter()
                     .find(|o| o.backend != backend && !all_shared)
-                    .map(|o| (o.resource.as_str(), o.backend.as_str()))
+                    .map(|o| (o.resource.as_str(), o.backend.as_str(), o.path.as_str()))
                     .or_else(|| {
-                        let common = self.common.get(path)?;
-                        common.iter().find(|(b, _)| b != backend).map(|(b, r)| (r.as_str(), b.as_str()))
+                        let common = self.common.get(&NodeKey::of(n))?;
+                        common.iter().find(|(b, ..)| b != backend).map(|(b, r, p)| (r.as_str(), b.as_str(), p.as_str()))
                     });
                 if let Some(holder) = rival {
-                    add(path, holder, &d.id);
+                    add(n, holder, &d.id);
                 }
             }
         }
         for n in &resource.common_edits.device_nodes {
-            let path = n.host_path();
-            if let Some(o) = self.owners(path).iter().find(|o| o.backend != backend) {
+            if let Some(o) = self.owners(n).iter().find(|o| o.backend != backend) {
                 for d in &resource.devices {
-                    add(path, (&o.resource, &o.backend), &d.id);
+                    add(n, (&o.resource, &o.backend, &o.path), &d.id);
                 }
             }
         }
@@ -245,7 +282,7 @@ impl NodeOwners {
     fn check(&self, resource: &str, held: &Held<'_>, edits: &ContainerEdits) -> Result<(), Foreign> {
         for n in &edits.device_nodes {
             let path = n.host_path();
-            let owners = self.owners(path);
+            let owners = self.owners(n);
             let Some(first) = owners.first() else { continue };
             // Contested between backends: nobody's until the config decides, held or not.
             let contested = owners.iter().any(|o| o.backend != first.backend) && !owners.iter().all(|o| o.shared);
@@ -254,12 +291,17 @@ impl NodeOwners {
                 continue;
             }
             let o = owners.iter().find(|o| !holds(o)).unwrap_or(first);
+            let clip = |s: &str| crate::gate::clip(s).into_owned();
             return Err(Foreign {
-                node: crate::gate::clip(path).into_owned(),
-                device: crate::gate::clip(&o.device).into_owned(),
-                owner_resource: crate::gate::clip(&o.resource).into_owned(),
-                owner_backend: crate::gate::clip(&o.backend).into_owned(),
-                resource: crate::gate::clip(resource).into_owned(),
+                node: clip(path),
+                owner: Box::new(Owner {
+                    backend: clip(&o.backend),
+                    resource: clip(&o.resource),
+                    device: clip(&o.device),
+                    path: clip(&o.path),
+                    shared: o.shared,
+                }),
+                resource: clip(resource),
             });
         }
         Ok(())
@@ -349,6 +391,55 @@ mod tests {
         assert_eq!((t.conflicts("a", &kvm_a).len(), t.conflicts("c", &kvm_c).len()), (1, 1));
     }
 
+    /// Issue 58 (1): udev's `/dev/char/195:0` is `/dev/nvidia0`; a second backend naming it
+    /// handed the same GPU to a second container. The table keys nodes by their vetted type and
+    /// numbers: the second name is contested exactly as the first, both names said, and a
+    /// container holding neither device gets it under no name.
+    #[test]
+    fn a_second_name_of_a_node_is_the_same_node() {
+        let numbered = |p: &str, major: u32, minor: u32| DeviceNode {
+            container_path: p.into(),
+            numbers: Some(NodeNumbers { block: false, major, minor }),
+            ..Default::default()
+        };
+        let mut gpu = res("nvidia.com/gpu", &[("GPU-0", "/dev/nvidia0", false), ("GPU-1", "/dev/nvidia1", false)]);
+        gpu.devices[0].edits.device_nodes = vec![numbered("/dev/nvidia0", 195, 0)];
+        gpu.devices[1].edits.device_nodes = vec![numbered("/dev/nvidia1", 195, 1)];
+        let mut alias = res("acme.com/gpu", &[("a-0", "/dev/char/195:0", false)]);
+        alias.devices[0].edits.device_nodes = vec![numbered("/dev/char/195:0", 195, 0)];
+        let t = NodeOwners::build([("gpu", &gpu), ("acme", &alias)]);
+        let theirs = t.conflicts("acme", &alias);
+        assert_eq!(theirs.len(), 1, "{theirs:?}");
+        let shown = theirs[0].to_string();
+        assert!(
+            shown.contains("/dev/char/195:0 (char 195:0)")
+                && shown.contains("nvidia.com/gpu")
+                && shown.contains("as /dev/nvidia0"),
+            "{shown}"
+        );
+        let ours = t.conflicts("gpu", &gpu);
+        assert_eq!(
+            (ours.len(), ours[0].holder.as_str(), ours[0].devices.as_slice()),
+            (1, "acme.com/gpu", &["GPU-0".to_owned()][..])
+        );
+        // A container holding GPU-1 cannot get GPU-0 by its other name either.
+        let e = t
+            .admit(
+                "nvidia.com/gpu",
+                &[("nvidia.com/gpu", "GPU-1")],
+                ContainerEdits { device_nodes: vec![numbered("/dev/char/195:0", 195, 0)], ..Default::default() },
+            )
+            .unwrap_err();
+        assert!(e.to_string().contains("GPU-0") && e.to_string().contains("as /dev/nvidia0"), "{e}");
+        // A block device with the same numbers is another node.
+        let mut disk = res("acme.com/disk", &[("d-0", "/dev/sda", false)]);
+        disk.devices[0].edits.device_nodes = vec![DeviceNode {
+            numbers: Some(NodeNumbers { block: true, major: 195, minor: 0 }),
+            ..numbered("/dev/sda", 195, 0)
+        }];
+        assert!(NodeOwners::build([("gpu", &gpu), ("disk", &disk)]).conflicts("disk", &disk).is_empty());
+    }
+
     /// A node one backend's device names while another backend's common edits hand it to every
     /// container is contested too: the device is refused, and so is every device of the
     /// resource whose containers would all get it (a backend putting the GPU backend's
@@ -384,7 +475,7 @@ mod tests {
         let ok = t.admit("nvidia.com/gpu", &held, with_nodes(&["/dev/nvidia0", "/dev/nvidiactl"])).unwrap();
         assert_eq!(ok.edits().device_nodes.len(), 2);
         let e = t.admit("nvidia.com/gpu", &held, with_nodes(&["/dev/nvidia1"])).unwrap_err();
-        assert_eq!((e.device.as_str(), e.owner_resource.as_str()), ("GPU-1", "nvidia.com/gpu"));
+        assert_eq!((e.owner.device.as_str(), e.owner.resource.as_str()), ("GPU-1", "nvidia.com/gpu"));
         // Another backend's answer naming the GPU's node: both resources named.
         let e = t.admit("evil.io/x", &[("evil.io/x", "x")], with_nodes(&["/dev/nvidia0"])).unwrap_err();
         let shown = e.to_string();
@@ -408,7 +499,7 @@ mod tests {
         let b = res("b.io/gpu", &[("h", "/dev/dri/renderD128", false)]);
         let t = NodeOwners::build([("a", &a), ("b", &b)]);
         let e = t.admit("a.io/gpu", &[("a.io/gpu", "g")], with_nodes(&["/dev/dri/renderD128"])).unwrap_err();
-        assert_eq!(e.owner_resource, "b.io/gpu");
+        assert_eq!(e.owner.resource, "b.io/gpu");
         assert!(t.admit("b.io/gpu", &[("b.io/gpu", "h")], with_nodes(&["/dev/dri/renderD128"])).is_err());
     }
 }

@@ -156,7 +156,7 @@ impl ClaimPreparer for Preparer {
         let held: Vec<(&str, &str)> = held.iter().map(|(r, id)| (r.as_str(), id.as_str())).collect();
         let label = format!("claim {}/{}", claim.namespace, claim.name);
         let refused = |why: crate::model::nodes::Foreign| {
-            tracing::error!(backend = %backend, claim = %label, owner = %why.owner_resource, "prepare answer refused: {why}");
+            tracing::error!(backend = %backend, claim = %label, owner = %why.owner.resource, "prepare answer refused: {why}");
             DraError::backend(&backend, None, format!("answer for {label} refused: {why}"))
         };
         let mut spec_devices = Vec::new();
@@ -483,8 +483,8 @@ mod tests {
             }],
             ..Default::default()
         };
-        let b = bench(FakeBackend { whole: Some(foreign), ..Default::default() });
-        assert!(!b.owners.load().owners("/dev/nvidia1").is_empty());
+        let b = bench(FakeBackend { whole: Some(foreign.clone()), ..Default::default() });
+        assert!(!b.owners.load().owners(&foreign.device_nodes[0]).is_empty());
         let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
         assert_eq!(e.class(), ErrorClass::Backend);
         assert!(e.report().contains("refused"), "{}", e.report());
