@@ -1838,6 +1838,45 @@ async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
     drop(d);
 }
 
+/// Issue 58: each socket decoded any message up to tonic's 4 MiB default, so 3 connections of
+/// 64 unfinished 4 MiB prepares grew devplug by 700 MiB. Each socket now refuses a message over
+/// what kubelet sends, by its length prefix, before its body is held: a 70 KiB
+/// NodePrepareResources on `dra.sock` and a 2.5 MiB Allocate on the Device Plugin socket are
+/// `OUT_OF_RANGE` (both were served before), and kubelet's own calls are answered after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
+    let m = support::fixtures::Machine::generic_box();
+    let chaos = [
+        ("claimed", "resource=test.devplug.io/claimed devices=2".to_owned()),
+        ("plain", "resource=test.devplug.io/plain devices=2".to_owned()),
+    ];
+    let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n";
+    // `root` held: its dirs are the node's.
+    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos, |r| r, config).await;
+    let driver = "claimed.devplug.io";
+    dra.wait_plugin(driver, T).await;
+    until("the pool", || api.devices(NODE, driver).len() == 2).await;
+    let plain = kubelet.wait_plugin("test.devplug.io/plain", T).await.unwrap();
+
+    let long = "n".repeat(70 << 10);
+    let refused = dra.prepare(driver, &[("ml", "uid-long", &long)]).await.expect_err("a 70 KiB prepare");
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    let ids: Vec<String> = (0..40_000).map(|i| format!("widget-{i:057}")).collect();
+    let big = pb::AllocateRequest { container_requests: vec![pb::ContainerAllocateRequest { devices_ids: ids }] };
+    let refused = plain.client.clone().allocate(big).await.expect_err("a 2.5 MiB Allocate");
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+
+    // What kubelet sends is served, on the same connections.
+    api.allocate_claim("ml", "c0", "uid-c0", &[("dev", driver, NODE, "widget-0")]);
+    let answers = dra.prepare(driver, &[("ml", "uid-c0", "c0")]).await.unwrap();
+    assert!(answers["uid-c0"].error.is_empty(), "{:?}", answers["uid-c0"]);
+    let req = pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-0".into()] }],
+    };
+    plain.client.clone().allocate(req).await.expect("kubelet's Allocate");
+    drop(d);
+}
+
 /// A WIT 0.3.0 backend through DRA (chaos with `describe=typed prepare=whole`): its typed
 /// attributes, capacity and shared counters reach the slices the stand-in accepts (the counter
 /// set in a slice of its own, the partitions at most 64 a slice); `prepare` gets the claim's

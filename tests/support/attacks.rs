@@ -15,7 +15,7 @@ fn selector(expression: &str) -> String {
     format!("        selectors:\n        - cel:\n            expression: '{expression}'\n")
 }
 
-/// The four attacks; the alias file padded with copies of its last alias to `alias_bytes`.
+/// The six attacks; the alias file padded with copies of its last alias to `alias_bytes`.
 pub fn claim_files(alias_bytes: usize) -> Vec<(&'static str, String, &'static str)> {
     // Ten levels of ten aliases each: 10^10 values once expanded.
     let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
@@ -32,6 +32,18 @@ pub fn claim_files(alias_bytes: usize) -> Vec<(&'static str, String, &'static st
         chain.push_str(&format!("cel.bind(a{i}, a{} + a{}, ", i - 1, i - 1));
     }
     chain.push_str(&format!("size(a27) > 0{}", ")".repeat(28)));
+    // Issue 58: the same chain with each step inside a conditional (once priced as small).
+    let mut hidden = "cel.bind(a0, \"xxxxxxxx\", ".to_owned();
+    for i in 1..28 {
+        hidden.push_str(&format!("cel.bind(a{i}, (true ? a{} + a{} : \"\"), ", i - 1, i - 1));
+    }
+    hidden.push_str(&format!("size(a27) > 0{}", ")".repeat(28)));
+    // Admitted by the estimate (27,000 steps a device), but milliseconds a run, and false on
+    // every device: the search's deadline must hold while selectors run.
+    let thirty = format!("[{}]", vec!["0"; 30].join(","));
+    let admitted = format!(
+        "cel.bind(l, {thirty}, l.all(a, l.all(b, l.all(c, a + b + c >= 0)))) && device.attributes[\"chaos.devplug.io\"].index == \"none\""
+    );
     let never = claim(
         "never",
         "        count: 2\n",
@@ -48,6 +60,16 @@ pub fn claim_files(alias_bytes: usize) -> Vec<(&'static str, String, &'static st
             "a cel.bind doubling chain",
             claim("chain", &selector(&chain), ""),
             "Forbidden: too complex, exceeds cost limit",
+        ),
+        (
+            "a cel.bind doubling chain inside conditionals",
+            claim("hidden", &selector(&hidden), ""),
+            "Forbidden: too complex, exceeds cost limit",
+        ),
+        (
+            "three nested all() over 30 elements, on every device",
+            claim("admitted", &selector(&admitted), ""),
+            "timed out",
         ),
         ("a claim no pair of devices satisfies", never, "timed out"),
     ]

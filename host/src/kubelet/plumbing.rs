@@ -65,7 +65,8 @@ pub(super) fn serve(
     watcher_reg: Option<Registration>,
     stop: CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
-    let mut routes = Routes::new(DevicePluginServer::new(svc));
+    use crate::plugin_socket::serve::MAX_DEVICE_PLUGIN_REQUEST;
+    let mut routes = Routes::new(DevicePluginServer::new(svc).max_decoding_message_size(MAX_DEVICE_PLUGIN_REQUEST));
     if let Some(reg) = watcher_reg {
         routes = routes.add_service(reg.service());
     }

@@ -228,6 +228,7 @@ impl Registration {
     /// The tonic service.
     pub fn service(self) -> pr::registration_server::RegistrationServer<Self> {
         pr::registration_server::RegistrationServer::new(self)
+            .max_decoding_message_size(super::serve::MAX_REGISTRATION_REQUEST)
     }
 }
 

@@ -3,7 +3,9 @@
 //! socket keeps whoever connects (any local client can): at most [`MAX_CONNECTIONS`] at once
 //! (more are closed as they come, with an ERROR), a connection owing a header block past
 //! [`HEADER_DEADLINE`](super::authority::HEADER_DEADLINE) closed, at most
-//! [`MAX_STREAMS`] requests at once on one connection, each bounded by [`REQUEST_TIMEOUT`], and
+//! [`MAX_STREAMS`] requests at once on one connection, each bounded by [`REQUEST_TIMEOUT`] and
+//! its message by the socket's own size ([`MAX_DEVICE_PLUGIN_REQUEST`], [`MAX_DRA_REQUEST`],
+//! [`MAX_REGISTRATION_REQUEST`], set where each service is built), and
 //! an accept error (out of file descriptors) logged and waited out instead of ending the server.
 
 use std::path::Path;
@@ -24,6 +26,19 @@ use super::authority::KubeletStream;
 pub const MAX_CONNECTIONS: usize = 128;
 /// Requests (HTTP/2 streams) one connection may have open at once.
 pub const MAX_STREAMS: u32 = 64;
+/// The largest request message the Device Plugin socket decodes. Kubelet's largest is a
+/// `GetPreferredAllocation` naming every device of a resource twice (available and must-include):
+/// at devplug's caps (8,192 devices, 63-byte IDs) about 1.1 MiB; this is that with headroom.
+/// tonic reads the length prefix and refuses a longer message before buffering its body
+/// (`OUT_OF_RANGE`, "decoded message length too large"); its default was 4 MiB on every socket.
+pub const MAX_DEVICE_PLUGIN_REQUEST: usize = 2 << 20;
+/// The largest request message a DRA socket decodes. Kubelet sends one pod's claims per
+/// `NodePrepareResources`/`NodeUnprepareResources`, each about 360 bytes at the longest names
+/// (a 36-byte UID, a 253-byte name, a 63-byte namespace): 64 KiB holds 180 of them.
+pub const MAX_DRA_REQUEST: usize = 64 << 10;
+/// The largest request message the plugin-watcher `Registration` service decodes: kubelet sends
+/// an empty `InfoRequest` and a `RegistrationStatus` with its error text.
+pub const MAX_REGISTRATION_REQUEST: usize = 16 << 10;
 /// The longest a request may take from its headers to its answer (kubelet's own deadlines are
 /// shorter: 45 s for a prepare); a streaming call (ListAndWatch) answers at once and streams on.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);

@@ -204,6 +204,23 @@ pub fn allocate(
     name: &str,
     spec: &ResourceClaimSpec,
 ) -> Result<Json, AllocError> {
+    let deadline = std::time::Instant::now() + TIME_BUDGET;
+    allocate_by(deadline, cel, node, slices, classes, allocated, namespace, name, spec)
+}
+
+/// [`allocate`], given up at `deadline`.
+#[allow(clippy::too_many_arguments)]
+fn allocate_by(
+    deadline: std::time::Instant,
+    cel: &Selectors,
+    node: &str,
+    slices: &[Json],
+    classes: &BTreeMap<String, DeviceClass>,
+    allocated: &[Json],
+    namespace: &str,
+    name: &str,
+    spec: &ResourceClaimSpec,
+) -> Result<Json, AllocError> {
     let claim = format!("{namespace}/{name}");
     let pools = gather(node, slices);
     let devices = spec.devices.as_ref();
@@ -318,7 +335,7 @@ pub fn allocate(
         chosen: Vec::new(),
         matches: HashMap::new(),
         steps: 0,
-        deadline: std::time::Instant::now() + TIME_BUDGET,
+        deadline,
     };
     match search.solve(0) {
         Ok(true) => Ok(search.result(spec)),
@@ -368,13 +385,20 @@ fn attribute<'a>(device: &'a Json, driver: &str, name: &str) -> Option<&'a Json>
 }
 
 impl Search<'_> {
-    /// One device choice; the search's budget, in steps and (every 1,024 steps) in time.
+    /// One device choice; the search's budget, in steps and in time.
     fn step(&mut self) -> Result<(), AllocError> {
         self.steps += 1;
-        if self.steps > MAX_STEPS || (self.steps.is_multiple_of(1024) && std::time::Instant::now() > self.deadline) {
+        if self.steps > MAX_STEPS {
             return Err(AllocError::TimedOut);
         }
-        Ok(())
+        self.in_time()
+    }
+
+    /// The deadline, read where the time goes: before every choice and every selector run (one
+    /// selector the estimate admits may take milliseconds; reading the clock once per 1,024
+    /// choices let a claim run 18 s past its second).
+    fn in_time(&self) -> Result<(), AllocError> {
+        if std::time::Instant::now() > self.deadline { Err(AllocError::TimedOut) } else { Ok(()) }
     }
 
     fn solve(&mut self, request: usize) -> Result<bool, AllocError> {
@@ -475,6 +499,7 @@ impl Search<'_> {
             [(format!("class {class}"), &alt.class_selectors), (format!("claim {}", self.claim), &alt.selectors)]
         {
             for (i, s) in list.iter().enumerate() {
+                self.in_time()?;
                 match s.matches(c.driver, c.device) {
                     Ok(true) => {}
                     Ok(false) => result = false,
@@ -822,6 +847,24 @@ mod tests {
             .iter()
             .map(|r| format!("{}:{}", r["request"].as_str().unwrap(), r["device"].as_str().unwrap()))
             .collect()
+    }
+
+    /// Issue 58: the deadline is read before every selector run, not once per 1,024 choices: a
+    /// claim whose time is up runs no selector (on the old check, this few choices finished).
+    #[test]
+    fn a_search_past_its_deadline_runs_no_selector_more() {
+        let (slices, classes) = machine();
+        let devices = json!({ "requests": [{ "name": "g", "exactly": { "deviceClassName": "gpu",
+            "selectors": [{ "cel": { "expression": "device.attributes[\"gpu.example.io\"].index >= 0" } }] } }] });
+        let gone = std::time::Instant::now() - std::time::Duration::from_millis(1);
+        let cel = Selectors::new();
+        let run_by = |deadline| {
+            allocate_by(deadline, &cel, "node-a", &slices, &classes, &[], "default", "c", &spec(devices.clone()))
+        };
+        let err = run_by(gone).expect_err("no time left");
+        assert!(matches!(&err, AllocError::Unschedulable { why, .. } if why.contains("timed out after")), "{err:?}");
+        let later = std::time::Instant::now() + std::time::Duration::from_secs(3600);
+        assert!(run_by(later).is_ok(), "with time, the same claim is allocated");
     }
 
     #[test]

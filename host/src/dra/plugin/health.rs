@@ -129,6 +129,7 @@ macro_rules! version {
 
             pub fn service(self) -> $m::dra_resource_health_server::DraResourceHealthServer<Self> {
                 $m::dra_resource_health_server::DraResourceHealthServer::new(self)
+                    .max_decoding_message_size(crate::plugin_socket::serve::MAX_DRA_REQUEST)
             }
         }
 

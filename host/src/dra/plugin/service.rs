@@ -414,8 +414,12 @@ pub fn serve(
     path: &Path,
     stop: CancellationToken,
 ) -> std::io::Result<JoinHandle<()>> {
-    let mut routes = Routes::new(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())))
-        .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)));
+    use crate::plugin_socket::serve::MAX_DRA_REQUEST as MAX;
+    let mut routes =
+        Routes::new(v1::dra_plugin_server::DraPluginServer::new(V1(plugin.clone())).max_decoding_message_size(MAX))
+            .add_service(
+                v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(plugin)).max_decoding_message_size(MAX),
+            );
     if let Some(h) = health {
         routes = routes
             .add_service(super::health::V1alpha1(h.clone()).service())
