@@ -1842,7 +1842,8 @@ async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
 /// 64 unfinished 4 MiB prepares grew devplug by 700 MiB. Each socket now refuses a message over
 /// what kubelet sends, by its length prefix, before its body is held: a 70 KiB
 /// NodePrepareResources on `dra.sock` and a 2.5 MiB Allocate on the Device Plugin socket are
-/// `OUT_OF_RANGE` (both were served before), and kubelet's own calls are answered after them.
+/// `OUT_OF_RANGE` (both were served before), and kubelet's own calls are answered after them;
+/// a connection holds at most 16 requests open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     let m = support::fixtures::Machine::generic_box();
@@ -1874,6 +1875,26 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
         container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-0".into()] }],
     };
     plain.client.clone().allocate(req).await.expect("kubelet's Allocate");
+
+    // A connection holds at most 16 requests open (each at most one message): the 17th
+    // request whose body never comes is refused (it was 64).
+    use support::h2wire::{Conn, RST_STREAM, grpc_go_authority};
+    let dra_sock = _root.path().join("plugins").join(driver).join("dra.sock");
+    let mut c = Conn::dial(&dra_sock).await.unwrap();
+    c.start().await.unwrap();
+    assert!(c.server_settings().await.unwrap(), "the server's SETTINGS");
+    c.ack_settings().await.unwrap();
+    let authority = grpc_go_authority(&dra_sock);
+    for i in 0..17 {
+        c.open(1 + 2 * i, &authority, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources").await.unwrap();
+    }
+    let refused = loop {
+        let f = tokio::time::timeout(T, c.read()).await.expect("an answer").unwrap().expect("a frame, not EOF");
+        if f.kind == RST_STREAM {
+            break f;
+        }
+    };
+    assert_eq!((refused.stream, refused.payload.as_slice()), (33, &7u32.to_be_bytes()[..]), "REFUSED_STREAM");
     drop(d);
 }
 

@@ -257,6 +257,26 @@ impl Conn {
         Ok(answers.remove(0))
     }
 
+    /// Open stream `id` with a unary call's headers and send no body: a request that holds its
+    /// stream open until the server gives up on it.
+    pub async fn open(&mut self, id: u32, authority: &str, path: &str) -> io::Result<()> {
+        let fields: [(&[u8], &[u8]); 6] = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", authority.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ];
+        let block = self.encoder.encode(fields);
+        self.write(&frame(HEADERS, END_HEADERS, id, &block)).await
+    }
+
+    /// Acknowledge the server's SETTINGS (read with [`Conn::server_settings`]).
+    pub async fn ack_settings(&mut self) -> io::Result<()> {
+        self.write(&frame(SETTINGS, ACK, 0, &[])).await
+    }
+
     /// End the connection as grpc-go does (GOAWAY, then close).
     pub async fn close(mut self, last_stream: u32) {
         let mut payload = last_stream.to_be_bytes().to_vec();

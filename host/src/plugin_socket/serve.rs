@@ -24,8 +24,11 @@ use super::authority::KubeletStream;
 /// manager's, its DRA client's, a registration call's); 2,000 idle ones grew devplug from 27 to
 /// 407 MiB and, past the open-file limit, left kubelet's NodePrepareResources unanswered.
 pub const MAX_CONNECTIONS: usize = 128;
-/// Requests (HTTP/2 streams) one connection may have open at once.
-pub const MAX_STREAMS: u32 = 64;
+/// Requests (HTTP/2 streams) one connection may have open at once; more are refused
+/// (`RST_STREAM REFUSED_STREAM`, which grpc-go retries). Kubelet keeps a ListAndWatch or health
+/// stream and makes one call at a time beside it on a connection; a client holding streams open
+/// holds at most this many messages a connection.
+pub const MAX_STREAMS: u32 = 16;
 /// The largest request message the Device Plugin socket decodes. Kubelet's largest is a
 /// `GetPreferredAllocation` naming every device of a resource twice (available and must-include):
 /// at devplug's caps (8,192 devices, 63-byte IDs) about 1.1 MiB; this is that with headroom.
