@@ -1886,7 +1886,8 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     c.ack_settings().await.unwrap();
     let authority = grpc_go_authority(&dra_sock);
     for i in 0..17 {
-        c.open(1 + 2 * i, &authority, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources").await.unwrap();
+        let path = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources";
+        c.open(1 + 2 * i, &authority, path, "30S").await.unwrap();
     }
     let refused = loop {
         let f = tokio::time::timeout(T, c.read()).await.expect("an answer").unwrap().expect("a frame, not EOF");

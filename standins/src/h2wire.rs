@@ -239,6 +239,15 @@ impl Conn {
         request: &[u8],
         limit: Duration,
     ) -> io::Result<Answer> {
+        self.open(id, authority, path, timeout).await?;
+        self.write(&frame(DATA, END_STREAM, id, &grpc_message(request))).await?;
+        let mut answers = self.answers(&[id], limit).await?;
+        Ok(answers.remove(0))
+    }
+
+    /// Open stream `id` with grpc-go's headers of a unary call and send no body yet: alone, a
+    /// request that holds its stream open until the server gives up on it.
+    pub async fn open(&mut self, id: u32, authority: &str, path: &str, timeout: &str) -> io::Result<()> {
         let fields: [(&[u8], &[u8]); 8] = [
             (b":method", b"POST"),
             (b":scheme", b"http"),
@@ -248,25 +257,6 @@ impl Conn {
             (b"user-agent", USER_AGENT.as_bytes()),
             (b"te", b"trailers"),
             (b"grpc-timeout", timeout.as_bytes()),
-        ];
-        let block = self.encoder.encode(fields);
-        let mut out = frame(HEADERS, END_HEADERS, id, &block);
-        out.extend(frame(DATA, END_STREAM, id, &grpc_message(request)));
-        self.write(&out).await?;
-        let mut answers = self.answers(&[id], limit).await?;
-        Ok(answers.remove(0))
-    }
-
-    /// Open stream `id` with a unary call's headers and send no body: a request that holds its
-    /// stream open until the server gives up on it.
-    pub async fn open(&mut self, id: u32, authority: &str, path: &str) -> io::Result<()> {
-        let fields: [(&[u8], &[u8]); 6] = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path.as_bytes()),
-            (b":authority", authority.as_bytes()),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
         ];
         let block = self.encoder.encode(fields);
         self.write(&frame(HEADERS, END_HEADERS, id, &block)).await
