@@ -1852,8 +1852,7 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
         ("plain", "resource=test.devplug.io/plain devices=2".to_owned()),
     ];
     let config = "[resources.\"test.devplug.io/claimed\"]\napi = \"dra\"\n";
-    // `root` held: its dirs are the node's.
-    let BinaryNode { api, dra, d, kubelet, root: _root, .. } = binary_node(&m, &chaos, |r| r, config).await;
+    let BinaryNode { api, dra, d, kubelet, root, .. } = binary_node(&m, &chaos, |r| r, config).await;
     let driver = "claimed.devplug.io";
     dra.wait_plugin(driver, T).await;
     until("the pool", || api.devices(NODE, driver).len() == 2).await;
@@ -1879,7 +1878,7 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     // A connection holds at most 16 requests open (each at most one message): the 17th
     // request whose body never comes is refused (it was 64).
     use support::h2wire::{Conn, RST_STREAM, grpc_go_authority};
-    let dra_sock = _root.path().join("plugins").join(driver).join("dra.sock");
+    let dra_sock = root.path().join("plugins").join(driver).join("dra.sock");
     let mut c = Conn::dial(&dra_sock).await.unwrap();
     c.start().await.unwrap();
     assert!(c.server_settings().await.unwrap(), "the server's SETTINGS");
@@ -3191,7 +3190,10 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
     let ours = |allocated: &[Value], name: &str, devices: &Value| {
         let spec: k8s_openapi::api::resource::v1::ResourceClaimSpec =
             serde_json::from_value(json!({ "devices": devices })).unwrap();
-        devplug_standins::scheduler::allocate(&cel, NODE, &slices, &classes, allocated, "default", name, &spec)
+        let deadline = devplug_standins::scheduler::allocate::deadline();
+        devplug_standins::scheduler::allocate(
+            deadline, &cel, NODE, &slices, &classes, allocated, "default", name, &spec,
+        )
     };
     let picked = |allocation: &Value| -> Vec<String> {
         allocation["devices"]["results"]

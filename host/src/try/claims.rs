@@ -157,6 +157,7 @@ impl Dra {
             };
             let slices: Vec<serde_json::Value> = self.api.slices(&self.node, None).into_values().collect();
             let prepared = match scheduler::allocate(
+                scheduler::allocate::deadline(),
                 &self.selectors,
                 &self.node,
                 &slices,

@@ -189,28 +189,17 @@ fn selectors(s: &Selectors, list: &[DeviceSelector], whose: &str) -> Result<Vec<
         .collect()
 }
 
-/// Allocate claim `namespace/name` (`spec`) on `node` from `slices` (every ResourceSlice the
-/// API server has), given the DeviceClasses by name and the allocation results of the claims
-/// already allocated (`status.allocation.devices.results` entries). The answer is the claim's
-/// `status.allocation`.
-#[allow(clippy::too_many_arguments)]
-pub fn allocate(
-    cel: &Selectors,
-    node: &str,
-    slices: &[Json],
-    classes: &BTreeMap<String, DeviceClass>,
-    allocated: &[Json],
-    namespace: &str,
-    name: &str,
-    spec: &ResourceClaimSpec,
-) -> Result<Json, AllocError> {
-    let deadline = std::time::Instant::now() + TIME_BUDGET;
-    allocate_by(deadline, cel, node, slices, classes, allocated, namespace, name, spec)
+/// The deadline of a search started now: [`TIME_BUDGET`] away.
+pub fn deadline() -> std::time::Instant {
+    std::time::Instant::now() + TIME_BUDGET
 }
 
-/// [`allocate`], given up at `deadline`.
+/// Allocate claim `namespace/name` (`spec`) on `node` from `slices` (every ResourceSlice the
+/// API server has), given the DeviceClasses by name and the allocation results of the claims
+/// already allocated (`status.allocation.devices.results` entries), giving up at `deadline`
+/// (normally [`deadline()`]). The answer is the claim's `status.allocation`.
 #[allow(clippy::too_many_arguments)]
-fn allocate_by(
+pub fn allocate(
     deadline: std::time::Instant,
     cel: &Selectors,
     node: &str,
@@ -837,7 +826,7 @@ mod tests {
         in_use: &[Json],
         devices: Json,
     ) -> Result<Json, AllocError> {
-        allocate(&Selectors::new(), "node-a", slices, classes, in_use, "default", "c", &spec(devices))
+        allocate(deadline(), &Selectors::new(), "node-a", slices, classes, in_use, "default", "c", &spec(devices))
     }
 
     fn picked(a: &Json) -> Vec<String> {
@@ -859,7 +848,7 @@ mod tests {
         let gone = std::time::Instant::now() - std::time::Duration::from_millis(1);
         let cel = Selectors::new();
         let run_by = |deadline| {
-            allocate_by(deadline, &cel, "node-a", &slices, &classes, &[], "default", "c", &spec(devices.clone()))
+            allocate(deadline, &cel, "node-a", &slices, &classes, &[], "default", "c", &spec(devices.clone()))
         };
         let err = run_by(gone).expect_err("no time left");
         assert!(matches!(&err, AllocError::Unschedulable { why, .. } if why.contains("timed out after")), "{err:?}");
