@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use devplug_standins::proto::deviceplugin as pb;
-use sha2::{Digest, Sha256};
 use support::binary::{Devplug, discover_backend, run, run_args, run_on_machine};
 use support::fixtures::Machine;
 use support::kubelet::Kubelet;
@@ -25,41 +24,6 @@ fn cache_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache")
 }
 
-/// The examples built by `guests/examples/build.sh`, reused while their sources are unchanged
-/// (the builds are not bit-reproducible, and each new digest costs a compile).
-fn built() -> PathBuf {
-    let ex = repo().join("guests/examples");
-    let mut h = Sha256::new();
-    for f in [
-        "build.sh",
-        "python-serial/app.py",
-        "python-serial/devplug.toml",
-        "js-fusetun/backend.js",
-        "js-fusetun/devplug.toml",
-        "js-fusetun/package-lock.json",
-    ] {
-        h.update(std::fs::read(ex.join(f)).unwrap());
-    }
-    h.update(std::fs::read(repo().join("tests/requirements.txt")).unwrap());
-    for e in std::fs::read_dir(repo().join("wit/since_v0.1.0")).unwrap().flatten() {
-        h.update(std::fs::read(e.path()).unwrap());
-    }
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("examples-{}", hex::encode(&h.finalize()[..8])));
-    if out.join("py-serial.wasm").exists() && out.join("js-fusetun.wasm").exists() {
-        return out;
-    }
-    let tools = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin")).unwrap();
-    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
-    let st = Command::new(ex.join("build.sh")).arg(&out).env("PATH", path).output().unwrap();
-    assert!(
-        st.status.success(),
-        "building the Python and JS examples failed (./scripts/test installs componentize-py and node):\n{}{}",
-        String::from_utf8_lossy(&st.stdout),
-        String::from_utf8_lossy(&st.stderr)
-    );
-    out
-}
-
 /// A machine with two USB serial adapters, FUSE and TUN.
 fn machine() -> Machine {
     let m = Machine::new();
@@ -72,7 +36,7 @@ fn machine() -> Machine {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_and_javascript_backends_are_discovered_and_allocate_through_kubelet() {
-    let out = tokio::task::spawn_blocking(built).await.unwrap();
+    let out = tokio::task::spawn_blocking(support::examples::built).await.unwrap();
     let m = machine();
     let s = |p: &Path| p.display().to_string();
 

@@ -20,6 +20,33 @@ use serde_json::Value;
 /// The envtest variable.
 pub const ASSETS: &str = "KUBEBUILDER_ASSETS";
 
+/// Where and how the server runs. The default is the DRA tests': free loopback port, no
+/// controller-manager, a service range nothing routes.
+pub struct Shape {
+    pub address: &'static str,
+    /// `None`: a free port.
+    pub port: Option<u16>,
+    pub service_range: &'static str,
+    /// A kube-controller-manager will run (it lifts a new Node's not-ready taint).
+    pub controllers: bool,
+    /// More identities by token: (token, user name, comma-separated groups).
+    pub users: Vec<(String, String, String)>,
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape { address: "127.0.0.1", port: None, service_range: "10.0.0.0/24", controllers: false, users: Vec::new() }
+    }
+}
+
+/// A token no one else can guess.
+pub fn random_token() -> String {
+    let mut b = [0u8; 24];
+    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").expect("urandom"), &mut b)
+        .expect("random bytes");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 pub struct RealApiServer {
     etcd: Child,
     apiserver: Child,
@@ -59,17 +86,24 @@ impl RealApiServer {
         for bin in ["kube-apiserver", "etcd"] {
             assert!(assets.join(bin).is_file(), "{ASSETS}={} holds no {bin}", assets.display());
         }
-        let mut server = Self::start(&assets);
-        server.wait_ready().await;
-        server.client = Some(server.try_client().await.expect("a client of the real API server"));
+        let server = Self::start(&assets, &Shape::default()).await;
         eprintln!("{test}: runs against the stand-in and a real kube-apiserver ({}/kube-apiserver)", assets.display());
         Some(server)
     }
 
-    fn start(assets: &Path) -> RealApiServer {
+    /// Start etcd and kube-apiserver from `assets` in `shape`, and wait until the server is ready.
+    pub async fn start(assets: &Path, shape: &Shape) -> RealApiServer {
+        let mut server = Self::spawn(assets, shape);
+        server.wait_ready().await;
+        server.client = Some(server.try_client().await.expect("a client of the real API server"));
+        server
+    }
+
+    fn spawn(assets: &Path, shape: &Shape) -> RealApiServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
-        let (client, peer, secure) = (free_port(), free_port(), free_port());
+        let (client, peer) = (free_port(), free_port());
+        let secure = shape.port.unwrap_or_else(free_port);
         let etcd = Command::new(assets.join("etcd"))
             .args(["--data-dir", &d.join("etcd").to_string_lossy()])
             .args(["--listen-client-urls", &format!("http://127.0.0.1:{client}")])
@@ -96,30 +130,29 @@ impl RealApiServer {
                 .status()
                 .is_ok_and(|s| s.success());
         assert!(ok, "openssl made no service-account key for the real API server");
-        let token: String = {
-            let mut b = [0u8; 24];
-            std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").expect("urandom"), &mut b)
-                .expect("random bytes");
-            b.iter().map(|x| format!("{x:02x}")).collect()
-        };
-        std::fs::write(d.join("tokens.csv"), format!("{token},devplug-test,devplug-test,\"system:masters\"\n"))
-            .expect("token file");
+        let token = random_token();
+        let mut tokens = format!("{token},devplug-test,devplug-test,\"system:masters\"\n");
+        for (secret, user, groups) in &shape.users {
+            tokens.push_str(&format!("{secret},{user},{user},\"{groups}\"\n"));
+        }
+        std::fs::write(d.join("tokens.csv"), tokens).expect("token file");
         let apiserver = Command::new(assets.join("kube-apiserver"))
             .arg(format!("--etcd-servers=http://127.0.0.1:{client}"))
             .arg(format!("--secure-port={secure}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--bind-address={}", shape.address))
+            .arg(format!("--advertise-address={}", shape.address))
             .arg(format!("--cert-dir={}", d.join("certs").display()))
             .arg(format!("--token-auth-file={}", d.join("tokens.csv").display()))
             .arg("--authorization-mode=Node,RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!("--service-account-key-file={}", d.join("sa.pub").display()))
             .arg(format!("--service-account-signing-key-file={}", key.display()))
-            // No controller-manager: nothing would lift a new Node's not-ready taint (the tests
-            // make the service accounts they use themselves).
             .arg("--enable-admission-plugins=NodeRestriction")
-            .arg("--disable-admission-plugins=TaintNodesByCondition")
+            // Without a controller-manager nothing would lift a new Node's not-ready taint (the
+            // tests make the service accounts they use themselves).
+            .args(if shape.controllers { None } else { Some("--disable-admission-plugins=TaintNodesByCondition") })
             .args(["--endpoint-reconciler-type=none", "--enable-priority-and-fairness=false"])
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
+            .arg(format!("--service-cluster-ip-range={}", shape.service_range))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(d.join("apiserver.log")).expect("apiserver log"))
             .spawn()
@@ -130,14 +163,25 @@ impl RealApiServer {
             scheduler: None,
             assets: assets.to_owned(),
             client: None,
-            url: format!("https://127.0.0.1:{secure}"),
+            url: format!("https://{}:{secure}", shape.address),
             token,
             dir,
         }
     }
 
-    fn ca(&self) -> PathBuf {
+    /// The server's self-made serving certificate and its CA (what clients trust).
+    pub fn ca(&self) -> PathBuf {
         self.dir.path().join("certs/apiserver.crt")
+    }
+
+    /// The service-account signing key (what kube-controller-manager signs tokens with).
+    pub fn service_account_key(&self) -> PathBuf {
+        self.dir.path().join("sa.key")
+    }
+
+    /// The server's log so far, for failure messages.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default()
     }
 
     /// `curl`-free readiness: `/readyz` through the kube client, until the deadline.
@@ -244,13 +288,19 @@ impl RealApiServer {
     /// scripts/kube-assets/build makes too) against this server; `false` (with one line
     /// saying so) when the assets have none.
     pub fn start_scheduler(&mut self, test: &str) -> bool {
+        let token = self.token.clone();
+        self.start_scheduler_as(test, &token)
+    }
+
+    /// [`start_scheduler`](Self::start_scheduler) with the identity `token` names.
+    pub fn start_scheduler_as(&mut self, test: &str, token: &str) -> bool {
         let bin = self.assets.join("kube-scheduler");
         if !bin.is_file() {
             eprintln!("{test}: no kube-scheduler in {ASSETS}; the scheduler's part did not run");
             return false;
         }
         let kubeconfig = self.dir.path().join("scheduler.kubeconfig");
-        self.write_kubeconfig(&kubeconfig);
+        std::fs::write(&kubeconfig, self.kubeconfig_with(token)).expect("write kubeconfig");
         let child = Command::new(bin)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(["--leader-elect=false", "--secure-port=0"])

@@ -220,6 +220,9 @@ pub struct RunArgs {
     /// Kubelet's plugin-watcher dir (default: plugins_registry beside --kubelet-dir).
     #[arg(long)]
     pub plugins_registry_dir: Option<PathBuf>,
+    /// Kubelet's pod resources socket (default: pod-resources/kubelet.sock beside --kubelet-dir).
+    #[arg(long)]
+    pub pod_resources_socket: Option<PathBuf>,
     /// How to register with kubelet.
     #[arg(long, value_enum)]
     pub registration: Option<RegistrationMode>,
@@ -286,6 +289,9 @@ impl RunArgs {
         self.machine.apply(&mut c);
         if self.plugins_registry_dir.is_some() {
             c.plugins_registry_dir = self.plugins_registry_dir.clone();
+        }
+        if self.pod_resources_socket.is_some() {
+            c.pod_resources_socket = self.pod_resources_socket.clone();
         }
         if self.backends_dir.is_some() {
             c.backends_dir = self.backends_dir.clone();

@@ -135,6 +135,65 @@ pub async fn acquire(
 
 pub use crate::observe::Standby;
 
+/// The longest a stopping devplug waits for a successor to finish preparing: below the chart's
+/// 30 s `terminationGracePeriodSeconds`, so kubelet never has to kill it, and a successor whose
+/// compile hangs costs at most this (the old one then hands over anyway).
+pub const SUCCESSOR_PATIENCE: Duration = Duration::from_secs(20);
+
+/// The preparing lock's path: `preparing.lock` beside the instance lock.
+pub fn preparing_path(instance_lock: &Path) -> std::path::PathBuf {
+    instance_lock.with_file_name("preparing.lock")
+}
+
+/// Held by a starting devplug from its first step until it stands by (or serves): a
+/// devplug told to stop waits for it before it lets go of the node. The DaemonSet controller
+/// deletes the old pod once the new one is ready, and on the host network that readiness can
+/// be the old pod's own answer (both listen on the one port), so without this the old one
+/// could stop while the new one still compiles: kubelet then holds the node's devices
+/// unhealthy for the whole compile and rejects pods scheduled meanwhile. `None` inside when
+/// another devplug is preparing too, or the lock could not be had (this one then just starts).
+pub struct Preparing {
+    _held: Option<InstanceLock>,
+}
+
+/// Take the preparing lock at `path`, if no one else holds it.
+pub fn preparing(path: &Path) -> Preparing {
+    Preparing { _held: try_acquire(path).ok().flatten() }
+}
+
+/// Wait, at most `patience`, until no devplug holds the preparing lock at `path` (a successor
+/// has finished preparing, or there is none); says once that it waits, and if it gave up.
+pub async fn await_successor(path: &Path, patience: Duration) {
+    let start = tokio::time::Instant::now();
+    let mut said = false;
+    loop {
+        match try_acquire(path) {
+            // Free (dropped at once), or not to be had at all: nothing to wait for.
+            Ok(Some(_)) | Err(_) => {
+                if said {
+                    tracing::info!(
+                        waited_ms = start.elapsed().as_millis() as u64,
+                        "the next devplug has prepared; handing over"
+                    );
+                }
+                return;
+            }
+            Ok(None) => {}
+        }
+        if !said {
+            said = true;
+            tracing::info!(lock = %path.display(), holder = %holder(path),
+                "the next devplug on this node is still preparing; serving on until it stands by");
+        }
+        if start.elapsed() >= patience {
+            tracing::warn!(lock = %path.display(), holder = %holder(path), waited = ?patience,
+                "the next devplug has not finished preparing; handing over anyway (kubelet holds this node's devices unhealthy until it serves)");
+            return;
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +225,39 @@ mod tests {
         // Cancelled while standing by: no lock.
         let _held = try_acquire(&path).unwrap().unwrap();
         assert!(acquire(&path, Duration::from_secs(600), async {}, |_| {}).await.unwrap().is_none());
+    }
+
+    /// Issue 62, found on a real cluster: the old devplug stopped while the new one still
+    /// compiled (its readiness answered by the old pod on the shared port), and kubelet held
+    /// the node's devices unhealthy for 3.6 s. A stopping devplug now waits for a preparing
+    /// one, and no longer than its patience.
+    #[tokio::test(start_paused = true)]
+    async fn a_stopping_instance_waits_for_a_preparing_successor_within_its_patience() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = preparing_path(&dir.path().join("devplug/instance.lock"));
+        assert_eq!(path, dir.path().join("devplug/preparing.lock"));
+        // No successor: no wait at all.
+        let t = tokio::time::Instant::now();
+        await_successor(&path, SUCCESSOR_PATIENCE).await;
+        assert_eq!(t.elapsed(), Duration::ZERO);
+        // A successor preparing: the wait ends the moment it is done.
+        let successor = preparing(&path);
+        assert!(successor._held.is_some());
+        assert!(preparing(&path)._held.is_none(), "one preparer at a time");
+        let waiting = tokio::spawn({
+            let path = path.clone();
+            async move { await_successor(&path, SUCCESSOR_PATIENCE).await }
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!waiting.is_finished(), "serves on while the successor prepares");
+        drop(successor);
+        tokio::time::sleep(RETRY * 2).await;
+        assert!(waiting.is_finished(), "hands over once the successor has prepared");
+        // A successor that never finishes costs the patience, not more.
+        let _stuck = preparing(&path);
+        let t = tokio::time::Instant::now();
+        await_successor(&path, SUCCESSOR_PATIENCE).await;
+        assert!(t.elapsed() >= SUCCESSOR_PATIENCE && t.elapsed() < SUCCESSOR_PATIENCE + RETRY * 2);
     }
 
     /// Issue 62: the standby said `holder_pid=1`, the old pod's PID in its own namespace.

@@ -189,6 +189,10 @@ impl Daemon {
 
     /// Stop serving: sockets removed, specs removed, tasks ended.
     async fn stop(self) {
+        // A successor still compiling would leave kubelet without this node's devices for as
+        // long; serve on until it stands by (bounded, see handover.rs).
+        handover::await_successor(&handover::preparing_path(&self.cfg.instance_lock()), handover::SUCCESSOR_PATIENCE)
+            .await;
         tracing::info!("shutting down: closing sockets");
         self.stop.cancel();
         if let Some(f) = self.following {

@@ -28,6 +28,8 @@ impl Daemon {
         mut shutdown: Pin<&mut F>,
     ) -> anyhow::Result<Option<Daemon>> {
         raise_open_files();
+        // First of all: a devplug stopping for this one waits until it has prepared.
+        let preparing = super::handover::preparing(&super::handover::preparing_path(&cfg.instance_lock()));
         cfg.cache_dir = cfg.cache_dir.take().map(|dir| own_cache_dir(&dir));
         let runtime = Runtime::new(cfg.runtime_config())?;
         let specs = specs::open_cdi(&cfg);
@@ -97,6 +99,7 @@ impl Daemon {
             stop.cancel();
             return Ok(None);
         };
+        drop(preparing);
         // One devplug serves the node at a time: nothing is loaded, written or served before
         // the instance lock is held (a second devplug stands by, see handover.rs).
         let Some(instance) =
