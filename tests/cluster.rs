@@ -4,7 +4,9 @@
 //! `deploy/image-context.sh` + `buildah bud -f deploy/Containerfile`, a backend in an image volume
 //! (`devplug pack` of the JavaScript example), `helm install` of the chart, then pods asking for
 //! devices by every route a cluster offers, a rolling update under a stream of such pods, and a
-//! kubelet restart under running ones. Without the assets it says in one line that it did not run.
+//! kubelet restart under running ones; then the plain manifests in deploy/kubernetes/, as
+//! shipped (their images are the test's builds under the names they give). Without the assets
+//! it says in one line that it did not run.
 
 mod support;
 
@@ -23,6 +25,10 @@ const TEST: &str = "the_chart_serves_pods_on_a_real_single_node_cluster";
 const HOST_IMAGE: &str = "localhost/devplug-e2e/host:1";
 const BACKENDS_IMAGE: &str = "localhost/devplug-e2e/backends:1";
 const NS: &str = "e2e";
+/// The names deploy/kubernetes/*.yaml give the images (the test's builds, tagged so).
+const SHIPPED_HOST: &str = "ghcr.io/devplug/devplug:0.2.0";
+const SHIPPED_BACKENDS: &str = "ghcr.io/devplug/backends:0.1.0";
+const SHIPPED_FALLBACK: &str = "ghcr.io/devplug/backends-fallback:0.1.0";
 const T: Duration = Duration::from_secs(180);
 
 fn repo() -> PathBuf {
@@ -63,6 +69,36 @@ fn images(podman: &Podman, work: &Path, assets: &Path) -> PathBuf {
     assert_eq!(code, 0, "devplug pack: {err}");
     let pulled = podman.ok("podman", &["pull", "-q", &format!("oci-archive:{}", s(&packed))]);
     podman.ok("podman", &["tag", pulled.trim(), BACKENDS_IMAGE]);
+    podman.ok("podman", &["tag", HOST_IMAGE, SHIPPED_HOST]);
+    podman.ok("podman", &["tag", BACKENDS_IMAGE, SHIPPED_BACKENDS]);
+    // The fallback image for clusters without image volumes, from its Containerfile, over the
+    // busybox the tests have (its FROM names Docker Hub's).
+    let fallback = work.join("fallback");
+    std::fs::create_dir_all(&fallback).expect("fallback context");
+    for f in ["js-fusetun.wasm", "js-fusetun.toml"] {
+        std::fs::copy(examples.join(f), fallback.join(f)).expect("copy the example");
+    }
+    let containerfile = repo().join("deploy/Containerfile.backends-fallback");
+    let from = std::fs::read_to_string(&containerfile)
+        .expect("Containerfile.backends-fallback")
+        .lines()
+        .find_map(|l| l.strip_prefix("FROM ").map(|f| f.trim().to_owned()))
+        .expect("a FROM line");
+    podman.ok("podman", &["tag", support::podman::IMAGE, &from]);
+    podman.ok(
+        "buildah",
+        &[
+            "bud",
+            "--isolation",
+            "chroot",
+            "--pull=never",
+            "-f",
+            &s(&containerfile),
+            "-t",
+            SHIPPED_FALLBACK,
+            &s(&fallback),
+        ],
+    );
 
     let pause_root = work.join("pause");
     std::fs::create_dir_all(&pause_root).expect("pause rootfs");
@@ -91,6 +127,9 @@ fn images(podman: &Podman, work: &Path, assets: &Path) -> PathBuf {
             &s(&archive),
             HOST_IMAGE,
             BACKENDS_IMAGE,
+            SHIPPED_HOST,
+            SHIPPED_BACKENDS,
+            SHIPPED_FALLBACK,
             PAUSE,
             support::podman::IMAGE,
         ],
@@ -288,7 +327,6 @@ grant = { dev = ["net/tun"], resources = ["devplug.io/js-fuse", "devplug.io/js-t
         "image.pullPolicy=Never".into(),
         format!("backends.reference={BACKENDS_IMAGE}"),
         "backends.pullPolicy=Never".into(),
-        format!("kubeletDir={}", s(&c.kubelet_dir())),
         format!("cdiDir={}", s(&c.cdi_dir())),
         format!("metrics.port={port}"),
         "dra.resources.devplug\\.io/fuse=generic".into(),
@@ -302,21 +340,7 @@ grant = { dev = ["net/tun"], resources = ["devplug.io/js-fuse", "devplug.io/js-t
     helm(&c, work.path(), &args);
 
     // The pod starts (read-only root, host /dev read-only beside the runtime's own) and is Ready.
-    let end = Instant::now() + T;
-    let first = loop {
-        let pods = devplug_pods(&c).await;
-        if let Some(p) = pods.iter().find(|p| ready(p)) {
-            break p.clone();
-        }
-        assert!(
-            Instant::now() < end,
-            "devplug never Ready: {:?}\n{}\nkubelet:\n{}",
-            statuses(&pods),
-            devplug_log(&c).await,
-            c.log("kubelet")
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let first = ready_devplug(&c, "the chart's devplug Ready").await;
     eprintln!("{TEST}: devplug Ready after {:.1} s", started.elapsed().as_secs_f64());
     wait_allocatable(&c, "devplug.io/kvm", "16").await;
     wait_allocatable(&c, "devplug.io/js-tun", "4").await;
@@ -424,20 +448,10 @@ grant = { dev = ["net/tun"], resources = ["devplug.io/js-fuse", "devplug.io/js-t
     let args = ["upgrade", "devplug", &chart, "--namespace", "devplug", "--reuse-values", "--set", "registry.poll=59s"];
     helm(&c, work.path(), &args);
     let first_uid = first["metadata"]["uid"].clone();
-    let end = Instant::now() + T;
-    let second = loop {
-        let pods = devplug_pods(&c).await;
-        if pods.len() == 1 && pods[0]["metadata"]["uid"] != first_uid && ready(&pods[0]) {
-            break pods[0].clone();
-        }
-        assert!(
-            Instant::now() < end,
-            "the rolling update never finished: {:?}\n{}",
-            statuses(&pods),
-            devplug_log(&c).await
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let second = wait_devplug(&c, "the rolling update", |pods| {
+        (pods.len() == 1 && pods[0]["metadata"]["uid"] != first_uid && ready(&pods[0])).then(|| pods[0].clone())
+    })
+    .await;
     let rollout = upgrade_started.elapsed();
     // Five more pods of the stream against the new devplug alone.
     let until = created.load(Ordering::Relaxed) + 5;
@@ -547,5 +561,69 @@ grant = { dev = ["net/tun"], resources = ["devplug.io/js-fuse", "devplug.io/js-t
     assert!(errors.is_empty(), "kubelet logged errors about devplug's sockets:\n{}", errors.join("\n"));
 
     helm(&c, work.path(), &["uninstall", "devplug", "--namespace", "devplug", "--wait"]);
+    wait_no_devplug(&c).await;
+
+    // The plain manifests, as shipped: deploy/kubernetes/devplug.yaml (the backends from an
+    // image volume), then its DaemonSet as devplug-no-image-volume.yaml has it (an init
+    // container copies them from the fallback image). They write CDI specs to the machine's
+    // /var/run/cdi, so the test holds it and puts it back.
+    let _cdi = tokio::task::spawn_blocking(support::podman::SystemCdi::take).await.expect("/var/run/cdi");
+    for (file, checker) in [("devplug.yaml", "kvm-plain"), ("devplug-no-image-volume.yaml", "kvm-fallback")] {
+        let text = std::fs::read_to_string(repo().join("deploy/kubernetes").join(file)).expect("manifest");
+        for image in [SHIPPED_HOST, if file == "devplug.yaml" { SHIPPED_BACKENDS } else { SHIPPED_FALLBACK }] {
+            assert!(text.contains(image), "{file} names {image} (the test tags its builds so)");
+        }
+        for o in support::chart::objects(&text) {
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or("devplug");
+            let collection = match o["kind"].as_str().unwrap_or_default() {
+                "Namespace" => "/api/v1/namespaces".to_owned(),
+                "ServiceAccount" => format!("/api/v1/namespaces/{ns}/serviceaccounts"),
+                "ConfigMap" => format!("/api/v1/namespaces/{ns}/configmaps"),
+                "DaemonSet" => format!("/apis/apps/v1/namespaces/{ns}/daemonsets"),
+                kind => panic!("{file}: a {kind} the test does not create"),
+            };
+            let (code, answer) = c.api.send("POST", &collection, Some(&o)).await;
+            assert!(code == 201 || code == 409 && o["kind"] == "Namespace", "{file}: create {}: {answer}", o["kind"]);
+        }
+        ready_devplug(&c, &format!("{file}: devplug Ready")).await;
+        run_checker(&c, checker, "/dev/kvm", limits("devplug.io/kvm"), json!({})).await;
+        checked(&c, checker, "/dev/kvm").await;
+        let log = devplug_log(&c).await;
+        assert!(log.contains("origin=/backends/js-fusetun.wasm"), "{file}: the image's backend was loaded:\n{log}");
+        let (code, answer) = c.api.send("DELETE", "/apis/apps/v1/namespaces/devplug/daemonsets/devplug", None).await;
+        assert_eq!(code, 200, "{answer}");
+        wait_no_devplug(&c).await;
+        eprintln!("{TEST}: deploy/kubernetes/{file} served a pod /dev/kvm");
+    }
     eprintln!("{TEST}: passed in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+/// Wait until devplug's pods are as `wanted` says (`Some(what the caller keeps)`), or panic
+/// after [`T`] saying `what` never happened, with their statuses and logs.
+async fn wait_devplug<R>(c: &Cluster, what: &str, wanted: impl Fn(&[Value]) -> Option<R>) -> R {
+    let end = Instant::now() + T;
+    loop {
+        let pods = devplug_pods(c).await;
+        if let Some(r) = wanted(&pods) {
+            return r;
+        }
+        assert!(
+            Instant::now() < end,
+            "{what} never happened: {:?}\n{}\nkubelet:\n{}",
+            statuses(&pods),
+            devplug_log(c).await,
+            c.tail("kubelet")
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Wait until no devplug pod is left.
+async fn wait_no_devplug(c: &Cluster) {
+    wait_devplug(c, "devplug's pods going", |pods| pods.is_empty().then_some(())).await
+}
+
+/// Wait until a devplug pod is Ready; that pod.
+async fn ready_devplug(c: &Cluster, what: &str) -> Value {
+    wait_devplug(c, what, |pods| pods.iter().find(|p| ready(p)).cloned()).await
 }

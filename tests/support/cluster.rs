@@ -63,8 +63,10 @@ const TUNABLES: [&str; 6] = [
 const SHIM_SOCKETS: &str = "/run/containerd/s";
 /// runc puts each container's cgroup under `<hierarchy>/k8s.io` (containerd's namespace).
 const CGROUP_PARENT: &str = "k8s.io";
-/// kubelet serves the Device Plugin API here whatever its `--root-dir` (`pluginapi.DevicePluginPath`).
-pub const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+/// kubelet's root dir as clusters have it: the Device Plugin API is served in its
+/// `device-plugins` whatever `--root-dir` says (`pluginapi.DevicePluginPath`), and the shipped
+/// manifests name it. A private directory is bind-mounted here.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 const CONTAINER_LOGS: &str = "/var/log/containers";
 
 /// The assets directory when it holds a whole cluster and this process may run one; else
@@ -90,8 +92,8 @@ pub fn assets(test: &str) -> Option<PathBuf> {
         eprintln!("{test}: did not run: kubelet and containerd need root");
         return None;
     }
-    if !entries(Path::new(DEVICE_PLUGINS)).is_empty() {
-        eprintln!("{test}: did not run: {DEVICE_PLUGINS} is in use (a kubelet runs on this machine)");
+    if !entries(Path::new(KUBELET_ROOT)).is_empty() {
+        eprintln!("{test}: did not run: {KUBELET_ROOT} is in use (a kubelet runs on this machine)");
         return None;
     }
     Some(dir)
@@ -115,10 +117,10 @@ pub struct Cluster {
     tunables: Vec<(&'static str, String)>,
     shim_sockets_before: Option<Vec<PathBuf>>,
     container_logs_existed: bool,
-    /// What this cluster made of DEVICE_PLUGINS' path (removed again, deepest first), and
+    /// What this cluster made of KUBELET_ROOT's path (removed again, deepest first), and
     /// whether the private directory is mounted there.
-    device_plugins_made: Vec<PathBuf>,
-    device_plugins_mounted: bool,
+    kubelet_root_made: Vec<PathBuf>,
+    kubelet_root_mounted: bool,
     /// The cgroup hierarchies' `k8s.io` dirs that were not there before (removed when empty).
     cgroups_new: Vec<PathBuf>,
 }
@@ -174,14 +176,14 @@ impl Cluster {
                 .collect(),
             shim_sockets_before: Path::new(SHIM_SOCKETS).exists().then(|| entries(Path::new(SHIM_SOCKETS))),
             container_logs_existed: Path::new(CONTAINER_LOGS).exists(),
-            device_plugins_made: Vec::new(),
-            device_plugins_mounted: false,
+            kubelet_root_made: Vec::new(),
+            kubelet_root_mounted: false,
             cgroups_new: cgroup_parents().into_iter().filter(|d| !d.exists()).collect(),
         };
-        for d in ["logs", "cdi", "cni", "kubelet", "pod-logs", "containerd", "device-plugins"] {
+        for d in ["logs", "cdi", "cni", "kubelet", "pod-logs", "containerd"] {
             std::fs::create_dir_all(cluster.path(d)).expect("rig dir");
         }
-        cluster.mount_device_plugins();
+        cluster.mount_kubelet_root();
         cluster.start_controller_manager(&kcm_token);
         cluster.start_containerd().await;
         cluster.start_kubelet();
@@ -193,9 +195,9 @@ impl Cluster {
         self.rig.path().join(p)
     }
 
-    /// kubelet's root directory (the chart's `kubeletDir`).
+    /// kubelet's root directory (the chart's `kubeletDir`), as kubelet and pods see it.
     pub fn kubelet_dir(&self) -> PathBuf {
-        self.path("kubelet")
+        PathBuf::from(KUBELET_ROOT)
     }
 
     /// The directory containerd reads CDI specs from (the chart's `cdiDir`).
@@ -237,19 +239,19 @@ impl Cluster {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
-    /// The private `device-plugins` directory at kubelet's fixed path, so the sockets of this
-    /// test never land in the machine's own.
-    fn mount_device_plugins(&mut self) {
+    /// The private `kubelet` directory at kubelet's usual root, so nothing of this test lands in
+    /// the machine's own.
+    fn mount_kubelet_root(&mut self) {
         let mut missing: Vec<PathBuf> =
-            Path::new(DEVICE_PLUGINS).ancestors().filter(|a| !a.exists()).map(Path::to_owned).collect();
+            Path::new(KUBELET_ROOT).ancestors().filter(|a| !a.exists()).map(Path::to_owned).collect();
         missing.reverse();
         for d in &missing {
             std::fs::create_dir(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-            self.device_plugins_made.insert(0, d.clone());
+            self.kubelet_root_made.insert(0, d.clone());
         }
-        let st = Command::new("mount").arg("--bind").arg(self.path("device-plugins")).arg(DEVICE_PLUGINS).status();
-        assert!(st.is_ok_and(|s| s.success()), "mount --bind over {DEVICE_PLUGINS} failed");
-        self.device_plugins_mounted = true;
+        let st = Command::new("mount").arg("--bind").arg(self.path("kubelet")).arg(KUBELET_ROOT).status();
+        assert!(st.is_ok_and(|s| s.success()), "mount --bind over {KUBELET_ROOT} failed");
+        self.kubelet_root_mounted = true;
     }
 
     fn start_controller_manager(&mut self, token: &str) {
@@ -389,7 +391,6 @@ resolvConf: /etc/resolv.conf
             format!("--config={}", self.path("kubelet.yaml").display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", self.kubelet_dir().display()),
-            format!("--cert-dir={}", self.kubelet_dir().join("pki").display()),
             format!("--hostname-override={NODE}"),
             "--v=3".into(),
         ];
@@ -568,16 +569,13 @@ resolvConf: /etc/resolv.conf
             .lines()
             .filter_map(|l| l.split(' ').nth(4))
             .map(|m| PathBuf::from(m.replace("\\040", " ")))
-            .filter(|m| m.starts_with(&rig))
+            .filter(|m| m.starts_with(&rig) || self.kubelet_root_mounted && m.starts_with(KUBELET_ROOT))
             .collect();
         mounts.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
         for m in mounts {
             let _ = Command::new("umount").arg("-l").arg(&m).status();
         }
-        if self.device_plugins_mounted {
-            let _ = Command::new("umount").arg("-l").arg(DEVICE_PLUGINS).status();
-        }
-        for d in &self.device_plugins_made {
+        for d in &self.kubelet_root_made {
             let _ = std::fs::remove_dir(d);
         }
         for link in entries(Path::new(CONTAINER_LOGS)) {

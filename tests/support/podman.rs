@@ -75,7 +75,7 @@ impl Podman {
         let bin = rootfs.join("bin");
         std::fs::create_dir_all(&bin).expect("rootfs");
         std::fs::copy(which("busybox").expect("busybox"), bin.join("busybox")).expect("copy busybox");
-        for applet in ["sh", "cat", "stat", "echo", "ls", "test", "sleep"] {
+        for applet in ["sh", "cat", "cp", "stat", "echo", "ls", "test", "sleep"] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet link");
         }
         let tar = self.dir.path().join("rootfs.tar");
