@@ -320,6 +320,55 @@ fn learned_requests_serve_as_the_manifest(project: &Path, lang: &str) {
     }
 }
 
+/// Issue 62 (4): a JavaScript or Python backend whose `discover` raises where it should have
+/// returned a `backend-error` traps; the trap's error, which is what the operator reads, names
+/// the runtime's exception and where it was raised, as a real componentize-js / componentize-py
+/// component prints them (not a model of their output). The project is rebuilt with a
+/// `JSON.parse` / `int()` of bad text at the top of its `discover`.
+fn an_uncaught_exception_is_in_the_traps_error(project: &Path, lang: &str) {
+    let (file, anchor, inserted, build, exception) = match lang {
+        "js" => (
+            "backend.js",
+            "  discover() {\n",
+            "    JSON.parse(\"{ not json\");\n",
+            "npm run build --silent",
+            "SyntaxError: JSON.parse: expected property name or '}'",
+        ),
+        _ => (
+            "src/app.py",
+            "    def discover(self):\n",
+            "        int(\"not a number\")\n",
+            "componentize-py -d wit -w devplug-backend componentize app -p src -o demo.wasm >/dev/null",
+            "ValueError: invalid literal for int() with base 10: 'not a number'",
+        ),
+    };
+    let path = project.join(file);
+    let source = std::fs::read_to_string(&path).unwrap();
+    assert!(source.contains(anchor), "{lang}: the scaffold's discover: {anchor:?}");
+    std::fs::write(&path, source.replacen(anchor, &format!("{anchor}{inserted}"), 1)).unwrap();
+    project_cmd(project, build);
+    let out = Command::new(support::binary::BIN)
+        .args(["discover", "--backend", "demo.wasm", "--manifest", "devplug.toml", "--sysfs-root", "tests/fixture/sys"])
+        .args(["--dev-root", "tests/fixture/dev", "--dev-fixtures"])
+        .current_dir(project)
+        .output()
+        .unwrap();
+    let (code, out, err) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_ne!(code, Some(0), "{lang}: a discover that raises fails: {out}");
+    let trap = err.lines().find(|l| l.contains("trap")).unwrap_or_else(|| panic!("{lang}: no trap in: {err}"));
+    assert!(trap.contains(exception), "{lang}: the exception is in the trap's error: {trap}");
+    // componentize-js prints the stack from its bindings' frame of the export (it has no frame
+    // of backend.js), so that is where the place can point; Python names the backend's line.
+    let place = if lang == "js" { "$discover@" } else { "app.py\", line 27, in discover)" };
+    assert!(trap.contains(place), "{lang}: and where it was raised: {trap}");
+    std::fs::write(&path, source).unwrap();
+    project_cmd(project, build);
+}
+
 #[test]
 fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
     let tmp = tempfile::tempdir().unwrap();
@@ -348,6 +397,9 @@ fn devplug_new_backend_projects_build_and_pass_their_own_tests() {
         ship_and_serve(&dir, &dir.join(wasm), lang);
         claim_through_try(&dir, &dir.join(wasm), lang);
         learned_requests_serve_as_the_manifest(&dir, lang);
+        if lang != "rust" {
+            an_uncaught_exception_is_in_the_traps_error(&dir, lang);
+        }
         if lang == "rust" {
             the_guides_ship_commands_work(&dir);
         }
