@@ -4,7 +4,7 @@
 //! and image volumes, runc) and kubelet, all from the `KUBEBUILDER_ASSETS` directory that
 //! `scripts/kube-assets/build --node --containerd-git-dir …` fills.
 //!
-//! The facts it rests on (../shared/k8s/single-node-cluster.md, from the same source trees):
+//! The facts it rests on (read in the kubernetes and containerd trees the assets are built from):
 //! - pods reach the API server with no kube-proxy because the service range is 127.0.1.0/24 and
 //!   the server listens on its first address, 127.0.1.1:443, which is the `kubernetes` Service's
 //!   ClusterIP (`--endpoint-reconciler-type=none`: Endpoints refuse loopback addresses);
