@@ -561,3 +561,55 @@ async fn memory_a_flood_made_the_host_allocate_is_given_back() {
     );
     assert!(after <= before + 32, "{after} MiB after the flood, {before} MiB before\n{}", d.log());
 }
+
+/// Issue 58 (2), through the binary: a backend armed with a compile bomb (support/bomb.rs) is
+/// served from baseline code; its optimised compile, in a worker the kernel bounds, goes over
+/// its budget and is given up with an ERROR naming the backend and the bound; the host's own
+/// peak memory stays where it was (the compiler's memory is the worker's); the backend keeps
+/// serving; and a restart on the same cache does not compile it again. On main before this,
+/// the optimised compile ran in the host, unbounded, past the chart's 512Mi limit (an OOM kill
+/// of every backend of the node), and again after every restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_bomb_is_given_up_at_its_budget_and_not_compiled_again() {
+    let m = machine();
+    let root = tempfile::tempdir().unwrap();
+    let (kdir, backends, cache) =
+        (root.path().join("kubelet"), root.path().join("backends"), root.path().join("cache"));
+    std::fs::create_dir_all(&backends).unwrap();
+    let wasm = backend(&backends, "chaos", "devices=2");
+    std::fs::write(&wasm, support::bomb::armed(std::fs::read(&wasm).unwrap())).unwrap();
+    // Every component takes the large path (baseline first); the default compile budget.
+    let config = root.path().join("devplug.toml");
+    std::fs::write(&config, "baseline_from_mb = 0\n").unwrap();
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, &m);
+    args.extend(
+        ["--cache-dir", &cache.display().to_string(), "--config", &config.display().to_string()].map(str::to_owned),
+    );
+    let d = Devplug::spawn(&args);
+    let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let given_up = "optimising a baseline-loaded backend was given up";
+    d.wait_log(given_up, Duration::from_secs(120)).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    let log = d.log();
+    let line = log.lines().find(|l| l.contains(given_up)).unwrap();
+    assert!(line.contains("ERROR") && line.contains("chaos"), "{line}");
+    assert!(line.contains("memory bound of 384 MiB") || line.contains("CPU budget of 25 s"), "{line}");
+    let peak = memory_mib(d.pid(), "VmHWM");
+    eprintln!("devplug's peak RSS through the bomb's compile: {peak} MiB\n{line}");
+    assert!(peak < 160, "the host's peak RSS was {peak} MiB: the compile ran in it\n{log}");
+    // Still serving, from baseline code.
+    let answer = plugin
+        .client
+        .clone()
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-0".into()] }],
+        })
+        .await;
+    assert!(answer.is_ok(), "{answer:?}\n{log}");
+    drop(d);
+    // The same version on the same cache: served, and its optimised compile not tried again.
+    let d = Devplug::spawn(&args);
+    let said = "this version's optimised compile went over its budget before";
+    d.wait_log(said, T).unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert!(!d.log().contains(given_up), "compiled again after a restart\n{}", d.log());
+}

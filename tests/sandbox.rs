@@ -12,6 +12,7 @@ use devplug::runtime::caps::{Capabilities, Globs};
 use devplug::runtime::jail::Jail;
 use devplug::runtime::state::{Roots, Sandbox};
 use devplug::runtime::{BackendInstance, CacheOutcome, CallError, LoadError, Runtime, RuntimeConfig, Tier};
+use support::binary::BIN;
 use support::daemon::chaos_paths;
 use support::fixtures::Machine;
 
@@ -28,6 +29,7 @@ fn runtime() -> Arc<Runtime> {
     Runtime::new(RuntimeConfig {
         discover_deadline: Duration::from_millis(500),
         call_deadline: Duration::from_millis(100),
+        compile_worker: Some(BIN.into()),
         ..RuntimeConfig::default()
     })
     .unwrap()
@@ -167,6 +169,7 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
         cache_dir: Some(cache.path().join("c")),
         baseline_from: 0,
         optimize_in_background: background,
+        compile_worker: Some(BIN.into()),
         ..RuntimeConfig::default()
     };
     let rt = Runtime::new(config(false)).unwrap();
@@ -210,6 +213,48 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
     assert_eq!((first.tier(), first.cache), (Tier::Baseline, CacheOutcome::Disabled));
     bare.finish_background_compiles();
     assert_eq!(first.tier(), Tier::Optimized);
+}
+
+/// Issue 58 (2): a compile runs in a worker process whose memory and CPU the kernel bounds
+/// (`RLIMIT_DATA`, `RLIMIT_CPU`), so a component built to make the compiler eat memory and time
+/// (support/bomb.rs) is stopped at its budget, the error naming the bound; its baseline
+/// (Winch) compile is milliseconds inside the same budget. On main before this, the optimised
+/// compile ran inside the host, unbounded (47 to 571–627 MiB in 79–173 s).
+#[test]
+fn a_compile_bomb_is_stopped_by_the_kernel_at_its_budget() {
+    use devplug::runtime::compile_worker::{self, CompileBudget, CompileError, DEFAULT_BUDGET, Job, Slot};
+    let (exe, slot) = (std::path::Path::new(BIN), Slot::default());
+    let bomb = support::bomb::armed(chaos_bytes());
+    let optimised = Job { tier: Tier::Optimized, serial: true, idle: true };
+    let started = std::time::Instant::now();
+    let baseline = Job { tier: Tier::Baseline, serial: false, idle: false };
+    let native = compile_worker::compile(exe, &slot, baseline, &bomb, &DEFAULT_BUDGET).unwrap();
+    eprintln!("baseline: {:?} wall, {:?} CPU, peak {} MiB", started.elapsed(), native.cpu, native.peak_bytes >> 20);
+    let tight = CompileBudget { memory_bytes: 160 << 20, cpu_base_secs: 600, cpu_secs_per_mib: 0 };
+    let started = std::time::Instant::now();
+    let err = compile_worker::compile(exe, &slot, optimised, &bomb, &tight).err();
+    eprintln!("memory: {:?} after {:?}", err, started.elapsed());
+    assert_eq!(err, Some(CompileError::Memory { mib: 160 }));
+    let short = CompileBudget { memory_bytes: 8 << 30, cpu_base_secs: 3, cpu_secs_per_mib: 0 };
+    let started = std::time::Instant::now();
+    let err = compile_worker::compile(exe, &slot, optimised, &bomb, &short).err();
+    eprintln!("cpu: {:?} after {:?}", err, started.elapsed());
+    assert_eq!(err, Some(CompileError::Cpu { secs: 3 }));
+    // What the bomb rides on compiles optimised well inside the default budget.
+    let chaos = compile_worker::compile(exe, &slot, optimised, &chaos_bytes(), &DEFAULT_BUDGET).unwrap();
+    assert!(chaos.peak_bytes < DEFAULT_BUDGET.memory_bytes, "{} MiB", chaos.peak_bytes >> 20);
+    // One worker at a time, and a load's compile first: a background compile under way is
+    // stopped (to run again later), so the two never add up past one bound.
+    let roomy = CompileBudget { memory_bytes: 8 << 30, cpu_base_secs: 120, cpu_secs_per_mib: 0 };
+    std::thread::scope(|s| {
+        let background = s.spawn(|| compile_worker::compile(exe, &slot, optimised, &bomb, &roomy).err());
+        while !slot.background_running() {
+            std::thread::yield_now();
+        }
+        let fg = Job { tier: Tier::Optimized, serial: false, idle: false };
+        compile_worker::compile(exe, &slot, fg, &chaos_bytes(), &DEFAULT_BUDGET).unwrap();
+        assert_eq!(background.join().unwrap(), Some(CompileError::Preempted));
+    });
 }
 
 #[test]

@@ -120,6 +120,12 @@ pub struct Limits {
     pub call_timeout: Duration,
     pub memory_mb: usize,
     pub breaker_threshold: u32,
+    /// The memory one compile of a component may use, in MiB (its worker's `RLIMIT_DATA`).
+    pub compile_memory_mb: u64,
+    /// CPU seconds one compile may use, plus [`Limits::compile_cpu_secs_per_mib`] per MiB of
+    /// component (the worker's `RLIMIT_CPU`).
+    pub compile_cpu_secs: u64,
+    pub compile_cpu_secs_per_mib: u64,
 }
 
 impl Default for Limits {
@@ -129,6 +135,9 @@ impl Default for Limits {
             call_timeout: Duration::from_millis(250),
             memory_mb: 64,
             breaker_threshold: 3,
+            compile_memory_mb: crate::runtime::compile_worker::DEFAULT_BUDGET.memory_bytes >> 20,
+            compile_cpu_secs: crate::runtime::compile_worker::DEFAULT_BUDGET.cpu_base_secs,
+            compile_cpu_secs_per_mib: crate::runtime::compile_worker::DEFAULT_BUDGET.cpu_secs_per_mib,
         }
     }
 }
@@ -269,6 +278,13 @@ impl Config {
         let cfg = self;
         anyhow::ensure!(cfg.poll_interval >= Duration::from_millis(100), "poll_interval must be at least 100ms");
         anyhow::ensure!(cfg.limits.memory_mb >= 1, "limits.memory_mb must be at least 1");
+        // Below this not even a 100 KB Rust backend compiles (the worker itself, and wasmtime's
+        // engine, take about 20 MiB).
+        anyhow::ensure!(
+            cfg.limits.compile_memory_mb >= 64,
+            "limits.compile_memory_mb must be at least 64 (the default, 384, compiles an 18 MB Python backend)"
+        );
+        anyhow::ensure!(cfg.limits.compile_cpu_secs >= 1, "limits.compile_cpu_secs must be at least 1");
         anyhow::ensure!(
             !cfg.allocate.is_empty(),
             "allocate needs at least one strategy (device-specs, cdi-cri, cdi-annotations)"
@@ -411,6 +427,11 @@ impl Config {
             cache_dir: self.cache_dir.clone(),
             cache_max_bytes: self.cache_max_mb.saturating_mul(1 << 20),
             baseline_from: usize::try_from(self.baseline_from_mb.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            compile_budget: crate::runtime::compile_worker::CompileBudget {
+                memory_bytes: self.limits.compile_memory_mb.saturating_mul(1 << 20),
+                cpu_base_secs: self.limits.compile_cpu_secs,
+                cpu_secs_per_mib: self.limits.compile_cpu_secs_per_mib,
+            },
             precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
             ..crate::runtime::RuntimeConfig::default()
         }

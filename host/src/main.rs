@@ -13,6 +13,10 @@ use devplug::observe;
 mod try_node;
 
 fn main() -> std::process::ExitCode {
+    // First: a compile worker is this executable started by itself, and does nothing else.
+    if let Some(worker_exit) = devplug::runtime::compile_worker::serve_or_register() {
+        return worker_exit;
+    }
     devplug::daemon::tune_allocator();
     let cli = Cli::parse();
     observe::init_logging(cli.log_format);

@@ -10,6 +10,7 @@ pub use devplug_standins::{apiserver, h2wire, kubelet, kubelet_dra, uds};
 
 pub mod attacks;
 pub mod binary;
+pub mod bomb;
 pub mod chart;
 pub mod cluster;
 pub mod daemon;

@@ -52,6 +52,13 @@ pub struct RuntimeConfig {
     /// entries go (the manifests put the cache on a 256 MiB `emptyDir`; versions accumulated
     /// until the pod was evicted).
     pub cache_max_bytes: u64,
+    /// The executable every compile of a component runs in ([`super::compile_worker`]), under
+    /// [`RuntimeConfig::compile_budget`]: the `devplug` binary itself (registered by its
+    /// `main`). `None` compiles in this process, unbounded: only a test binary linking the
+    /// library, which has no worker, runs so.
+    pub compile_worker: Option<PathBuf>,
+    /// What one compile may use (memory and CPU seconds), enforced by the kernel on the worker.
+    pub compile_budget: super::compile_worker::CompileBudget,
 }
 
 /// [`RuntimeConfig::cache_max_bytes`]'s default: room for the embedded set, two versions of a
@@ -71,6 +78,8 @@ impl Default for RuntimeConfig {
             baseline_from: BASELINE_FROM,
             optimize_in_background: true,
             cache_max_bytes: CACHE_MAX_BYTES,
+            compile_worker: super::compile_worker::registered(),
+            compile_budget: super::compile_worker::DEFAULT_BUDGET,
         }
     }
 }
@@ -147,6 +156,11 @@ pub struct Runtime {
     /// Code compiled ahead of its load ([`Runtime::prepare`]), by digest, taken by the first
     /// [`Runtime::compile`] of the same bytes.
     prepared: std::sync::Mutex<std::collections::HashMap<String, Compiled>>,
+    /// Components whose optimised compile went over its budget in this process (by digest):
+    /// they keep their baseline code and are not compiled again (also kept in the cache dir).
+    memo: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// The one compile worker at a time ([`super::compile_worker::Slot`]).
+    slot: Arc<super::compile_worker::Slot>,
 }
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
@@ -283,6 +297,8 @@ impl Runtime {
             cutoffs,
             in_flight,
             prepared: Default::default(),
+            memo: Arc::default(),
+            slot: Arc::default(),
         }))
     }
 
@@ -350,9 +366,8 @@ impl Runtime {
         let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from);
         let Some(dir) = &self.config.cache_dir else {
             let compiler = baseline.unwrap_or(&self.optimized);
-            let component = compile_with(&compiler.engine, bytes);
-            super::heap::release_freed();
-            return Ok(done(component?, CacheOutcome::Disabled, compiler.tier));
+            let (component, _) = self.build(compiler, bytes)?;
+            return Ok(done(component, CacheOutcome::Disabled, compiler.tier));
         };
         // Native code is loaded from here, so the directory must be devplug's alone: created
         // 0700, checked to be its user's and writable by no one else, and its files opened
@@ -373,16 +388,47 @@ impl Runtime {
         {
             return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
         }
-        let component = compile_with(&compiler.engine, bytes);
+        let (component, native) = self.build(compiler, bytes)?;
         // Baseline code a background compile will follow is cached by that compile's job
         // ([`Runtime::optimize_later`]), at idle priority: not on the way to serving.
         let deferred = compiler.tier == Tier::Baseline && self.config.optimize_in_background;
-        if let (Ok(component), Some(state), false) = (&component, &state, deferred) {
-            store(state, dir, &compiler.entry(&digest), component, self.config.cache_max_bytes);
+        if let (Some(state), false) = (&state, deferred) {
+            let name = compiler.entry(&digest);
+            match native {
+                Some(native) => {
+                    write_native(state, dir, &name, &native);
+                    evict(state, dir, &name, self.config.cache_max_bytes);
+                }
+                None => store(state, dir, &name, &component, self.config.cache_max_bytes),
+            }
         }
-        // The compiler's working set (hundreds of MB for a large component) is garbage now.
-        super::heap::release_freed();
-        Ok(done(component?, CacheOutcome::Miss, compiler.tier))
+        Ok(done(component, CacheOutcome::Miss, compiler.tier))
+    }
+
+    /// Compile `bytes` with `compiler`: in the worker under the budget when there is one (its
+    /// native code returned too, for the cache), else here.
+    fn build(&self, compiler: &Compiler, bytes: &[u8]) -> Result<(Component, Option<Vec<u8>>), LoadError> {
+        let Some(exe) = &self.config.compile_worker else {
+            let component = compile_with(&compiler.engine, bytes);
+            // The compiler's working set (hundreds of MB for a large component) is garbage now.
+            super::heap::release_freed();
+            return Ok((component?, None));
+        };
+        let job = super::compile_worker::Job { tier: compiler.tier, serial: false, idle: false };
+        let native = super::compile_worker::compile(exe, &self.slot, job, bytes, &self.config.compile_budget)
+            .map_err(compile_error)?;
+        // SAFETY: `native` is what this very executable (the worker is `/proc/self/exe`, or the
+        // path the embedder named) made from these bytes just now with this tier's engine
+        // configuration; deserialize still checks that it fits this engine and CPU.
+        let component = unsafe { Component::deserialize(&compiler.engine, &native.code) }
+            .map_err(|e| LoadError::Internal(format!("the compile worker's code did not load: {e:#}")))?;
+        tracing::debug!(
+            tier = ?compiler.tier,
+            cpu_secs = native.cpu.as_secs_f64(),
+            peak_mib = native.peak_bytes >> 20,
+            "compiled in the worker"
+        );
+        Ok((component, Some(native.code)))
     }
 
     /// `compiler`'s cached code of the component with this digest, if it is there and loads.
@@ -429,6 +475,7 @@ impl Runtime {
     /// compiles (one-shot commands).
     pub fn optimize_later(
         &self,
+        backend: &str,
         digest: &str,
         bytes: Arc<[u8]>,
         baseline: Option<Component>,
@@ -436,6 +483,16 @@ impl Runtime {
         deliver: super::optimizer::Deliver,
     ) {
         if !self.config.optimize_in_background {
+            return;
+        }
+        let marker = format!("{digest}-{:016x}.over-budget", self.optimized.hash);
+        let budget = budget_text(&self.config.compile_budget);
+        if self.memo.locked().contains(digest) || self.marked_over_budget(&marker, &budget) {
+            tracing::warn!(
+                backend,
+                digest = &digest[..12.min(digest.len())],
+                "this version's optimised compile went over its budget before: it serves from baseline code (a larger `compile_memory_mb` or `compile_cpu_secs` lets it be tried again)"
+            );
             return;
         }
         let max = self.config.cache_max_bytes;
@@ -454,8 +511,44 @@ impl Runtime {
                 as super::optimizer::Keep
         });
         let engine = self.optimized.engine.clone();
-        let job = super::optimizer::Job { digest: digest.to_owned(), engine, keep, before, bytes, wanted, deliver };
+        let worker = self.config.compile_worker.clone().map(|exe| super::optimizer::Worker {
+            exe,
+            budget: self.config.compile_budget.clone(),
+            slot: self.slot.clone(),
+        });
+        let (seen, dir, key) = (Arc::downgrade(&self.memo), self.config.cache_dir.clone(), digest.to_owned());
+        let over_budget = Box::new(move |_: &super::compile_worker::CompileError| {
+            if let Some(seen) = seen.upgrade() {
+                seen.locked().insert(key);
+            }
+            // Kept with the cache, so a restart (or a crash loop) does not compile it again.
+            if let Some(state) = dir.as_deref().and_then(|d| crate::durable::StateDir::open(d).ok()) {
+                let _ = state.write(&marker, budget.as_bytes(), false);
+            }
+        });
+        let job = super::optimizer::Job {
+            backend: backend.to_owned(),
+            digest: digest.to_owned(),
+            worker,
+            over_budget,
+            engine,
+            keep,
+            before,
+            bytes,
+            wanted,
+            deliver,
+        };
         self.optimizer.push(job);
+    }
+
+    /// Whether the cache holds `marker` (a compile over `budget`, or a larger one, before).
+    fn marked_over_budget(&self, marker: &str, budget: &str) -> bool {
+        let Some(dir) = &self.config.cache_dir else { return false };
+        let Ok(state) = crate::durable::StateDir::open(dir) else { return false };
+        match state.read(marker) {
+            Ok(Some(was)) => std::str::from_utf8(&was).is_ok_and(|was| budget_at_most(budget, was)),
+            _ => false,
+        }
     }
 
     /// Whether component `digest` waits for, or is getting, its optimised code.
@@ -489,17 +582,42 @@ impl Runtime {
     }
 }
 
-/// Compile `bytes` with `engine`, a truncated file said as such.
+/// A budget as kept in an over-budget marker: `MEMORY_BYTES CPU_BASE CPU_PER_MIB`.
+fn budget_text(b: &super::compile_worker::CompileBudget) -> String {
+    format!("{} {} {}", b.memory_bytes, b.cpu_base_secs, b.cpu_secs_per_mib)
+}
+
+/// Whether budget `now` gives nothing more than `was` (both [`budget_text`]): a compile over
+/// `was` would go over `now` too. A marker that does not parse counts as no marker.
+fn budget_at_most(now: &str, was: &str) -> bool {
+    let nums = |t: &str| t.split(' ').map(|n| n.parse::<u64>().ok()).collect::<Option<Vec<u64>>>();
+    match (nums(now), nums(was)) {
+        (Some(a), Some(b)) if a.len() == 3 && b.len() == 3 => a.iter().zip(&b).all(|(a, b)| a <= b),
+        _ => false,
+    }
+}
+
+/// Compile `bytes` with `engine` in this process, a truncated file said as such.
 fn compile_with(engine: &Engine, bytes: &[u8]) -> Result<Component, LoadError> {
-    Component::new(engine, bytes).map_err(|e| {
-        let msg = format!("{e:#}");
-        // A section reaching past the end is what a half-written or cut-off file looks like.
-        if msg.contains("out of bounds") || msg.contains("unexpected end") {
-            LoadError::Invalid(format!("the file is truncated (or corrupt): {msg}"))
-        } else {
-            LoadError::Invalid(msg)
-        }
-    })
+    Component::new(engine, bytes).map_err(|e| invalid(format!("{e:#}")))
+}
+
+/// A compile the worker could not finish, as a load error.
+fn compile_error(e: super::compile_worker::CompileError) -> LoadError {
+    match e {
+        super::compile_worker::CompileError::Invalid(msg) => invalid(msg),
+        e => LoadError::Compile(e),
+    }
+}
+
+/// The compiler's refusal, a truncated file said as such.
+fn invalid(msg: String) -> LoadError {
+    // A section reaching past the end is what a half-written or cut-off file looks like.
+    if msg.contains("out of bounds") || msg.contains("unexpected end") {
+        LoadError::Invalid(format!("the file is truncated (or corrupt): {msg}"))
+    } else {
+        LoadError::Invalid(msg)
+    }
 }
 
 /// Write a component's native code into the cache as `name`, then keep the cache within

@@ -200,6 +200,7 @@ impl BackendInstance {
             }
         };
         self.runtime.optimize_later(
+            &self.name,
             &self.digest,
             Arc::from(bytes),
             Some(baseline),

@@ -1,8 +1,31 @@
 //! What one backend call may use: the memory cap of a store (every linear memory and table of
 //! every core instance in it, together), and the [`Meter`] of the work the host does on the
-//! call's behalf.
+//! call's behalf, drawn from the backend's one [`HostWork`] budget.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+/// The bytes the host holds for all of one backend's calls under way together (every instance,
+/// every call: a poll's discover, an Allocate and a DRA prepare may run at once): at most its
+/// memory cap, however many calls it has going. Each call's [`Meter`] draws on it and gives back
+/// what it drew when the call ends.
+#[derive(Debug)]
+pub struct HostWork {
+    held: AtomicUsize,
+    limit: usize,
+}
+
+impl HostWork {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(HostWork { held: AtomicUsize::new(0), limit })
+    }
+
+    /// Bytes held now for the backend's calls under way.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
 
 use wasmtime::ResourceLimiter;
 
@@ -18,16 +41,34 @@ pub struct Meter {
     spent: usize,
     deadline: Instant,
     took: Duration,
+    /// The backend's budget this call draws on, if any.
+    pool: Option<Arc<HostWork>>,
 }
 
 impl Meter {
     /// A call that may make the host hold `limit` bytes for it until `took` from now.
     pub fn new(limit: usize, took: Duration) -> Self {
-        Meter { limit, spent: 0, deadline: Instant::now() + took, took }
+        Meter { limit, spent: 0, deadline: Instant::now() + took, took, pool: None }
+    }
+
+    /// [`Meter::new`], drawing on the backend's `pool` too: what the backend's other calls
+    /// under way hold counts against this one.
+    pub fn drawing_on(limit: usize, took: Duration, pool: Arc<HostWork>) -> Self {
+        Meter { pool: Some(pool), ..Meter::new(limit, took) }
     }
 
     /// Whether more host work may start for this call; the error says which limit is spent.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(pool) = &self.pool
+            && pool.held() > pool.limit
+        {
+            return Err(format!(
+                "the host holds {} bytes for this backend's calls under way, more than its {} byte memory cap: \
+                 ask for fewer paths per batch, or make fewer calls at once",
+                pool.held(),
+                pool.limit
+            ));
+        }
         if self.spent > self.limit {
             return Err(format!(
                 "the host did {} bytes of work for this call, more than the {} bytes its memory cap leaves it: \
@@ -47,11 +88,23 @@ impl Meter {
     /// `bytes` more held or handed back for this call.
     pub fn charge(&mut self, bytes: usize) {
         self.spent = self.spent.saturating_add(bytes);
+        if let Some(pool) = &self.pool {
+            pool.held.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// Bytes charged so far.
     pub fn spent(&self) -> usize {
         self.spent
+    }
+}
+
+impl Drop for Meter {
+    /// The call ended: what it held is given back to the backend's budget.
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.held.fetch_sub(self.spent, Ordering::Relaxed);
+        }
     }
 }
 
@@ -130,6 +183,25 @@ mod tests {
         std::thread::yield_now();
         let late_err = (0..1000).find_map(|_| late.check().err()).expect("the deadline passes");
         assert!(late_err.contains("deadline passed"), "{late_err}");
+    }
+
+    /// Issue 58 (2): a backend's calls under way share one budget (they each had their own, so
+    /// a backend with several calls going made the host hold several caps' worth).
+    #[test]
+    fn a_backends_calls_under_way_draw_on_one_budget_given_back_when_they_end() {
+        let pool = HostWork::new(100);
+        let mut first = Meter::drawing_on(100, Duration::from_secs(60), pool.clone());
+        let mut second = Meter::drawing_on(100, Duration::from_secs(60), pool.clone());
+        first.charge(80);
+        assert!(first.check().is_ok() && second.check().is_ok());
+        second.charge(30);
+        assert!(second.check().unwrap_err().contains("this backend's calls under way"), "110 of 100 together");
+        assert!(first.check().is_err(), "the first call is over the shared budget too");
+        drop(second);
+        assert_eq!(pool.held(), 80);
+        assert!(first.check().is_ok(), "given back when the other call ended");
+        drop(first);
+        assert_eq!(pool.held(), 0);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 pub mod bindings;
 pub mod caps;
+pub mod compile_worker;
 mod engine;
 pub mod engine_config;
 pub mod guest_log;
@@ -45,6 +46,9 @@ pub enum LoadError {
     Discover(CallError),
     #[error("bad manifest: {0}")]
     Manifest(String),
+    /// The compile met its budget, or its worker failed: nothing was loaded.
+    #[error("not compiled: {0}")]
+    Compile(compile_worker::CompileError),
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -25,10 +25,24 @@ pub type Deliver = Box<dyn FnOnce(Component) + Send>;
 /// What keeps the native code (writes it to the compile cache).
 pub type Keep = Box<dyn FnOnce(&[u8]) + Send>;
 
+/// Where and under what budget the optimised code is compiled (see
+/// [`super::compile_worker`]).
+pub struct Worker {
+    pub exe: std::path::PathBuf,
+    pub budget: super::compile_worker::CompileBudget,
+    pub slot: Arc<super::compile_worker::Slot>,
+}
+
 /// One component to optimise.
 pub struct Job {
+    /// The backend it is (for the log).
+    pub backend: String,
     /// Its sha256 (the cache key and what `/status` shows as pending).
     pub digest: String,
+    /// The worker process it is compiled in; `None` in this thread, unbounded (a test binary).
+    pub worker: Option<Worker>,
+    /// Told when the compile went over its budget (it is then not tried again).
+    pub over_budget: Box<dyn FnOnce(&super::compile_worker::CompileError) + Send>,
     /// The engine the code is for (the optimising one, which serves).
     pub engine: wasmtime::Engine,
     /// Keeps the native code (the compile cache), when there is one.
@@ -127,21 +141,78 @@ impl Optimizer {
                     };
                 }
             };
-            if (job.wanted)() {
-                Self::compile(&mut serial, job);
-            }
+            let again = if (job.wanted)() { Self::compile(&mut serial, job) } else { None };
             let mut q = self.queue.locked();
+            if let Some(job) = again {
+                // It gave way to a load's compile: first in line once that is done.
+                q.jobs.push_front(job);
+            }
             q.running = None;
             self.changed.notify_all();
         }
     }
 
-    fn compile(serial: &mut Option<wasmtime::Engine>, mut job: Job) {
+    /// Compile `job`; the job back when it gave way to a load's compile and is to run again.
+    fn compile(serial: &mut Option<wasmtime::Engine>, mut job: Job) -> Option<Job> {
         if let Some(before) = job.before.take() {
             before();
         }
-        let short = &job.digest[..12.min(job.digest.len())];
+        let short = job.digest[..12.min(job.digest.len())].to_owned();
         let started = std::time::Instant::now();
+        let native = match &job.worker {
+            Some(w) => {
+                let how = super::compile_worker::Job { tier: super::Tier::Optimized, serial: true, idle: true };
+                match super::compile_worker::compile(&w.exe, &w.slot, how, &job.bytes, &w.budget) {
+                    Ok(native) => {
+                        tracing::debug!(backend = %job.backend, cpu_secs = native.cpu.as_secs_f64(), peak_mib = native.peak_bytes >> 20, "optimised compile done in the worker");
+                        native.code
+                    }
+                    Err(super::compile_worker::CompileError::Preempted) => return Some(job),
+                    Err(e) => {
+                        if e.over_budget() {
+                            // Recorded before it is said: what the log promises holds from then.
+                            (job.over_budget)(&e);
+                            tracing::error!(backend = %job.backend, digest = %short, error = %e, "optimising a baseline-loaded backend was given up: it keeps serving from its baseline code, and this version is not optimised again");
+                        } else {
+                            tracing::warn!(backend = %job.backend, digest = %short, error = %e, "optimising a baseline-loaded backend failed; it keeps its baseline code");
+                        }
+                        return None;
+                    }
+                }
+            }
+            None => Self::compile_here(serial, &job)?,
+        };
+        if let Some(keep) = job.keep {
+            keep(&native);
+        }
+        // SAFETY: `native` was produced just now from these bytes by this executable (its
+        // worker, or this thread) with an engine configured as the job's (the optimising one;
+        // only parallel compilation differs, which is not part of the code); deserialize still
+        // checks that they agree.
+        match unsafe { Component::deserialize(&job.engine, &native) } {
+            Ok(component) => {
+                drop(native);
+                if (job.wanted)() {
+                    (job.deliver)(component);
+                    tracing::info!(
+                        backend = %job.backend,
+                        digest = %short,
+                        secs = started.elapsed().as_secs_f64(),
+                        "optimised code compiled in the background and swapped in"
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(backend = %job.backend, digest = %short, error = %format!("{e:#}"), "optimised code did not load; the backend keeps its baseline code")
+            }
+        }
+        // What the compiler used is free now: give it back to the kernel.
+        super::heap::release_freed();
+        None
+    }
+
+    /// The optimised code compiled on this thread (no worker: a test binary).
+    fn compile_here(serial: &mut Option<wasmtime::Engine>, job: &Job) -> Option<Vec<u8>> {
         if serial.is_none() {
             let mut config = super::engine_config::engine_config();
             config.parallel_compilation(false);
@@ -149,42 +220,18 @@ impl Optimizer {
                 Ok(e) => *serial = Some(e),
                 Err(e) => {
                     tracing::warn!(error = %e, "background optimiser: no engine; baseline code keeps serving");
-                    return;
+                    return None;
                 }
             }
         }
-        let Some(engine) = serial.as_ref() else { return };
-        let native = match engine.precompile_component(&job.bytes) {
-            Ok(n) => n,
+        let engine = serial.as_ref()?;
+        match engine.precompile_component(&job.bytes) {
+            Ok(n) => Some(n),
             Err(e) => {
-                tracing::warn!(digest = short, error = %format!("{e:#}"), "optimising a baseline-loaded backend failed; it keeps its baseline code");
-                return;
-            }
-        };
-        if let Some(keep) = job.keep {
-            keep(&native);
-        }
-        // SAFETY: `native` was produced just now, in this process, from these bytes by an
-        // engine configured as the job's (the optimising one; only parallel compilation
-        // differs, which is not part of the code); deserialize still checks that they agree.
-        match unsafe { Component::deserialize(&job.engine, &native) } {
-            Ok(component) => {
-                drop(native);
-                if (job.wanted)() {
-                    (job.deliver)(component);
-                    tracing::info!(
-                        digest = short,
-                        secs = started.elapsed().as_secs_f64(),
-                        "optimised code compiled in the background and swapped in"
-                    );
-                }
-            }
-            Err(e) => {
-                tracing::warn!(digest = short, error = %format!("{e:#}"), "optimised code did not load; the backend keeps its baseline code")
+                tracing::warn!(backend = %job.backend, error = %format!("{e:#}"), "optimising a baseline-loaded backend failed; it keeps its baseline code");
+                None
             }
         }
-        // What the compiler used is free now: give it back to the kernel.
-        super::heap::release_freed();
     }
 }
 
@@ -227,16 +274,16 @@ mod tests {
         let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
         let seen: Seen = Arc::default();
         let yes = || -> Box<dyn Fn() -> bool + Send> { Box::new(|| true) };
-        rt.optimize_later("a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a"));
-        rt.optimize_later("a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a again"));
-        rt.optimize_later("gone", Arc::from(wasm), None, Box::new(|| false), deliver(&seen, &rt, "gone"));
+        rt.optimize_later("embedded", "a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a"));
+        rt.optimize_later("embedded", "a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a again"));
+        rt.optimize_later("embedded", "gone", Arc::from(wasm), None, Box::new(|| false), deliver(&seen, &rt, "gone"));
         rt.finish_background_compiles();
         assert_eq!(*seen.locked(), [("a", true, libc::SCHED_IDLE)]);
         assert!(!rt.optimizing("a") && !rt.optimizing("gone"));
         // One-shot commands compile nothing in the background.
         let one_shot =
             Runtime::new(RuntimeConfig { optimize_in_background: false, ..RuntimeConfig::default() }).unwrap();
-        one_shot.optimize_later("b", Arc::from(wasm), None, yes(), deliver(&seen, &one_shot, "b"));
+        one_shot.optimize_later("embedded", "b", Arc::from(wasm), None, yes(), deliver(&seen, &one_shot, "b"));
         one_shot.finish_background_compiles();
         assert_eq!(seen.locked().len(), 1);
     }
@@ -250,7 +297,10 @@ mod tests {
         q.queue.locked().started = true;
         for i in 0..MAX_QUEUED + 3 {
             let job = Job {
+                backend: "b".into(),
                 digest: format!("d{i}"),
+                worker: None,
+                over_budget: Box::new(|_| {}),
                 engine: wasmtime::Engine::default(),
                 keep: None,
                 before: None,

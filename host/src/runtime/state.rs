@@ -123,6 +123,9 @@ pub struct Sandbox {
     /// Kernel uevent subsystems that trigger its `discover`.
     pub uevents: super::caps::Rule,
     pub memory_cap: usize,
+    /// What the host holds for all of the backend's calls under way, together (shared by every
+    /// instance, as the memory cap bounds each).
+    pub host_work: Arc<super::limits::HostWork>,
     /// Records every capability call that was answered (`devplug discover --learn-requests`).
     pub learn: Option<Arc<super::learn::Learned>>,
     /// Ask a WIT 0.3.0 backend's `describe` after each `discover`: only when it may serve a
@@ -146,6 +149,7 @@ impl Sandbox {
             refusals: Arc::new(RefusalLog::default()),
             log: Arc::new(LogBudget::default()),
             memory_cap,
+            host_work: super::limits::HostWork::new(memory_cap),
             learn: None,
             describe: false,
         }
@@ -163,6 +167,9 @@ impl Sandbox {
         self
     }
 }
+
+/// Host work after which a call's end gives the freed memory back to the kernel.
+const TRIM_AFTER: usize = 4 << 20;
 
 /// Store data for one instance.
 pub struct HostState {
@@ -217,7 +224,8 @@ impl HostState {
     /// A guest call starts that may run for `deadline`: its meter is set to what the memory cap
     /// leaves the backend now, its stderr tail and memory-cap flag are cleared.
     pub fn begin_call(&mut self, deadline: std::time::Duration) {
-        self.meter = Meter::new(self.limiter.max.saturating_sub(self.limiter.used), deadline);
+        let left = self.limiter.max.saturating_sub(self.limiter.used);
+        self.meter = Meter::drawing_on(left, deadline, self.sandbox.host_work.clone());
         self.limiter.hit = false;
         self.words.locked().clear();
     }
@@ -226,7 +234,14 @@ impl HostState {
     /// [`OpenDirs`]), and its meter is spent.
     pub fn end_call(&mut self) {
         self.open_dirs.clear();
-        self.meter = Meter::new(0, std::time::Duration::ZERO);
+        let ended = std::mem::replace(&mut self.meter, Meter::new(0, std::time::Duration::ZERO));
+        let held = ended.spent();
+        drop(ended);
+        // Megabytes the host held for the call are free now; glibc keeps freed blocks of the
+        // call's thread arena for reuse unless told, and each blocking thread has its own.
+        if held >= TRIM_AFTER {
+            super::heap::release_freed();
+        }
     }
 }
 

@@ -1,0 +1,407 @@
+//! Compiling outsider code in a process the kernel bounds. wasmtime's compilers cannot be
+//! interrupted or limited from inside (a compile is one long call that allocates what the input
+//! asks), so a component's bytes go to a fresh `devplug` (`/proc/self/exe __compile-worker`) on
+//! its stdin and its native code comes back on its stdout. The worker runs under kernel limits
+//! set between fork and exec: `RLIMIT_DATA` (every private writable mapping: the heap, thread
+//! stacks) and `RLIMIT_CPU` (seconds of CPU, all threads), no core dumps, no file writes, a
+//! handful of descriptors, no new privileges, and it dies with the host (`PR_SET_PDEATHSIG`). A
+//! compile over either bound is killed by the kernel, and the host says which bound it met and
+//! what to change. Background compiles also run at `SCHED_IDLE`, the worker process with them.
+//!
+//! The worker is the host's own executable, compiling with the engine configuration of the
+//! tier asked ([`super::engine_config`]), so its native code is what an in-process compile
+//! would have made; the host still loads it through `Component::deserialize`, which checks that
+//! it fits the engine.
+
+use std::io::{Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use super::Tier;
+
+/// The first argument that makes `devplug` a compile worker (not a subcommand: never in `--help`).
+pub const WORKER_ARG: &str = "__compile-worker";
+
+/// The most of the worker's own complaint (stderr) the host keeps.
+const STDERR_KEPT: u64 = 16 << 10;
+
+/// Exit code of a worker whose compiler refused the component (the message is on stderr).
+const REFUSED: i32 = 3;
+
+/// What one compile may use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileBudget {
+    /// The worker's private writable memory (`RLIMIT_DATA`), in bytes.
+    pub memory_bytes: u64,
+    /// CPU seconds every compile may use, whatever its size.
+    pub cpu_base_secs: u64,
+    /// CPU seconds more per MiB of component (the largest legitimate compiles are
+    /// proportional to the code they compile).
+    pub cpu_secs_per_mib: u64,
+}
+
+/// [`CompileBudget`]'s default: room for the largest first-party-sized components (the 18 MB
+/// Python example compiles optimised, serially, in about 30 s of CPU and 250 MiB; baseline,
+/// in parallel, in about 4 s and 200 MiB; docs/BENCHMARKS.md, "Compile budgets").
+pub const DEFAULT_BUDGET: CompileBudget =
+    CompileBudget { memory_bytes: 384 << 20, cpu_base_secs: 20, cpu_secs_per_mib: 5 };
+
+impl CompileBudget {
+    /// The CPU seconds a compile of `len` bytes may use.
+    pub fn cpu_secs(&self, len: usize) -> u64 {
+        let mib = (len as u64).div_ceil(1 << 20);
+        self.cpu_base_secs.saturating_add(self.cpu_secs_per_mib.saturating_mul(mib))
+    }
+}
+
+/// How a compile runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    pub tier: Tier,
+    /// Without wasmtime's parallel compilation (one thread: the background optimiser).
+    pub serial: bool,
+    /// At `SCHED_IDLE` (only on a core nothing else wants).
+    pub idle: bool,
+}
+
+/// Why a compile gave no code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// The compiler refused the component (it is not valid Wasm, or uses what this engine
+    /// does not support).
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "its compile went over the memory bound of {mib} MiB and was stopped (a larger bound: `compile_memory_mb` in the config)"
+    )]
+    Memory { mib: u64 },
+    #[error(
+        "its compile went over its CPU budget of {secs} s and was stopped (more: `compile_cpu_secs` and `compile_cpu_secs_per_mib` in the config)"
+    )]
+    Cpu { secs: u64 },
+    /// A background compile that gave way to a load's compile; it runs again later.
+    #[error("stopped to let a backend's load compile first")]
+    Preempted,
+    /// The worker could not be started or ended in a way a bound does not explain.
+    #[error("the compile worker failed: {0}")]
+    Worker(String),
+}
+
+impl CompileError {
+    /// A bound the compile met (as opposed to a component the compiler refused).
+    pub fn over_budget(&self) -> bool {
+        matches!(self, CompileError::Memory { .. } | CompileError::Cpu { .. })
+    }
+}
+
+/// Native code and what making it cost.
+pub struct Native {
+    pub code: Vec<u8>,
+    /// CPU the worker used (user and system, all threads).
+    pub cpu: Duration,
+    /// The worker's peak resident memory, in bytes.
+    pub peak_bytes: u64,
+}
+
+/// The one compile worker of a runtime at a time, so compiles never add up past one bound (the
+/// pod's memory limit holds the host and one worker). A compile a component's load waits for
+/// (foreground) goes first: it stops a background compile under way, which is run again after.
+#[derive(Default)]
+pub struct Slot {
+    state: std::sync::Mutex<SlotState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct SlotState {
+    foreground_waiting: usize,
+    foreground_running: bool,
+    /// A background compile holds the slot; its worker's pid once started.
+    background: Option<Option<libc::pid_t>>,
+    /// The background compile was told to give way.
+    preempt: bool,
+}
+
+impl Slot {
+    /// Whether a background compile's worker runs now.
+    pub fn background_running(&self) -> bool {
+        use crate::sync::Locked;
+        matches!(self.state.locked().background, Some(Some(_)))
+    }
+
+    fn acquire(&self, foreground: bool) -> SlotGuard<'_> {
+        use crate::sync::Locked;
+        let mut st = self.state.locked();
+        if foreground {
+            st.foreground_waiting += 1;
+            loop {
+                if let Some(pid) = st.background {
+                    st.preempt = true;
+                    if let Some(pid) = pid {
+                        // SAFETY: a signal to our own, not yet reaped, worker.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+                if !st.foreground_running && st.background.is_none() {
+                    break;
+                }
+                st = self.changed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            st.foreground_waiting -= 1;
+            st.foreground_running = true;
+        } else {
+            while st.foreground_running || st.foreground_waiting > 0 || st.background.is_some() {
+                st = self.changed.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+            st.background = Some(None);
+            st.preempt = false;
+        }
+        SlotGuard { slot: self, foreground }
+    }
+}
+
+struct SlotGuard<'a> {
+    slot: &'a Slot,
+    foreground: bool,
+}
+
+impl SlotGuard<'_> {
+    /// Record the background worker's pid; false when it was told to give way meanwhile.
+    fn started(&self, pid: libc::pid_t) -> bool {
+        use crate::sync::Locked;
+        let mut st = self.slot.state.locked();
+        if self.foreground {
+            return true;
+        }
+        st.background = Some(Some(pid));
+        !st.preempt
+    }
+
+    fn preempted(&self) -> bool {
+        use crate::sync::Locked;
+        !self.foreground && self.slot.state.locked().preempt
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        use crate::sync::Locked;
+        let mut st = self.slot.state.locked();
+        if self.foreground {
+            st.foreground_running = false;
+        } else {
+            st.background = None;
+        }
+        self.slot.changed.notify_all();
+    }
+}
+
+static REGISTERED: OnceLock<PathBuf> = OnceLock::new();
+
+/// Called first thing by the `devplug` binary: serves as a compile worker when asked (the
+/// returned exit code ends the process), and otherwise registers this executable as the worker
+/// every [`super::RuntimeConfig::default`] uses. A process that never registers (a test binary
+/// linking the library) compiles in-process unless its config names a worker.
+pub fn serve_or_register() -> Option<std::process::ExitCode> {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(std::ffi::OsStr::new(WORKER_ARG)) {
+        // The running executable itself, even if its file is replaced by an upgrade.
+        let _ = REGISTERED.set(PathBuf::from("/proc/self/exe"));
+        return None;
+    }
+    let args: Vec<String> = args.filter_map(|a| a.into_string().ok()).collect();
+    Some(serve(&args))
+}
+
+/// The worker executable [`super::RuntimeConfig::default`] names.
+pub fn registered() -> Option<PathBuf> {
+    REGISTERED.get().cloned()
+}
+
+/// The worker: `TIER [serial]`, the component on stdin, its native code on stdout.
+fn serve(args: &[String]) -> std::process::ExitCode {
+    let fail = |msg: &str, code: u8| {
+        let _ = writeln!(std::io::stderr(), "{msg}");
+        std::process::ExitCode::from(code)
+    };
+    let config = match args.first().map(String::as_str) {
+        Some("optimized") => Some(super::engine_config::engine_config()),
+        Some("baseline") => super::engine_config::baseline_engine_config(),
+        _ => return fail("usage: devplug __compile-worker optimized|baseline [serial]", 2),
+    };
+    let Some(mut config) = config else { return fail("this build has no baseline compiler", 2) };
+    // Two arenas and large blocks mapped on their own: the compiler's threads then fragment
+    // less of the bound (the 18 MB Python example's baseline compile fits 384 MiB so, not
+    // 448 MiB with glibc's defaults).
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator parameters; no other thread exists yet.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+    config.parallel_compilation(args.get(1).map(String::as_str) != Some("serial"));
+    let engine = match wasmtime::Engine::new(&config) {
+        Ok(e) => e,
+        Err(e) => return fail(&format!("no engine: {e:#}"), 2),
+    };
+    let mut bytes = Vec::new();
+    if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
+        return fail(&format!("reading the component: {e}"), 2);
+    }
+    match engine.precompile_component(&bytes) {
+        Ok(native) => {
+            drop(bytes);
+            match std::io::stdout().lock().write_all(&native) {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => fail(&format!("writing the code: {e}"), 2),
+            }
+        }
+        Err(e) => fail(&format!("{e:#}"), REFUSED as u8),
+    }
+}
+
+/// Compile `bytes` in a worker (`exe`) under `budget`, once `slot` is free. Blocking (a compile
+/// takes seconds).
+pub fn compile(
+    exe: &Path,
+    slot: &Slot,
+    job: Job,
+    bytes: &[u8],
+    budget: &CompileBudget,
+) -> Result<Native, CompileError> {
+    let held = slot.acquire(!job.idle);
+    let cpu_secs = budget.cpu_secs(bytes.len());
+    let memory = budget.memory_bytes;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("devplug-compile")
+        .arg(WORKER_ARG)
+        .arg(match job.tier {
+            Tier::Optimized => "optimized",
+            Tier::Baseline => "baseline",
+        })
+        .args(job.serial.then_some("serial"))
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let idle = job.idle;
+    // SAFETY: between fork and exec only async-signal-safe syscalls run (setrlimit, prctl,
+    // sched_setscheduler), on plain values; nothing allocates or takes a lock.
+    unsafe {
+        cmd.pre_exec(move || limit_self(memory, cpu_secs, idle));
+    }
+    let mut child = cmd.spawn().map_err(|e| CompileError::Worker(format!("{}: {e}", exe.display())))?;
+    let pid = child.id() as libc::pid_t;
+    if !held.started(pid) {
+        let _ = child.kill();
+    }
+    let (Some(mut stdin), Some(stdout), Some(stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(CompileError::Worker("no pipes to the worker".into()));
+    };
+    let mut code = Vec::new();
+    let mut complaint = String::new();
+    std::thread::scope(|s| {
+        // A worker killed mid-read makes this write fail (EPIPE): its status says why.
+        s.spawn(move || {
+            let _ = stdin.write_all(bytes);
+        });
+        let err = s.spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.take(STDERR_KEPT).read_to_string(&mut text);
+            text
+        });
+        // The worker cannot make more than its memory bound; reading more is refused.
+        let _ = stdout.take(memory.saturating_add(1)).read_to_end(&mut code);
+        complaint = err.join().unwrap_or_default();
+    });
+    let (status, usage) = reap(pid).map_err(|e| CompileError::Worker(format!("waiting for the worker: {e}")))?;
+    // Reaped here, so `child` must not wait again.
+    drop(child);
+    let cpu = usage.cpu;
+    if !status.success() && held.preempted() {
+        return Err(CompileError::Preempted);
+    }
+    let ended = if status.success() && (code.len() as u64) <= memory {
+        return Ok(Native { code, cpu, peak_bytes: usage.peak_bytes });
+    } else if status.code() == Some(REFUSED) {
+        return Err(CompileError::Invalid(complaint.trim().to_owned()));
+    } else if let Some(sig) = status.signal() {
+        let name = nix::sys::signal::Signal::try_from(sig).map(|s| s.as_str()).unwrap_or("a signal");
+        format!("killed by {name}")
+    } else {
+        format!("exit status {}", status.code().unwrap_or(-1))
+    };
+    // The kernel's two ways of enforcing the bounds: SIGXCPU/SIGKILL past RLIMIT_CPU, and an
+    // allocation refused past RLIMIT_DATA (Rust aborts, saying so).
+    if cpu.as_secs() >= cpu_secs || matches!(status.signal(), Some(libc::SIGXCPU)) {
+        return Err(CompileError::Cpu { secs: cpu_secs });
+    }
+    if complaint.contains("memory allocation of") || complaint.contains("out of memory") {
+        return Err(CompileError::Memory { mib: memory >> 20 });
+    }
+    let said = complaint.lines().last().unwrap_or("").trim();
+    Err(CompileError::Worker(if said.is_empty() { ended } else { format!("{ended}: {}", crate::gate::clip(said)) }))
+}
+
+/// The limits of the worker, applied to itself between fork and exec.
+fn limit_self(memory: u64, cpu_secs: u64, idle: bool) -> std::io::Result<()> {
+    let set = |resource, soft: u64, hard: u64| {
+        let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+        // SAFETY: setrlimit on this process with a valid limit block.
+        if unsafe { libc::setrlimit(resource, &lim) } == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    };
+    set(libc::RLIMIT_DATA, memory, memory)?;
+    // SIGXCPU at the soft limit, SIGKILL a second later should it be caught.
+    set(libc::RLIMIT_CPU, cpu_secs, cpu_secs.saturating_add(1))?;
+    set(libc::RLIMIT_CORE, 0, 0)?;
+    set(libc::RLIMIT_FSIZE, 0, 0)?;
+    set(libc::RLIMIT_NOFILE, 32, 32)?;
+    // SAFETY: prctl with integer arguments on this process.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0
+            || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1 as libc::c_ulong, 0, 0, 0) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    if idle {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: as above; refused only where the policy is not allowed, which leaves the
+        // worker at the caller's priority (the optimiser thread lowered its own already).
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    }
+    Ok(())
+}
+
+struct Usage {
+    cpu: Duration,
+    peak_bytes: u64,
+}
+
+/// Wait for `pid` and take what it used.
+fn reap(pid: libc::pid_t) -> std::io::Result<(std::process::ExitStatus, Usage)> {
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waits for our own child, writing into the two locals.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32).saturating_mul(1000));
+    let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
+    let peak_bytes = (usage.ru_maxrss as u64).saturating_mul(1024);
+    Ok((std::process::ExitStatus::from_raw(status), Usage { cpu, peak_bytes }))
+}
