@@ -1746,16 +1746,20 @@ async fn another_backends_device_node_reaches_no_container_and_no_claim() {
     drop(d);
 }
 
-/// Issue 49: connections were not bounded. 2,000 connections each holding an unfinished header
-/// block on `dra.sock` grew devplug by 380 MiB and were never timed out; past the open-file
-/// limit kubelet's NodePrepareResources went unanswered and nothing was logged. Now every
-/// plugin socket holds at most 128 connections (more are closed at once, with an ERROR) and
-/// closes one that owes a header block past 10 s; kubelet's own connections keep working
-/// through the flood on both the DRA and the Device Plugin socket.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
-    use std::io::{Read, Write};
-    // The flood needs more open files than a default soft limit of 1,024 gives this process.
+/// The node of the flood tests: devplug through the binary with a DRA resource
+/// (`claimed.devplug.io`, 4 devices) and a Device Plugin one (`test.devplug.io/plain`), both
+/// served, and this process allowed the open files a flood needs (a default soft limit is 1,024).
+struct FloodNode {
+    api: std::sync::Arc<support::apiserver::ApiServer>,
+    dra: std::sync::Arc<support::kubelet_dra::DraKubelet>,
+    d: support::binary::Devplug,
+    _kubelet: support::kubelet::Kubelet,
+    root: tempfile::TempDir,
+    plain: support::kubelet::Plugin,
+    driver: &'static str,
+}
+
+async fn flood_node() -> (support::fixtures::Machine, FloodNode) {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit/setrlimit read and write only the struct here.
     unsafe {
@@ -1763,7 +1767,6 @@ async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
         lim.rlim_cur = lim.rlim_max.min(8192);
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
     }
-    const FLOOD: usize = 1000;
     let m = support::fixtures::Machine::generic_box();
     let chaos = [
         ("claimed", "resource=test.devplug.io/claimed devices=4".to_owned()),
@@ -1775,6 +1778,20 @@ async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
     dra.wait_plugin(driver, T).await;
     until("the pool", || api.devices(NODE, driver).len() == 4).await;
     let plain = kubelet.wait_plugin("test.devplug.io/plain", T).await.unwrap();
+    (m, FloodNode { api, dra, d, _kubelet: kubelet, root, plain, driver })
+}
+
+/// Issue 49: connections were not bounded. 2,000 connections each holding an unfinished header
+/// block on `dra.sock` grew devplug by 380 MiB and were never timed out; past the open-file
+/// limit kubelet's NodePrepareResources went unanswered and nothing was logged. Now every
+/// plugin socket holds at most 128 connections (more are closed at once, with an ERROR) and
+/// closes one that owes a header block past 10 s; kubelet's own connections keep working
+/// through the flood on both the DRA and the Device Plugin socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
+    use std::io::{Read, Write};
+    const FLOOD: usize = 1000;
+    let (_m, FloodNode { api, dra, d, root, plain, driver, _kubelet: _held }) = flood_node().await;
     let prepare = |i: usize| {
         let (dra, api) = (dra.clone(), api.clone());
         async move {
@@ -1843,7 +1860,7 @@ async fn a_connection_flood_is_bounded_and_kubelet_is_answered_through_it() {
 /// what kubelet sends, by its length prefix, before its body is held: a 70 KiB
 /// NodePrepareResources on `dra.sock` and a 2.5 MiB Allocate on the Device Plugin socket are
 /// `OUT_OF_RANGE` (both were served before), and kubelet's own calls are answered after them;
-/// a connection holds at most 16 requests open.
+/// a connection holds at most `MAX_STREAMS` (4) requests open.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     let m = support::fixtures::Machine::generic_box();
@@ -1875,8 +1892,8 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     };
     plain.client.clone().allocate(req).await.expect("kubelet's Allocate");
 
-    // A connection holds at most 16 requests open (each at most one message): the 17th
-    // request whose body never comes is refused (it was 64).
+    // A connection holds at most 4 requests open (each at most one message): the 5th
+    // request whose body never comes is refused (it was 64, then 16).
     use support::h2wire::{Conn, RST_STREAM, grpc_go_authority};
     let dra_sock = root.path().join("plugins").join(driver).join("dra.sock");
     let mut c = Conn::dial(&dra_sock).await.unwrap();
@@ -1884,7 +1901,8 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
     assert!(c.server_settings().await.unwrap(), "the server's SETTINGS");
     c.ack_settings().await.unwrap();
     let authority = grpc_go_authority(&dra_sock);
-    for i in 0..17 {
+    let most = devplug::plugin_socket::serve::MAX_STREAMS;
+    for i in 0..=most {
         let path = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources";
         c.open(1 + 2 * i, &authority, path, "30S").await.unwrap();
     }
@@ -1894,7 +1912,7 @@ async fn a_request_larger_than_kubelet_sends_is_refused_by_its_length() {
             break f;
         }
     };
-    assert_eq!((refused.stream, refused.payload.as_slice()), (33, &7u32.to_be_bytes()[..]), "REFUSED_STREAM");
+    assert_eq!((refused.stream, refused.payload.as_slice()), (1 + 2 * most, &7u32.to_be_bytes()[..]), "REFUSED_STREAM");
     drop(d);
 }
 
@@ -3258,4 +3276,140 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
         }
     }
     assert_eq!(allocated.len(), 6, "pairs 2 + 2, large 1, fallback 1 (one GPU was left, so not `two`): {allocated:?}");
+}
+
+/// Issue 58 (3): connections were bounded by count alone. A client filling a socket's 128
+/// connections (each with requests whose bodies never come) left a *new* connection —
+/// kubelet's after its restart — closed for as long as it held them; and unfinished messages
+/// across connections were bounded only by connections × streams × message size (the Device
+/// Plugin socket: 128 × 16 × 2 MiB = 4 GiB). Now a new connection takes the place of the one
+/// quiet longest, and every request body under way, on every socket, is held under one 16 MiB
+/// budget whose largest holder gives way: kubelet's fresh connections are answered through
+/// both floods, and devplug grows by at most 32 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelets_new_connections_are_answered_while_a_client_holds_the_cap_and_hoards_bytes() {
+    use support::h2wire::{Conn, DATA, WINDOW_UPDATE, frame, grpc_go_authority};
+    let (_m, FloodNode { api, dra, d, root, plain, driver, _kubelet: _held }) = flood_node().await;
+    let dra_sock = root.path().join("plugins").join(driver).join("dra.sock");
+    // Kubelet after a restart: a new connection to each socket, then its call.
+    let prepare_fresh = |i: usize| {
+        let (dra, api) = (dra.clone(), api.clone());
+        async move {
+            dra.redial(driver).await.unwrap();
+            let (name, uid, device) = (format!("c{i}"), format!("uid-c{i}"), format!("widget-{i}"));
+            api.allocate_claim("ml", &name, &uid, &[("dev", driver, NODE, &device)]);
+            let answers = tokio::time::timeout(T, dra.prepare(driver, &[("ml", &uid, &name)])).await.unwrap().unwrap();
+            assert!(answers[&uid].error.is_empty() && answers[&uid].devices.len() == 1, "{:?}", answers[&uid]);
+        }
+    };
+    let allocate_fresh = || {
+        let endpoint = plain.endpoint.clone();
+        async move {
+            let channel = support::uds::connect(&endpoint, T).await.expect("a new connection");
+            let mut client = pb::device_plugin_client::DevicePluginClient::new(channel);
+            let req = pb::AllocateRequest {
+                container_requests: vec![pb::ContainerAllocateRequest { devices_ids: vec!["widget-0".into()] }],
+            };
+            let started = std::time::Instant::now();
+            tokio::time::timeout(T, client.allocate(req)).await.unwrap().expect("Allocate on a new connection");
+            started.elapsed()
+        }
+    };
+    prepare_fresh(0).await;
+    allocate_fresh().await;
+    let before = support::stats::memory_mib(d.pid(), "VmRSS");
+
+    // The slowloris: every connection of both sockets held, each with as many requests as it
+    // may have whose bodies never come.
+    let most = devplug::plugin_socket::serve::MAX_STREAMS;
+    let mut held = Vec::new();
+    for (path, rpc) in [
+        (&dra_sock, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"),
+        (&plain.endpoint, "/v1beta1.DevicePlugin/Allocate"),
+    ] {
+        let authority = grpc_go_authority(path);
+        // One more than the cap: the last one takes a place. A connection told to make room is
+        // closed under the client's writes (EPIPE), which it shrugs off, as an attacker would.
+        for _ in 0..=devplug::plugin_socket::serve::MAX_CONNECTIONS {
+            let mut c = Conn::dial(path).await.unwrap();
+            let _ = c.start().await;
+            for s in 0..most {
+                let _ = c.open(1 + 2 * s, &authority, rpc, "120S").await;
+            }
+            held.push(c);
+        }
+    }
+    prepare_fresh(1).await;
+    let through_slowloris = allocate_fresh().await;
+    let slowloris = support::stats::memory_mib(d.pid(), "VmRSS");
+
+    // The hoard: 32 connections to the Device Plugin socket, 4 requests each, each sending
+    // 1 MiB (what the stream's window lets it send unasked) of a message just under the socket's
+    // 2 MiB limit, minding the connection's window as the server opens it: 128 MiB asked.
+    let authority = grpc_go_authority(&plain.endpoint);
+    let len = (2 << 20) - 16;
+    let chunk = vec![0u8; 16 << 10];
+    let mut hoard = Vec::new();
+    let mut sent_all = 0usize;
+    for _ in 0..32 {
+        let mut c = Conn::dial(&plain.endpoint).await.unwrap();
+        let _ = c.start().await;
+        // The server's SETTINGS (its 1 MiB stream window) hold once acknowledged.
+        if !matches!(tokio::time::timeout(T, c.server_settings()).await, Ok(Ok(true)))
+            || c.ack_settings().await.is_err()
+        {
+            continue;
+        }
+        // RFC 9113 §6.9.2: 65,535 until the server's WINDOW_UPDATE on stream 0 says more.
+        let mut window: i64 = 65_535;
+        'streams: for s in 0..most {
+            let id = 1 + 2 * s;
+            let _ = c.open(id, &authority, "/v1beta1.DevicePlugin/Allocate", "120S").await;
+            let mut sent = 0usize;
+            while sent + chunk.len() < (1 << 20) - chunk.len() {
+                while window < chunk.len() as i64 {
+                    match tokio::time::timeout(std::time::Duration::from_secs(2), c.read()).await {
+                        Ok(Ok(Some(f))) if f.kind == WINDOW_UPDATE && f.stream == 0 && f.payload.len() == 4 => {
+                            let p: [u8; 4] = f.payload[..4].try_into().unwrap();
+                            window += i64::from(u32::from_be_bytes(p) & 0x7fff_ffff);
+                        }
+                        Ok(Ok(Some(f))) if f.kind == support::h2wire::RST_STREAM && f.stream == id => break,
+                        Ok(Ok(Some(_))) => {}
+                        _ => break 'streams,
+                    }
+                }
+                let mut data = Vec::new();
+                if sent == 0 {
+                    data.push(0u8);
+                    data.extend_from_slice(&(len as u32).to_be_bytes());
+                    data.extend_from_slice(&chunk[5..]);
+                } else {
+                    data.extend_from_slice(&chunk);
+                }
+                if c.write(&frame(DATA, 0, id, &data)).await.is_err() {
+                    break 'streams;
+                }
+                window -= data.len() as i64;
+                sent += data.len();
+                sent_all += data.len();
+            }
+        }
+        hoard.push(c);
+    }
+    prepare_fresh(2).await;
+    let through_hoard = allocate_fresh().await;
+    let peak = support::stats::memory_mib(d.pid(), "VmHWM");
+    eprintln!(
+        "devplug RSS {before} MiB before, {slowloris} MiB with {} connections held, peak {peak} MiB with the hoard of {} MiB too; \
+         a new connection's Allocate took {through_slowloris:?} through the slowloris, {through_hoard:?} through the hoard",
+        held.len(),
+        sent_all >> 20
+    );
+    assert!(sent_all >= 100 << 20, "the hoard sent {sent_all} bytes: the server's windows let it send");
+    assert!(slowloris <= before + 32, "{before} MiB before, {slowloris} MiB with the connections held\n{}", d.log());
+    assert!(peak <= slowloris + 32, "{slowloris} MiB before the hoard, {peak} MiB at its peak\n{}", d.log());
+    let log = d.log();
+    assert!(log.contains("the connection quiet longest was closed to make room"), "{log}");
+    drop((held, hoard));
+    drop(d);
 }

@@ -31,6 +31,7 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{BufMut, BytesMut};
@@ -350,25 +351,59 @@ impl Rewriter {
 pub const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// An accepted plugin connection with its read half passed through a [`Rewriter`], ended when it
-/// owes a header block past [`HEADER_DEADLINE`], holding `slot` (its place under the socket's
-/// connection limit) while it lives.
+/// owes a header block past [`HEADER_DEADLINE`], when it has been idle for
+/// [`IDLE_TIMEOUT`](super::admission::IDLE_TIMEOUT) or when it is told to make room
+/// ([`super::admission`]), holding `slot` (its place under the socket's connection limit) while
+/// it lives. Ending is an end of input to h2, which closes the connection.
 pub struct KubeletStream<S> {
     inner: S,
     rewriter: Rewriter,
     eof: bool,
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    standing: Arc<super::admission::Conn>,
+    idle: Pin<Box<tokio::time::Sleep>>,
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
+/// What a request learns of its connection (tonic puts it in the request's extensions).
+#[derive(Clone)]
+pub struct ConnInfo {
+    pub uds: <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo,
+    pub conn: Arc<super::admission::Conn>,
+}
+
 impl<S> KubeletStream<S> {
-    pub fn new(inner: S, slot: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
+    pub fn new(
+        inner: S,
+        standing: Arc<super::admission::Conn>,
+        slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    ) -> Self {
         KubeletStream {
             inner,
             rewriter: Rewriter::default(),
             eof: false,
             deadline: Some(Box::pin(tokio::time::sleep(HEADER_DEADLINE))),
+            standing,
+            idle: Box::pin(tokio::time::sleep(super::admission::IDLE_TIMEOUT)),
             _slot: slot,
         }
+    }
+
+    /// Whether the connection is to end now: told to make room, or idle past its timeout (the
+    /// timer wakes the reader when it may be).
+    fn ending(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.standing.closing(cx.waker()) {
+            return true;
+        }
+        let timeout = super::admission::IDLE_TIMEOUT;
+        while self.idle.as_mut().poll(cx).is_ready() {
+            match self.standing.quiet_for() {
+                Some(quiet) if quiet >= timeout => return true,
+                Some(quiet) => self.idle.as_mut().reset(tokio::time::Instant::now() + (timeout - quiet)),
+                None => self.idle.as_mut().reset(tokio::time::Instant::now() + timeout),
+            }
+        }
+        false
     }
 
     /// Pending while the client is within its time (the timer wakes the reader at the end);
@@ -398,6 +433,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for KubeletStream<S> {
                 return Poll::Ready(Ok(()));
             }
             if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            if this.ending(cx) {
+                this.eof = true;
                 return Poll::Ready(Ok(()));
             }
             let mut chunk = [0u8; 8192];
@@ -448,10 +487,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for KubeletStream<S> {
 }
 
 impl tonic::transport::server::Connected for KubeletStream<tokio::net::UnixStream> {
-    type ConnectInfo = <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo;
+    type ConnectInfo = ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        ConnInfo { uds: self.inner.connect_info(), conn: self.standing.clone() }
     }
 }
 

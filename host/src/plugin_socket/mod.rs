@@ -5,10 +5,13 @@
 //! - [`authority`]: the HTTP/2 front that lets kubelet's plugin watcher dial tonic (grpc-go
 //!   sends the socket path as `:authority`; h2 refuses it).
 //! - [`serve`]: one helper that serves a tonic router on a socket through that front.
+//! - [`admission`]: what the sockets' clients may hold together (request bytes, connections),
+//!   and how kubelet's new connection gets in when a hostile client holds the cap.
 //! - [`registration`]: the `pluginregistration.Registration` service kubelet's plugin watcher
 //!   calls, recording what kubelet did (GetInfo asked, NotifyRegistrationStatus, error), and the
 //!   ERROR when it never completes.
 
+pub mod admission;
 pub mod authority;
 pub mod bind;
 pub mod registration;

@@ -1,7 +1,9 @@
 //! Serving a tonic router on a plugin socket, every connection through the
 //! [`authority`](super::authority) front, until a cancel token fires; and the bounds every such
-//! socket keeps whoever connects (any local client can): at most [`MAX_CONNECTIONS`] at once
-//! (more are closed as they come, with an ERROR), a connection owing a header block past
+//! socket keeps whoever connects (any local client can): at most [`MAX_CONNECTIONS`] at once (a
+//! new one takes the place of the connection quiet longest, see [`super::admission`]; when every
+//! one is serving a request, it is closed, with an ERROR), the request bytes of all of them under
+//! [`super::admission::REQUEST_BYTES`], a connection owing a header block past
 //! [`HEADER_DEADLINE`](super::authority::HEADER_DEADLINE) closed, at most
 //! [`MAX_STREAMS`] requests at once on one connection, each bounded by [`REQUEST_TIMEOUT`] and
 //! its message by the socket's own size ([`MAX_DEVICE_PLUGIN_REQUEST`], [`MAX_DRA_REQUEST`],
@@ -24,11 +26,13 @@ use super::authority::KubeletStream;
 /// manager's, its DRA client's, a registration call's); 2,000 idle ones grew devplug from 27 to
 /// 407 MiB and, past the open-file limit, left kubelet's NodePrepareResources unanswered.
 pub const MAX_CONNECTIONS: usize = 128;
-/// Requests (HTTP/2 streams) one connection may have open at once; more are refused
-/// (`RST_STREAM REFUSED_STREAM`, which grpc-go retries). Kubelet keeps a ListAndWatch or health
-/// stream and makes one call at a time beside it on a connection; a client holding streams open
-/// holds at most this many messages a connection.
-pub const MAX_STREAMS: u32 = 16;
+/// Requests (HTTP/2 streams) one connection may have open at once, told to the client in its
+/// SETTINGS; grpc-go waits for a stream to end before it opens one past it, and a client that
+/// opens more is refused (`RST_STREAM REFUSED_STREAM`). Kubelet keeps a ListAndWatch or health
+/// stream and makes its calls beside it. Each request under way costs the host about 11 KiB
+/// before its body comes (tonic's decode buffer, h2's stream, the call's task): 128 connections
+/// holding 16 each grew devplug by 45 MiB; at 4, about 12 MiB.
+pub const MAX_STREAMS: u32 = 4;
 /// The largest request message the Device Plugin socket decodes. Kubelet's largest is a
 /// `GetPreferredAllocation` naming every device of a resource twice (available and must-include):
 /// at devplug's caps (8,192 devices, 63-byte IDs) about 1.1 MiB; this is that with headroom.
@@ -65,6 +69,7 @@ pub fn serve(
         let server = tonic::transport::Server::builder()
             .timeout(REQUEST_TIMEOUT)
             .max_concurrent_streams(Some(MAX_STREAMS))
+            .layer(super::admission::Track { budget: super::admission::BYTES.clone() })
             .add_routes(routes);
         if let Err(e) = server.serve_with_incoming_shutdown(incoming, stop.cancelled_owned()).await {
             tracing::warn!(socket = %shown, error = %e, "{what} stopped with an error");
@@ -72,10 +77,14 @@ pub fn serve(
     }))
 }
 
+/// How long a new connection waits, at the cap, for the connection told to make room to go.
+const ROOM_WAIT: Duration = Duration::from_secs(1);
+
 /// What one socket's accept loop remembers for its log.
 struct Accepting {
     listener: UnixListener,
     slots: Arc<Semaphore>,
+    connections: super::admission::Connections,
     socket: String,
     refused: u64,
     logged: Option<Instant>,
@@ -104,19 +113,38 @@ fn accepted(
     slots: Arc<Semaphore>,
     socket: String,
 ) -> impl futures::Stream<Item = std::io::Result<KubeletStream<tokio::net::UnixStream>>> {
-    let state = Accepting { listener, slots, socket, refused: 0, logged: None };
+    let state = Accepting { listener, slots, connections: Default::default(), socket, refused: 0, logged: None };
     futures::stream::unfold(state, |mut s| async move {
         loop {
             match s.listener.accept().await {
-                Ok((conn, _)) => match s.slots.clone().try_acquire_owned() {
-                    Ok(slot) => return Some((Ok(KubeletStream::new(conn, Some(slot))), s)),
-                    Err(_) => {
-                        drop(conn);
-                        s.complain(&format!(
-                            "connection limit of {MAX_CONNECTIONS} reached: new connections are closed"
-                        ));
+                Ok((conn, _)) => {
+                    let slot = match s.slots.clone().try_acquire_owned() {
+                        Ok(slot) => Some(slot),
+                        // At the cap: the connection quiet longest makes room, if there is one.
+                        Err(_) if s.connections.close_quietest() => {
+                            s.complain(&format!(
+                                "connection limit of {MAX_CONNECTIONS} reached: the connection quiet longest was closed to make room for a new one"
+                            ));
+                            tokio::time::timeout(ROOM_WAIT, s.slots.clone().acquire_owned())
+                                .await
+                                .ok()
+                                .and_then(Result::ok)
+                        }
+                        Err(_) => None,
+                    };
+                    match slot {
+                        Some(slot) => {
+                            let standing = s.connections.admit();
+                            return Some((Ok(KubeletStream::new(conn, standing, Some(slot))), s));
+                        }
+                        None => {
+                            drop(conn);
+                            s.complain(&format!(
+                                "connection limit of {MAX_CONNECTIONS} reached and every connection is serving a request: new connections are closed"
+                            ));
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     s.complain(&format!("accepting a connection failed: {e}"));
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
