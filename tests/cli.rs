@@ -45,6 +45,8 @@ async fn run_waits_for_kubelet_registers_when_it_appears_and_exits_cleanly_on_si
     assert!(!kdir.join("devplug-test.devplug.io_widget.sock").exists(), "socket removed on SIGTERM");
     assert!(!spec_file.exists(), "CDI spec removed on SIGTERM");
     assert_eq!(log.matches("waiting for kubelet").count(), 1, "said once, not once per retry:\n{log}");
+    // Issue 60: its own streams closing as it stops is not kubelet restarting.
+    assert!(!log.contains("kubelet is restarting"), "a stop read as kubelet's restart:\n{log}");
 }
 
 #[test]
@@ -131,6 +133,26 @@ fn inspect_shows_version_exports_and_requested_capabilities() {
     assert_eq!(v["exports"][1], "devplug:backend/dra@0.3.0");
     assert_eq!(v["size"].as_u64().unwrap(), std::fs::metadata(&chaos).unwrap().len());
     assert_eq!(v["manifest"]["requests"]["dev"][0], "null");
+}
+
+/// Issue 60: an embedded backend is inspected by its name (`devplug inspect nic` failed with
+/// "No such file or directory", though docs/security.md says inspect shows its requests).
+#[test]
+fn an_embedded_backend_is_inspected_by_its_name() {
+    let cwd = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(support::binary::BIN)
+        .args(["inspect", "nic", "--format", "json"])
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((v["file"].as_str(), v["manifest"]["name"].as_str()), (Some("embedded:nic"), Some("nic")), "{v}");
+    assert!(v["manifest"]["requests"]["sysfs"].as_array().is_some_and(|a| !a.is_empty()), "{v}");
+    let (code, _, err) = run(&["inspect", "nothing-here"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("an embedded backend is inspected by its name: ") && err.contains("nic"), "{err}");
 }
 
 /// Issue 52 (5): a request the host never grants (`env = ["QAT*"]`: a grant takes `KEY`,

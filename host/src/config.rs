@@ -257,8 +257,8 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let mut cfg: Config = toml::from_str(text)?;
-        let raw: toml::Table = text.parse()?;
+        let mut cfg: Config = toml::from_str(text).map_err(|e| anyhow::anyhow!(crate::gate::toml_error(text, &e)))?;
+        let raw: toml::Table = text.parse().map_err(|e| anyhow::anyhow!(crate::gate::toml_error(text, &e)))?;
         for (name, b) in cfg.backends.iter_mut() {
             let grant = raw.get("backends").and_then(|t| t.get(name)).and_then(|t| t.get("grant"));
             b.grant_resources_unstated = grant.is_some_and(|g| g.get("resources").is_none());
@@ -441,6 +441,17 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 60: a TOML error is one line naming where it is (it printed literal `\n`s with a
+    /// drawing of the place).
+    #[test]
+    fn a_toml_error_is_one_line_with_its_place() {
+        let e = Config::parse("poll_interval = \"5s\"\n[limits\nmemory_mb = 64\n").unwrap_err().to_string();
+        assert!(e.starts_with("line 2, column "), "{e}");
+        assert!(!e.contains('\n'), "{e:?}");
+        let e = Config::parse("poll_interval = 5\n").unwrap_err().to_string();
+        assert!(e.starts_with("line 1, column 17: ") && e.ends_with("(at `poll_interval = 5`)"), "{e:?}");
+    }
 
     /// The field names a `Deserialize` struct asks for, caught from its `deserialize_struct`.
     fn fields<'de, T: Deserialize<'de>>() -> &'static [&'static str] {

@@ -294,7 +294,13 @@ impl Follower {
         if let Err(err) = stored {
             tracing::warn!(backend = %backend, "could not cache {digest}: {err:#}; a restart without the registry will not have it");
         }
-        tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "pulled a new version");
+        if was_cached {
+            // The tag points at a version this node pulled and verified before (moved back): no
+            // download, and not new.
+            tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "the tag points at a version already in the node's cache; loading it");
+        } else {
+            tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "pulled a new version");
+        }
         Ok(true)
     }
 

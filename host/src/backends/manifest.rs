@@ -51,9 +51,9 @@ impl Manifest {
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {
-        let mut m: Manifest = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut m: Manifest = toml::from_str(text).map_err(|e| crate::gate::toml_error(text, &e))?;
         Capabilities::new(&m.requests, &m.requests)?;
-        let raw: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
+        let raw: toml::Table = text.parse().map_err(|e: toml::de::Error| crate::gate::toml_error(text, &e))?;
         m.resources_unstated = raw.get("requests").and_then(|r| r.get("resources")).is_none();
         Ok(m)
     }

@@ -28,25 +28,45 @@ pub fn warnings(m: &Manifest) -> Vec<String> {
     old.into_iter().chain(m.never_granted()).collect()
 }
 
+/// `devplug inspect FILE`: a component file with its manifest, or, when no such file exists and
+/// FILE names an embedded first-party backend (`gpu`, `nic`, `fpga`, `generic`), that one.
 pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_json::Value> {
-    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let embedded = crate::backends::embedded::FIRST_PARTY
+        .iter()
+        .find(|(name, _, _)| !path.exists() && path.as_os_str() == *name && manifest.is_none());
+    let (bytes, shown, manifest_path, manifest_text) = match embedded {
+        Some((name, bytes, text)) => (bytes.to_vec(), format!("embedded:{name}"), None, Some((*text).to_owned())),
+        None => {
+            let bytes = std::fs::read(path).map_err(|e| {
+                let names: Vec<&str> = crate::backends::embedded::FIRST_PARTY.iter().map(|(n, _, _)| *n).collect();
+                anyhow::anyhow!(
+                    "{}: {e} (an embedded backend is inspected by its name: {})",
+                    path.display(),
+                    names.join(", ")
+                )
+            })?;
+            let manifest_path = crate::backends::manifest_for(path, manifest);
+            let text = match &manifest_path {
+                Some(p) => Some(std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?),
+                None => None,
+            };
+            (bytes, path.display().to_string(), manifest_path.map(|p| p.display().to_string()), text)
+        }
+    };
     let runtime = Runtime::new(super::cache::one_shot(RuntimeConfig::default(), None, false))?;
-    let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let compiled = runtime.compile(&bytes).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?;
     let component = compiled.component;
     let ty = component.component_type();
     let engine = component.engine();
     let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
     let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
-    let manifest_path = crate::backends::manifest_for(path, manifest);
-    let manifest = match &manifest_path {
-        Some(p) => {
-            let t = std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
-            Some(Manifest::parse(&t).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
-        }
+    let where_manifest = manifest_path.clone().unwrap_or_else(|| shown.clone());
+    let manifest = match &manifest_text {
+        Some(t) => Some(Manifest::parse(t).map_err(|e| anyhow::anyhow!("{where_manifest}: {e}"))?),
         None => None,
     };
     Ok(serde_json::json!({
-        "file": path.display().to_string(),
+        "file": shown,
         "size": bytes.len(),
         "sha256": compiled.digest,
         "wit_version": exported_version(engine, &component),
@@ -55,6 +75,6 @@ pub fn inspect(path: &Path, manifest: Option<&Path>) -> anyhow::Result<serde_jso
         "imports": imports,
         "manifest": manifest.as_ref().map(|m| serde_json::json!({"name": m.name, "requests": m.requests})),
         "warnings": manifest.as_ref().map(warnings).unwrap_or_default(),
-        "manifest_file": manifest_path.map(|p| p.display().to_string()),
+        "manifest_file": manifest_path,
     }))
 }

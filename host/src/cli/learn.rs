@@ -286,6 +286,13 @@ impl Requests {
         );
         for (key, p) in self.kinds() {
             if p.0.is_empty() && p.1.is_empty() {
+                if key == "uevents" {
+                    // A run cannot show which kernel events a backend wants to be woken by.
+                    out.push_str(
+                        "# uevents: the kernel subsystems whose events should run discover at once (e.g. [\"pci\", \"net\"]);\n\
+                         # a run cannot show them, so add the ones your devices come and go through.\n",
+                    );
+                }
                 out.push_str(&format!("{key} = []\n"));
                 continue;
             }

@@ -227,7 +227,7 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub registration: Option<RegistrationMode>,
     /// Directory of backend .wasm files (with NAME.toml manifests); the config's `backends_dir`.
-    /// (`--backends DIR`, the spelling before 0.3, still works.)
+    /// (`--backends DIR`, its spelling in releases up to 0.2.0, still works.)
     #[arg(long = "backends-dir", alias = "backends", value_name = "DIR")]
     pub backends_dir: Option<PathBuf>,
     /// Do not load the first-party backends built into the binary.

@@ -49,3 +49,20 @@ impl Refused {
         Refused { what, value: clip(value).into_owned(), rule }
     }
 }
+
+/// A TOML error on one line, where it is and what is wrong (`toml`'s own text spans several
+/// lines with a drawing of the place, which a log line or the CLI's error shows as literal `\n`).
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim_end_matches('\n').replace('\n', "; ");
+    match e.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let shown = text[start..].lines().next().unwrap_or("").trim();
+            format!("line {line}, column {column}: {message} (at `{}`)", clip_to(shown, 120))
+        }
+        None => message,
+    }
+}

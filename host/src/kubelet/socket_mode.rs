@@ -166,6 +166,9 @@ impl SocketEndpoint {
     async fn serve_until_restart(&mut self, gen_: &Generation, kubelet_id: FileId) -> Option<&'static str> {
         let reason = loop {
             tokio::select! {
+                // First: a devplug stopping closes its own streams too, which is not kubelet
+                // restarting.
+                biased;
                 _ = self.ctx.cancel.cancelled() => return None,
                 _ = gen_.tracker.all_closed() => break "kubelet closed ListAndWatch",
                 ev = self.ctx.events.recv() => match ev {
@@ -185,6 +188,9 @@ impl SocketEndpoint {
                 },
             }
         };
+        if self.ctx.cancel.is_cancelled() {
+            return None;
+        }
         self.ctx.set(Stage::Starting);
         tracing::info!(resource = %self.handle.name, reason, "kubelet is restarting; waiting for its new socket");
         Some(reason)

@@ -140,6 +140,13 @@ impl ByteBudget {
     }
 }
 
+/// What a request learns of its connection (tonic puts it in the request's extensions).
+#[derive(Clone)]
+pub struct ConnInfo {
+    pub uds: <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo,
+    pub conn: Arc<Conn>,
+}
+
 /// One connection's standing, shared by its stream (which closes it when told) and its
 /// requests (which say when they start and end).
 pub struct Conn {
@@ -264,6 +271,15 @@ impl InFlight {
     }
 }
 
+/// A request being served on `conn` (its body in) while the guard lives: what a ListAndWatch
+/// holds (tests of the connection's stream).
+#[cfg(test)]
+pub(crate) fn serving(conn: &Arc<Conn>) -> impl Drop + use<> {
+    let guard = InFlight::start(conn.clone());
+    conn.unfinished.fetch_sub(1, Ordering::AcqRel);
+    guard
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -287,7 +303,7 @@ where
     }
 
     fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
-        let conn = req.extensions().get::<super::authority::ConnInfo>().map(|i| i.conn.clone());
+        let conn = req.extensions().get::<ConnInfo>().map(|i| i.conn.clone());
         let guard = conn.map(InFlight::start).map(Arc::new);
         let (budget, body_guard) = (self.budget.clone(), guard.clone());
         let req = req.map(|inner| {
@@ -437,38 +453,5 @@ mod tests {
         let _waiting = InFlight::start(hoarder.clone());
         assert!(conns.close_quietest());
         assert!(hoarder.closing(&waker));
-    }
-
-    /// A connection with no request under way is closed after [`IDLE_TIMEOUT`] (an end of input
-    /// to h2); one serving a request (kubelet's ListAndWatch) stays open.
-    #[tokio::test(start_paused = true)]
-    async fn an_idle_connection_is_closed_after_its_timeout_and_a_serving_one_is_not() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // What kubelet's first request leaves behind: the preface, SETTINGS and a whole header
-        // block (`:authority: localhost`), so the header deadline is met.
-        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-        let block = [&[0x82, 0x86, 0x84, 0x41, 9][..], b"localhost"].concat();
-        hello.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x4, 0, 0, 0, 1]);
-        hello.extend_from_slice(&block);
-        let conns = Connections::default();
-        let (mut client, server) = tokio::io::duplex(1024);
-        client.write_all(&hello).await.unwrap();
-        let mut idle = super::super::authority::KubeletStream::new(server, conns.admit(), None);
-        let mut got = vec![0u8; hello.len()];
-        idle.read_exact(&mut got).await.unwrap();
-        let started = tokio::time::Instant::now();
-        let mut buf = [0u8; 16];
-        assert_eq!(idle.read(&mut buf).await.unwrap(), 0, "closed");
-        assert!(started.elapsed() >= IDLE_TIMEOUT - Duration::from_secs(1), "{:?}", started.elapsed());
-        let (mut client, server) = tokio::io::duplex(1024);
-        client.write_all(&hello).await.unwrap();
-        let standing = conns.admit();
-        let _watch = InFlight::start(standing.clone());
-        standing.unfinished.fetch_sub(1, Ordering::AcqRel);
-        let mut serving = super::super::authority::KubeletStream::new(server, standing, None);
-        serving.read_exact(&mut got).await.unwrap();
-        let read = tokio::time::timeout(IDLE_TIMEOUT * 3, serving.read(&mut buf)).await;
-        assert!(read.is_err(), "still open while it serves a request: {read:?}");
     }
 }

@@ -365,13 +365,6 @@ pub struct KubeletStream<S> {
     _slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
-/// What a request learns of its connection (tonic puts it in the request's extensions).
-#[derive(Clone)]
-pub struct ConnInfo {
-    pub uds: <tokio::net::UnixStream as tonic::transport::server::Connected>::ConnectInfo,
-    pub conn: Arc<super::admission::Conn>,
-}
-
 impl<S> KubeletStream<S> {
     pub fn new(
         inner: S,
@@ -487,10 +480,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for KubeletStream<S> {
 }
 
 impl tonic::transport::server::Connected for KubeletStream<tokio::net::UnixStream> {
-    type ConnectInfo = ConnInfo;
+    type ConnectInfo = super::admission::ConnInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        ConnInfo { uds: self.inner.connect_info(), conn: self.standing.clone() }
+        super::admission::ConnInfo { uds: self.inner.connect_info(), conn: self.standing.clone() }
     }
 }
 
@@ -697,5 +690,39 @@ mod tests {
     fn what_is_not_http2_passes_untouched() {
         let bytes = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n";
         assert_eq!(through(bytes, 5).unwrap(), bytes);
+    }
+
+    /// A connection with no request under way is closed after [`IDLE_TIMEOUT`](super::super::admission::IDLE_TIMEOUT) (an end of input
+    /// to h2); one serving a request (kubelet's ListAndWatch) stays open.
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_its_timeout_and_a_serving_one_is_not() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // What kubelet's first request leaves behind: the preface, SETTINGS and a whole header
+        // block (`:authority: localhost`), so the header deadline is met.
+        let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        let block = [&[0x82, 0x86, 0x84, 0x41, 9][..], b"localhost"].concat();
+        hello.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x4, 0, 0, 0, 1]);
+        hello.extend_from_slice(&block);
+        use super::super::admission::{Connections, IDLE_TIMEOUT, serving};
+        use std::time::Duration;
+        let conns = Connections::default();
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&hello).await.unwrap();
+        let mut idle = KubeletStream::new(server, conns.admit(), None);
+        let mut got = vec![0u8; hello.len()];
+        idle.read_exact(&mut got).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let mut buf = [0u8; 16];
+        assert_eq!(idle.read(&mut buf).await.unwrap(), 0, "closed");
+        assert!(started.elapsed() >= IDLE_TIMEOUT - Duration::from_secs(1), "{:?}", started.elapsed());
+        let (mut client, server) = tokio::io::duplex(1024);
+        client.write_all(&hello).await.unwrap();
+        let standing = conns.admit();
+        let _watch = serving(&standing);
+        let mut serving = KubeletStream::new(server, standing, None);
+        serving.read_exact(&mut got).await.unwrap();
+        let read = tokio::time::timeout(IDLE_TIMEOUT * 3, serving.read(&mut buf)).await;
+        assert!(read.is_err(), "still open while it serves a request: {read:?}");
     }
 }

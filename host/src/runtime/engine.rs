@@ -31,7 +31,7 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 pub struct RuntimeConfig {
     /// Deadline of `init` and `discover`.
     pub discover_deadline: Duration,
-    /// Deadline of `allocate`, `preferred-allocation` and `pre-start`.
+    /// Deadline of `allocate`, `preferred-allocation`, `pre-start`, `prepare` and `unprepare`.
     pub call_deadline: Duration,
     /// Linear memory an instance may have.
     pub memory_cap: usize,

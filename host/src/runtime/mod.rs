@@ -1,6 +1,8 @@
-//! The Wasm runtime: one wasmtime [`Engine`] (component model, epoch interruption), an on-disk
-//! compile cache, and [`BackendInstance`]s that call into backends under a deadline and a memory
-//! cap. Nothing here knows about gRPC or kubelet.
+//! The Wasm runtime: two wasmtime engines (optimising and baseline, component model, epoch
+//! interruption; `engine.rs`), compiles in a worker process the kernel bounds
+//! (`compile_worker.rs`) with an on-disk cache of their code, the background optimiser, and
+//! [`BackendInstance`]s that call into backends under a deadline and a memory cap. Nothing here
+//! knows about gRPC or kubelet.
 
 pub mod bindings;
 pub mod caps;
