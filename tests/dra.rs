@@ -812,8 +812,10 @@ fn deviceclasses_name_the_resource_and_fit_the_api_schema() {
     let cfg = dir.path().join("devplug.toml");
     std::fs::write(
         &cfg,
-        "[backends.generic]\nconfig = '''\n[[resource]]\nname = \"devplug.io/null\"\npaths = [\"null\"]\n'''\n\
-         dra_driver = \"null.example.com\"\n[resources.\"devplug.io/null\"]\napi = \"dra\"\n",
+        "[backends.generic]\nconfig = '''\n[[resource]]\nname = \"devplug.io/null\"\npaths = [\"null\"]\n\
+         [[resource]]\nname = \"devplug.io/absent\"\npaths = [\"no-such-node\"]\n'''\n\
+         dra_driver = \"null.example.com\"\n[resources.\"devplug.io/null\"]\napi = \"dra\"\n\
+         [resources.\"devplug.io/absent\"]\napi = \"dra\"\n",
     )
     .unwrap();
     let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
@@ -828,8 +830,12 @@ fn deviceclasses_name_the_resource_and_fit_the_api_schema() {
     assert_eq!(code, 0, "{err}");
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(list["kind"], "List");
-    let class = &list["items"][0];
-    assert_eq!(class["metadata"]["name"], "null.devplug.io");
+    // Issue 60: a resource this machine has no device of still has its class (classes are
+    // cluster-wide; the command exited 1 without output).
+    let items = list["items"].as_array().unwrap();
+    let names: Vec<&str> = items.iter().filter_map(|c| c["metadata"]["name"].as_str()).collect();
+    assert!(names.contains(&"absent.devplug.io"), "{names:?}");
+    let class = items.iter().find(|c| c["metadata"]["name"] == "null.devplug.io").unwrap();
     assert_eq!(class["spec"]["extendedResourceName"], "devplug.io/null");
     let cel = class["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
     assert!(cel.contains("device.driver == \"null.example.com\"") && cel.contains("== \"devplug.io/null\""), "{cel}");

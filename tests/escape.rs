@@ -475,6 +475,30 @@ async fn health_flips_are_one_log_record_per_poll() {
     assert!(widget_lines <= flips.len() + 10, "{widget_lines} lines name a device for {} flips", flips.len());
 }
 
+/// `devplug run` on `m` with the chaos backend in `churn` mode (every other discover leaves the
+/// last of its 3 devices out), polled every 100 ms, its backends in `root/backends`, and the
+/// kubelet stand-in in `root/kubelet`.
+async fn churning(m: &Machine, root: &Path) -> (Kubelet, Devplug) {
+    let (kdir, backends) = (root.join("kubelet"), root.join("backends"));
+    std::fs::create_dir_all(&backends).unwrap();
+    backend(&backends, "chaos", "mode=churn devices=3");
+    let kubelet = Kubelet::start(&kdir).await;
+    let mut args = run_args(&kdir, &backends, m);
+    args.extend(["--cache-dir", &cache_dir().display().to_string(), "--poll-interval", "100ms"].map(str::to_owned));
+    (kubelet, Devplug::spawn(&args))
+}
+
+/// Issue 60: a device a backend stops reporting is said, in the same record as health changes
+/// (it was logged not at all: kubelet just stopped offering it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_goes_is_logged() {
+    let (m, root) = (machine(), tempfile::tempdir().unwrap());
+    let (kubelet, d) = churning(&m, root.path()).await;
+    kubelet.wait_plugin(WIDGET, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    d.wait_log(&format!("device health changed: {WIDGET} widget-2 removed"), T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+}
+
 #[test]
 fn a_file_cannot_take_another_backends_name_or_grant() {
     let dir = tempfile::tempdir().unwrap();
@@ -512,15 +536,9 @@ fn rss_mib(pid: i32) -> u64 {
 /// per-thread arenas: +180–245 MiB that never went back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_a_flood_made_the_host_allocate_is_given_back() {
-    let m = machine();
-    let root = tempfile::tempdir().unwrap();
-    let (kdir, backends) = (root.path().join("kubelet"), root.path().join("backends"));
-    std::fs::create_dir_all(&backends).unwrap();
-    backend(&backends, "chaos", "mode=churn devices=3");
-    let kubelet = Kubelet::start(&kdir).await;
-    let mut args = run_args(&kdir, &backends, &m);
-    args.extend(["--cache-dir", &cache_dir().display().to_string(), "--poll-interval", "100ms"].map(str::to_owned));
-    let d = Devplug::spawn(&args);
+    let (m, root) = (machine(), tempfile::tempdir().unwrap());
+    let (kubelet, d) = churning(&m, root.path()).await;
+    let backends = root.path().join("backends");
     let plugin = kubelet.wait_plugin(WIDGET, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
     let mut lists = plugin.devices.clone();
     let churn = |n: usize| {

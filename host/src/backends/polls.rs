@@ -161,6 +161,14 @@ impl Loaded {
                         }
                     }
                 }
+                // A device that went is news too (kubelet stops offering it): said with the
+                // health changes, in the same record and budget.
+                for d in prev.devices.iter().filter(|d| next.device(&d.id).is_none()) {
+                    flipped += 1;
+                    if flips.len() < MAX_FLIPS_NAMED {
+                        flips.push(format!("{rname} {} removed", d.id));
+                    }
+                }
             }
             self.send(rs, next, kubelet_changed);
             if !rs.published && !rs.tx.borrow().devices.is_empty() {

@@ -370,16 +370,24 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
         !wanted.is_empty(),
         "the config serves no resource through DRA: add api = \"dra\" to a [resources.\"NAME\"] table"
     );
-    let (_loaded, errors, ready) = load_and_poll(args.source).await?;
+    let (loaded, errors, ready) = load_and_poll(args.source).await?;
     for e in &errors {
         tracing::warn!("{e}");
     }
+    // Classes are cluster-wide and follow from the config: a resource whose devices this
+    // machine lacks still has its class, from the backend that declares it.
+    let summaries = loaded.summaries();
     let mut classes = Vec::new();
     for name in &wanted {
-        let Some(r) = ready.iter().find(|r| &r.name == name) else {
-            anyhow::bail!("resource {name} is configured api = \"dra\", but no backend serves it on this machine");
+        let backend = ready.iter().find(|r| &r.name == name).map(|r| r.backend.clone()).or_else(|| {
+            summaries.iter().find(|b| b.loaded && b.resources.iter().any(|r| r == name)).map(|b| b.name.clone())
+        });
+        let Some(backend) = backend else {
+            anyhow::bail!(
+                "resource {name} is configured api = \"dra\", but no loaded backend declares it (see `devplug discover`)"
+            );
         };
-        classes.push(crate::dra::publish::classes::device_class(name, &cfg.dra_driver(&r.backend)));
+        classes.push(crate::dra::publish::classes::device_class(name, &cfg.dra_driver(&backend)));
         let (now, before) =
             (crate::dra::publish::classes::class_name(name), crate::dra::publish::classes::class_name_before_0_3(name));
         if now != before {
