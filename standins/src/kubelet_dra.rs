@@ -95,12 +95,15 @@ impl DraKubelet {
 
     /// Dial `driver`'s endpoint again on a new connection for every call after this, as kubelet
     /// does after a restart (its old connection is dropped).
-    pub async fn redial(&self, driver: &str) -> Result<(), String> {
-        let p = self.plugin(driver).ok_or_else(|| format!("{driver} not registered"))?;
+    pub async fn redial(&self, driver: &str) -> anyhow::Result<()> {
+        let p = self.plugin(driver).ok_or_else(|| anyhow::anyhow!("{driver} not registered"))?;
         let channel = uds::connect(&p.endpoint, DIAL_TIMEOUT)
             .await
-            .map_err(|e| format!("dialing {}: {e}", p.endpoint.display()))?;
-        self.plugins.lock().unwrap().insert(driver.to_owned(), DraConn { channel, ..p });
+            .map_err(|e| anyhow::anyhow!("dialing {}: {e}", p.endpoint.display()))?;
+        self.plugins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(driver.to_owned(), DraConn { channel, ..p });
         Ok(())
     }
 
