@@ -173,6 +173,7 @@ async fn a_resource_configured_without_cdi_gets_no_spec() {
         allocate: Some(vec![Strategy::DeviceSpecs]),
         write_cdi: Some(false),
         api: devplug::config::Api::DevicePlugin,
+        owns: Vec::new(),
     };
     let cfg =
         Config { resources: [("nvidia.com/gpu".to_owned(), no_spec)].into(), ..fixture_config(dir.path(), &root) };

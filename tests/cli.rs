@@ -497,7 +497,7 @@ fn a_node_two_backends_hand_out_is_refused_to_both_whatever_loads_first() {
             err.contains("/dev/zero") && err.contains("legit.devplug.io/gpu") && err.contains("hostile.devplug.io/gpu"),
             "{err}"
         );
-        assert!(err.contains("grant.dev") && err.contains("shared-node"), "says what to do: {err}");
+        assert!(err.contains("owns = [") && err.contains("shared-node"), "says what to do: {err}");
     }
 }
 
@@ -655,4 +655,189 @@ fn flags_are_validated_as_the_config_is() {
     assert_ne!(code, 0);
     assert!(err.contains("api = \"dra\"") && err.contains("write_cdi"), "{err}");
     assert!(!kubelet.join("devplug.sock").exists() && std::fs::read_dir(&kubelet).map_or(true, |d| d.count() == 0));
+}
+
+/// A backends dir holding chaos as `name` with `config`, its manifest's `dev` request widened by
+/// `dev`.
+fn chaos_as(name: &str, config: &str, dev: &str) -> tempfile::TempDir {
+    let (wasm, manifest) = chaos_paths();
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(manifest)
+        .unwrap()
+        .replace("name = \"chaos\"\n", "")
+        .replace("dev = [\"null\", \"zero\"]", &format!("dev = [\"null\", \"zero\", {dev}]"));
+    std::fs::copy(&wasm, dir.path().join(format!("{name}.wasm"))).unwrap();
+    std::fs::write(dir.path().join(format!("{name}.toml")), format!("config = \"{config}\"\n{text}")).unwrap();
+    dir
+}
+
+/// The nic backend's pools for an EC2 p5: the EFAs (RDMA-capable, Amazon) and the ENA.
+const P5_NIC_POOLS: &str = r#"
+default_grant = "requested"
+[backends.nic]
+config = '''
+[[pool]]
+name = "devplug.io/efa"
+vendors = ["1d0f"]
+rdma = true
+functions = "any"
+
+[[pool]]
+name = "devplug.io/ena"
+vendors = ["1d0f"]
+functions = "any"
+'''
+"#;
+
+/// Issue 60 (1, 2): a vendor's EFA backend (a Rust backend, chaos standing in) beside the
+/// embedded nic backend pooling the same EFAs on a p5 fixture. Undecided, the 32 contested
+/// `uverbs` nodes are one message (not 32 ERRORs, 32 discover lines), naming the one config line
+/// that settles it, unclipped; both sides' devices naming them are withheld and discover fails.
+/// With that line, the vendor's resource serves all 32, only the nic backend's EFA pool loses
+/// them: its ENA pool, the gpu backend's GPUs and both grants are untouched, and discover passes.
+#[test]
+fn two_backends_on_one_node_are_settled_by_one_owns_line() {
+    let m = tempfile::tempdir().unwrap();
+    let root = m.path().join("p5");
+    support::hardware::build_p5_efa(&root);
+    let nodes: Vec<String> = (0..32).map(|n| format!("infiniband/uverbs{n}")).collect();
+    let names: Vec<String> = (0..32).map(|n| format!("efa-{n}")).collect();
+    let vendor = chaos_as(
+        "efa",
+        &format!(
+            "resource=efa.devplug.io/efa devices=32 names={} nodes={} exclusive",
+            names.join(","),
+            nodes.join(",")
+        ),
+        "\"infiniband/uverbs*\"",
+    );
+    let backend = vendor.path().join("efa.wasm").display().to_string();
+    let discover = |config: &str| {
+        let file = m.path().join("devplug.toml");
+        std::fs::write(&file, config).unwrap();
+        let file = file.display().to_string();
+        let (code, out, err) = support::binary::run_on_machine(
+            &["discover", "--embedded", "--backend", &backend, "--config", &file, "--format", "json"],
+            &root,
+            &m.path().join("cache"),
+            &[],
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+        (code, v, err)
+    };
+    let count = |v: &serde_json::Value, r: &str| -> usize {
+        v["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["name"] == r)
+            .map(|x| x["devices"].as_array().unwrap().len())
+            .sum()
+    };
+
+    let (code, v, err) = discover(P5_NIC_POOLS);
+    assert_ne!(code, 0, "an undecided contest fails discover:\n{err}");
+    // One ERROR in the log and one line in discover's report, for 32 nodes.
+    let told: Vec<&str> = err.lines().filter(|l| l.contains("both hand out") && l.starts_with("devplug: ")).collect();
+    let logged = err.lines().filter(|l| l.contains("both hand out") && l.contains(" ERROR ")).count();
+    assert_eq!((told.len(), logged), (1, 1), "one contest, one message:\n{err}");
+    let remedy = r#"owns = ["infiniband/uverbs*"] under [resources."efa.devplug.io/efa"]"#;
+    assert!(
+        told[0].contains(remedy) && told[0].contains("32 device nodes") && told[0].contains("64 devices withheld"),
+        "{}",
+        told[0]
+    );
+    assert!(!told[0].contains("sha256"), "the message is whole: {}", told[0]);
+    assert_eq!((count(&v, "efa.devplug.io/efa"), count(&v, "devplug.io/efa")), (0, 0), "{v}");
+    assert_eq!((count(&v, "devplug.io/ena"), count(&v, "nvidia.com/gpu")), (1, 8));
+    assert_eq!(v["contests"].as_array().map(Vec::len), Some(1), "{}", v["contests"]);
+
+    // The one line, under the vendor's resource.
+    let (code, v, err) = discover(&format!(
+        "{P5_NIC_POOLS}\n[resources.\"efa.devplug.io/efa\"]\n{}\n",
+        &remedy[..remedy.find(" under").unwrap()]
+    ));
+    assert_eq!(code, 0, "a decided contest is no failure:\n{err}");
+    assert_eq!((count(&v, "efa.devplug.io/efa"), count(&v, "devplug.io/efa")), (32, 0), "{v}");
+    assert_eq!((count(&v, "devplug.io/ena"), count(&v, "nvidia.com/gpu")), (1, 8));
+    assert_eq!(v["contests"][0]["owner"], "efa.devplug.io/efa");
+    assert_eq!(v["contests"][0]["withheld"], 32);
+    assert!(!err.contains("both hand out"), "{err}");
+
+    // The other way round: the nic backend's pool keeps them, each EFA judged by its RDMA port
+    // (ACTIVE, as the efa driver reports it) rather than by a netdev it does not have.
+    let (code, v, err) =
+        discover(&format!("{P5_NIC_POOLS}\n[resources.\"devplug.io/efa\"]\nowns = [\"infiniband/uverbs*\"]\n"));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!((count(&v, "efa.devplug.io/efa"), count(&v, "devplug.io/efa")), (0, 32), "{v}");
+    let efas: Vec<&serde_json::Value> = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["name"] == "devplug.io/efa")
+        .flat_map(|x| x["devices"].as_array().unwrap())
+        .collect();
+    assert!(
+        efas.iter().all(
+            |d| d["health"] == "Healthy" && d["attributes"]["rdma"].as_str().is_some_and(|r| r.starts_with("efa_"))
+        ),
+        "{efas:?}"
+    );
+
+    // A pattern that is not a grant-style glob is refused with the key and the form to use.
+    let (code, _, err) = run_on_config(&m, "[resources.\"devplug.io/efa\"]\nowns = [\"/dev/infiniband/*\"]\n");
+    assert_ne!(code, 0);
+    assert!(err.contains("resources.\"devplug.io/efa\".owns") && err.contains("grant.dev does"), "{err}");
+}
+
+/// `devplug config --check`-like: `discover --no-embedded` with `config` as the config file.
+fn run_on_config(m: &tempfile::TempDir, config: &str) -> (i32, String, String) {
+    let file = m.path().join("bad.toml");
+    std::fs::write(&file, config).unwrap();
+    run(&["discover", "--no-embedded", "--config", &file.display().to_string()])
+}
+
+/// Issue 60 (4): a function with an RDMA device and no netdev (an InfiniBand HCA without IPoIB)
+/// was Healthy whatever its port said. Now its ports' state decides, as the IB core prints it:
+/// ACTIVE serves; INIT (no subnet manager) and DOWN (no cable) are Unhealthy with the reason.
+#[test]
+fn rdma_only_functions_are_judged_by_their_port_state() {
+    let m = tempfile::tempdir().unwrap();
+    let root = m.path().join("ib");
+    support::hardware::build_ib_hcas(&root);
+    let file = m.path().join("devplug.toml");
+    std::fs::write(
+        &file,
+        "[backends.nic]\nconfig = '''\n[[pool]]\nname = \"devplug.io/ib\"\nfunctions = \"any\"\n'''\n",
+    )
+    .unwrap();
+    let file = file.display().to_string();
+    let (code, out, err) = support::binary::run_on_machine(
+        &["discover", "--embedded", "--config", &file, "--format", "json"],
+        &root,
+        &m.path().join("cache"),
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let devices: Vec<(String, String, String)> = v["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["name"] == "devplug.io/ib")
+        .flat_map(|x| x["devices"].as_array().unwrap())
+        .map(|d| {
+            let s = |x: &serde_json::Value| x.as_str().unwrap_or_default().to_owned();
+            (s(&d["attributes"]["rdma"]), s(&d["health"]), s(&d["attributes"]["unhealthy"]))
+        })
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            ("mlx5_0".to_owned(), "Healthy".to_owned(), String::new()),
+            ("mlx5_1".to_owned(), "Unhealthy".to_owned(), "RDMA port 1 of mlx5_1 is 2: INIT".to_owned()),
+            ("mlx5_2".to_owned(), "Unhealthy".to_owned(), "RDMA port 1 of mlx5_2 is 1: DOWN".to_owned()),
+        ],
+        "{out}"
+    );
 }

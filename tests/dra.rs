@@ -474,7 +474,7 @@ async fn dra_node(cdi: &std::path::Path, api: devplug::config::Api) -> DraNode {
         cfg.backends.insert(off.into(), BackendSettings { enabled: false, ..Default::default() });
     }
     cfg.backends.insert("generic".into(), BackendSettings { config: generic, ..Default::default() });
-    cfg.resources.insert(resource.clone(), devplug::config::ResourceSettings { allocate: None, write_cdi: None, api });
+    cfg.resources.insert(resource.clone(), devplug::config::ResourceSettings { api, ..Default::default() });
     cfg.dra.kubeconfig = Some(kubeconfig);
     cfg.dra.node_name = Some(NODE.into());
     cfg.dra.plugins_dir = Some(dir.path().join("plugins"));
@@ -1393,7 +1393,7 @@ async fn the_gpu_backend_on_a_dgx_a100_serves_whole_gpus_through_dra() {
     for r in ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-2g.20gb", "nvidia.com/mig-1g.10gb"] {
         n.cfg.resources.insert(
             r.into(),
-            devplug::config::ResourceSettings { allocate: None, write_cdi: None, api: devplug::config::Api::Dra },
+            devplug::config::ResourceSettings { api: devplug::config::Api::Dra, ..Default::default() },
         );
     }
     let daemon = support::daemon::Daemon::start(n.cfg.clone());

@@ -54,7 +54,7 @@ use crate::backends::{BackendSettings, Catalog, DefaultGrant};
 use crate::kubelet::{RegistrationMode, Strategy};
 
 /// Per-resource settings.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResourceSettings {
     /// How Allocate answers reach the runtime; `None` → the top-level `allocate`.
@@ -66,6 +66,11 @@ pub struct ResourceSettings {
     /// or DRA. Never both: kubelet would count the devices twice.
     #[serde(default)]
     pub api: Api,
+    /// Device nodes (globs relative to `/dev`, as `grant.dev` writes them) this resource keeps
+    /// when another backend's devices name them too: the other side's devices naming them are
+    /// withheld, everything else of both backends stays (`["**"]`: every node it names).
+    #[serde(default)]
+    pub owns: Vec<String>,
 }
 
 /// The kubelet API a resource is served through.
@@ -309,6 +314,7 @@ impl Config {
                 "resources.{name:?}: api = \"dra\" hands devices to the runtime through CDI; it needs write_cdi = true"
             );
         }
+        cfg.decisions()?;
         anyhow::ensure!(cfg.dra.resync >= Duration::from_secs(1), "dra.resync must be at least 1s");
         for (name, b) in &cfg.backends {
             if let Some(d) = &b.dra_driver
@@ -361,6 +367,25 @@ impl Config {
     /// The resources served through DRA, in name order: [`Config::api`] decides, nothing else.
     pub fn dra_resources(&self) -> Vec<String> {
         self.resources.keys().filter(|n| self.api(n) == Api::Dra).cloned().collect()
+    }
+
+    /// Every resource's `owns`, compiled: who keeps a device node two backends name.
+    pub fn decisions(&self) -> anyhow::Result<crate::model::contest::Decisions> {
+        let mut rules = Vec::new();
+        for (name, r) in self.resources.iter().filter(|(_, r)| !r.owns.is_empty()) {
+            let mut set = globset::GlobSetBuilder::new();
+            for p in &r.owns {
+                let glob = crate::runtime::caps::compile_glob(p).map_err(|e| {
+                    anyhow::anyhow!(
+                        "resources.{name:?}.owns: {e} (write device nodes as grant.dev does: \"infiniband/uverbs*\")"
+                    )
+                })?;
+                set.add(glob);
+            }
+            let set = set.build().map_err(|e| anyhow::anyhow!("resources.{name:?}.owns: {e}"))?;
+            rules.push((name.clone(), set));
+        }
+        Ok(crate::model::contest::Decisions::new(rules))
     }
 
     /// Whether any resource is served through DRA (then devplug needs the API server).

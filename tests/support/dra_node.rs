@@ -54,7 +54,7 @@ pub async fn chaos_node(m: &Machine, chaos_config: &str, manifest_extra: &str) -
     cfg.plugins_registry_dir = Some(registry);
     cfg.write_cdi = true;
     cfg.cdi_dir = root.path().join("cdi");
-    cfg.resources.insert(WIDGET.into(), ResourceSettings { allocate: None, write_cdi: None, api: Api::Dra });
+    cfg.resources.insert(WIDGET.into(), ResourceSettings { api: Api::Dra, ..Default::default() });
     cfg.dra.kubeconfig = Some(kubeconfig);
     cfg.dra.node_name = Some(NODE.into());
     cfg.dra.plugins_dir = Some(root.path().join("plugins"));

@@ -314,6 +314,96 @@ pub fn build_dgx_h100_with_nics(root: &Path) {
     }
 }
 
+/// An EC2 p5.48xlarge as its guest sees it (not in [`MACHINES`]; the coexistence and RDMA-health
+/// tests' machine): the DGX's 8 H100 behind four PCIe switches and, on each GPU's switch, four
+/// Elastic Fabric Adapters (`1d0f:efa2`, the third generation's ID in `efa_main.c`'s
+/// `efa_pci_tbl`), plus the ENA primary interface (`1d0f:ec20`, `ena`). An EFA has no netdev:
+/// the `efa` driver registers only an RDMA device (`ib_register_device(..., "efa_%d", ...)`),
+/// one port whose attributes the IB core writes (`drivers/infiniband/core/sysfs.c`: `state` as
+/// `"%d: %s"`, `phys_state`, `link_layer`; `efa_query_port` reports ACTIVE / LinkUp, and no link
+/// layer, which prints `Unknown`) and its `uverbsN` (major 231, minors from 192).
+pub fn build_p5_efa(root: &Path) {
+    let mut t = Tree::new(root);
+    dgx_h100(&mut t);
+    t.node("infiniband/rdma_cm", 10, 58);
+    let ena = t.pci(Func {
+        parents: chain("pci0000:00", &["0000:00:05.0"]),
+        addr: "0000:01:00.0",
+        vendor: 0x1d0f,
+        device: 0xec20,
+        class: 0x020000,
+        numa: 0,
+        driver: Some("ena"),
+    });
+    t.netdev(&ena, "ens32", "0a:00:00:00:00:01", 1, true, 100_000);
+    let buses = [0x18u32, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+    for (i, bus) in buses.iter().enumerate() {
+        let first = buses[(i / 2) * 2];
+        let rc = format!("pci0000:{:02x}", first - 4);
+        let rp = format!("0000:{:02x}:01.0", first - 4);
+        let up = format!("0000:{:02x}:00.0", first - 3);
+        for k in 0..4u32 {
+            let n = i as u32 * 4 + k;
+            let down_port = format!("0000:{:02x}:{:02x}.0", first - 2, 2 + (i as u32 % 2) * 4 + k);
+            let addr = format!("0000:{:02x}:00.0", bus + 1 + k);
+            let dir = t.pci(Func {
+                parents: chain(&rc, &[&rp, &up, &down_port]),
+                addr: &addr,
+                vendor: 0x1d0f,
+                device: 0xefa2,
+                class: 0x020000,
+                numa: (i / 4) as i32,
+                driver: Some("efa"),
+            });
+            let ib = format!("efa_{n}");
+            let ibdir = t.class_dev(&dir, "infiniband", &ib, &[("node_type", "1: CA")]);
+            rdma_port(&t, &ibdir, 1, "4: ACTIVE", "5: LinkUp", "Unknown");
+            t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{n}"), &[("ibdev", &ib)]);
+            t.node(&format!("infiniband/uverbs{n}"), 231, 192 + n);
+        }
+    }
+}
+
+/// An RDMA port's attributes as the IB core writes them (`drivers/infiniband/core/sysfs.c`:
+/// `state_show` prints `"%d: %s"` of `ib_port_state`, `phys_state_show` `"%d: %s"` of the
+/// physical state, `link_layer_show` one word).
+fn rdma_port(t: &Tree, ibdir: &str, port: u32, state: &str, phys: &str, link_layer: &str) {
+    t.file(&format!("{ibdir}/ports/{port}/state"), &format!("{state}\n"));
+    t.file(&format!("{ibdir}/ports/{port}/phys_state"), &format!("{phys}\n"));
+    t.file(&format!("{ibdir}/ports/{port}/link_layer"), &format!("{link_layer}\n"));
+}
+
+/// Three single-port ConnectX-7 (15b3:1021, `mlx5_core`) in InfiniBand mode without IPoIB (not
+/// in [`MACHINES`]): no netdev, only the RDMA device `mlx5_N` whose port state the subnet
+/// manager sets (`mlx5_ib` answers `query_port` from the port's PortInfo MAD). `mlx5_0` is
+/// ACTIVE; `mlx5_1` has link but no subnet manager has configured it (`2: INIT`, `5: LinkUp`);
+/// `mlx5_2` has no cable (`1: DOWN`, `3: Disabled`).
+pub fn build_ib_hcas(root: &Path) {
+    let mut t = Tree::new(root);
+    base(&mut t);
+    t.node("infiniband/rdma_cm", 10, 58);
+    let ports = [("4: ACTIVE", "5: LinkUp"), ("2: INIT", "5: LinkUp"), ("1: DOWN", "3: Disabled")];
+    for (n, (state, phys)) in ports.into_iter().enumerate() {
+        let n = n as u32;
+        let bus = 0x41 + n * 4;
+        let addr = format!("0000:{bus:02x}:00.0");
+        let dir = t.pci(Func {
+            parents: chain(&format!("pci0000:{:02x}", bus - 1), &[&format!("0000:{:02x}:00.0", bus - 1)]),
+            addr: &addr,
+            vendor: 0x15b3,
+            device: 0x1021,
+            class: 0x020700,
+            numa: 0,
+            driver: Some("mlx5_core"),
+        });
+        let ib = format!("mlx5_{n}");
+        let ibdir = t.class_dev(&dir, "infiniband", &ib, &[("node_type", "1: CA")]);
+        rdma_port(&t, &ibdir, 1, state, phys, "InfiniBand");
+        t.class_dev(&dir, "infiniband_verbs", &format!("uverbs{n}"), &[("ibdev", &ib)]);
+        t.node(&format!("infiniband/uverbs{n}"), 231, 192 + n);
+    }
+}
+
 /// A PCIe server without switches (not in [`MACHINES`]; the learned-requests test's "other
 /// topology"): 2× H100 PCIe (10de:2331), each in the slot of a root port of its own root
 /// complex, `pci0000:BB/0000:BB:01.0/0000:CC:00.0` — the devices of a bridge's secondary bus

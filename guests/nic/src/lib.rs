@@ -10,7 +10,9 @@
 //! - RDMA-capable: `/dev/infiniband/uverbsN` (+ `/dev/infiniband/rdma_cm`).
 //!
 //! Health: Unhealthy without a driver, after fatal AER errors, or when the link is down (the
-//! function's own carrier, or its PF's for a VF without a netdev).
+//! function's own carrier, or its PF's for a VF without a netdev; for a function with an RDMA
+//! device and no netdev at all, an EFA or an InfiniBand HCA without IPoIB, its RDMA ports'
+//! `state`: none ACTIVE is down).
 //!
 //! Config (TOML). Without one, three pools serve every VF: `devplug.io/sriov_vfio`,
 //! `devplug.io/sriov_rdma`, `devplug.io/sriov_netdev`.
@@ -193,8 +195,10 @@ impl Nic {
 }
 
 /// Why each function cannot carry traffic, if it cannot: PCI health (no driver, fatal AER), then
-/// its link. Two host calls for all of them: their AER counters, then the carrier of each
-/// distinct link (every VF of a PF asks about the same one).
+/// its link: the carrier of its interface (or its PF's), or for an RDMA-only function (an EFA,
+/// an InfiniBand HCA without IPoIB: no interface at all) the state of its RDMA ports. A few host
+/// calls for all of them: their AER counters, the carrier of each distinct link (every VF of a
+/// PF asks about the same one), the RDMA-only functions' port lists and their states.
 fn problems<'a>(sys: &dyn Sys, nics: impl Iterator<Item = &'a Nic>) -> Vec<Option<String>> {
     let nics: Vec<&Nic> = nics.collect();
     let pcis: Vec<PciDevice> = nics.iter().map(|n| n.pci.clone()).collect();
@@ -210,13 +214,65 @@ fn problems<'a>(sys: &dyn Sys, nics: impl Iterator<Item = &'a Nic>) -> Vec<Optio
     // `carrier` alone: it reads 0 whenever operstate is down.
     let up: BTreeMap<&String, bool> =
         dirs.iter().zip(sys.read_many(&carriers)).map(|(d, c)| (d, c.is_ok_and(|c| c.trim() == "1"))).collect();
+    let ports = rdma_ports(sys, &nics);
     nics.iter()
         .zip(sick)
-        .map(|(n, sick)| {
-            sick.or_else(|| {
-                let (ifname, dir) = n.carrier_dir()?;
-                (!up.get(dir).copied().unwrap_or(false)).then(|| format!("link down on {ifname}"))
+        .zip(ports)
+        .map(|((n, sick), ports)| {
+            sick.or_else(|| match n.carrier_dir() {
+                Some((ifname, dir)) => {
+                    (!up.get(dir).copied().unwrap_or(false)).then(|| format!("link down on {ifname}"))
+                }
+                None => ports,
             })
+        })
+        .collect()
+}
+
+/// For each function with an RDMA device and no interface to watch: why none of its ports can
+/// carry traffic, if none can. The IB core prints a port's `state` as `"%d: %s"`
+/// (`drivers/infiniband/core/sysfs.c`, `state_show`): 4 ACTIVE and 5 ACTIVE_DEFER carry
+/// traffic; 1 DOWN, 2 INIT (link up, no subnet manager yet) and 3 ARMED do not. A port whose
+/// state cannot be read counts as down: the kernel always has it.
+fn rdma_ports(sys: &dyn Sys, nics: &[&Nic]) -> Vec<Option<String>> {
+    let dir = |n: &Nic| -> Option<String> {
+        let ib = n.ib_device.as_ref()?;
+        n.carrier_dir().is_none().then(|| n.pci.attr(&format!("infiniband/{ib}/ports")))
+    };
+    let dirs: Vec<Option<String>> = nics.iter().map(|n| dir(n)).collect();
+    let listed = each(&dirs, |d| d.clone(), |paths| sys.list_many(paths));
+    let mut states: Vec<String> = Vec::new();
+    let ports: Vec<Vec<(String, usize)>> = dirs
+        .iter()
+        .zip(listed)
+        .map(|(d, l)| {
+            let (Some(d), Some(Ok(names))) = (d, l) else { return Vec::new() };
+            names
+                .into_iter()
+                .map(|p| {
+                    states.push(format!("{d}/{p}/state"));
+                    (p, states.len() - 1)
+                })
+                .collect()
+        })
+        .collect();
+    let read: Vec<Option<String>> =
+        sys.read_many(&states).into_iter().map(|r| r.ok().map(|s| s.trim().to_owned())).collect();
+    nics.iter()
+        .zip(dirs.iter().zip(ports))
+        .map(|(n, (d, ports))| {
+            d.as_ref()?;
+            let ib = n.ib_device.as_deref().unwrap_or("?");
+            if ports.is_empty() {
+                return Some(format!("RDMA device {ib} has no ports"));
+            }
+            let active = |s: &str| matches!(s.split(':').next().map(str::trim), Some("4" | "5"));
+            if ports.iter().any(|(_, i)| read[*i].as_deref().is_some_and(active)) {
+                return None;
+            }
+            let (p, i) = &ports[0];
+            let state = read[*i].clone().unwrap_or_else(|| "unreadable".into());
+            Some(format!("RDMA port {p} of {ib} is {state}"))
         })
         .collect()
 }

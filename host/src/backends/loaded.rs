@@ -15,6 +15,7 @@ use super::settings::{BackendSettings, DefaultGrant};
 pub use super::slot::BackendMetrics;
 use super::slot::{NoMetrics, Slot};
 use super::source::{BackendSource, Origin};
+use crate::model::contest::{Contest, Decisions};
 use crate::model::names::resource_name_problem;
 use crate::model::nodes::{Conflict, OwnersView};
 use crate::model::{Resource, ResourceOptions};
@@ -82,7 +83,8 @@ pub struct BackendSummary {
     pub last_error: Option<String>,
     /// The first distinct accesses it was refused, each with the grant that would allow it.
     pub denied: Vec<Denied>,
-    /// Device nodes another backend already hands out, refused for this one's devices.
+    /// Each pair of resources (one of this backend's, one of another's) naming the same device
+    /// nodes, one line each: what is withheld and the config line that settles it.
     pub conflicts: Vec<String>,
     /// Which compiler made the code serving now (`baseline` until the optimised code of a large
     /// backend is swapped in), and whether that optimised compile is pending.
@@ -158,6 +160,10 @@ pub struct Loaded {
     pub(super) owners: OwnersView,
     /// Backends that failed to load with no version serving: name → (origin, error).
     failed: Mutex<BTreeMap<String, (String, String)>>,
+    /// The operator's `owns`: which resource keeps a node two backends name.
+    pub(super) decisions: Decisions,
+    /// The contests as last told, one per pair of resources.
+    pub(super) contests: Mutex<Vec<Contest>>,
 }
 
 impl Loaded {
@@ -180,7 +186,31 @@ impl Loaded {
             all_dra: false,
             owners: OwnersView::default(),
             failed: Mutex::new(BTreeMap::new()),
+            decisions: Decisions::default(),
+            contests: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Settle contested device nodes by the config's `owns` (see [`crate::model::contest`]).
+    pub fn with_decisions(mut self, decisions: Decisions) -> Self {
+        self.decisions = decisions;
+        self
+    }
+
+    /// How many of `resource`'s devices are withheld for device nodes another backend's
+    /// resource names too (contested, or the other's by the config).
+    pub fn withheld(&self, resource: &str) -> usize {
+        let resources = self.resources.locked();
+        let Some(r) = resources.get(resource) else { return 0 };
+        let ids: std::collections::BTreeSet<&str> =
+            r.conflicts.iter().flat_map(|c| c.devices.iter().map(String::as_str)).collect();
+        ids.len()
+    }
+
+    /// Every pair of resources of two backends naming the same device nodes, as last told:
+    /// undecided ones withhold both sides' devices naming them, decided ones the loser's.
+    pub fn contests(&self) -> Vec<Contest> {
+        self.contests.locked().clone()
     }
 
     /// Remember that `name` (from `origin`) failed to load with `error`, for status, until a
@@ -464,6 +494,8 @@ impl Loaded {
     }
 
     pub fn summaries(&self) -> Vec<BackendSummary> {
+        // Copied before the other locks are taken (the polls take it under `resources`).
+        let contests = self.contests();
         let resources = self.resources.locked();
         let backends = self.backends.locked();
         let failed: Vec<BackendSummary> = self
@@ -505,11 +537,7 @@ impl Loaded {
                     optimizing: inst.optimizing(),
                     warnings: slot.warnings.load().to_vec(),
                     resources: resources.iter().filter(|(_, r)| &r.backend == name).map(|(n, _)| n.clone()).collect(),
-                    conflicts: resources
-                        .iter()
-                        .filter(|(_, r)| &r.backend == name)
-                        .flat_map(|(n, r)| r.conflicts.iter().map(move |c| format!("{n}: {c}")))
-                        .collect(),
+                    conflicts: contests.iter().filter(|c| c.involves(name)).map(ToString::to_string).collect(),
                     stats: {
                         let l = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
                         StatsSnapshot {

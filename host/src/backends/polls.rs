@@ -12,6 +12,7 @@ const MAX_FLIPS_NAMED: usize = 16;
 use super::loaded::{Loaded, MAX_LOGGED, ResSlot};
 use super::routing::{ReadyResource, ResourceCalls};
 use super::slot::Slot;
+use crate::model::contest;
 use crate::model::nodes::{self, NodeOwners};
 use crate::model::{Device, Health, Resource};
 use crate::runtime::{BackendInstance, CallError};
@@ -157,7 +158,18 @@ impl Loaded {
                     if before.is_some_and(|b| b != d.health) {
                         flipped += 1;
                         if flips.len() < MAX_FLIPS_NAMED {
-                            flips.push(format!("{rname} {} {}", d.id, d.health.as_str()));
+                            // The backend's reason, where it gave one (the SDK's `unhealthy`
+                            // attribute), clipped as any backend text.
+                            let why = match d.health {
+                                Health::Unhealthy => d
+                                    .attributes
+                                    .iter()
+                                    .find(|(k, _)| k == "unhealthy")
+                                    .map(|(_, v)| format!(" ({})", crate::gate::clip_to(v, 160)))
+                                    .unwrap_or_default(),
+                                Health::Healthy => String::new(),
+                            };
+                            flips.push(format!("{rname} {} {}{why}", d.id, d.health.as_str()));
                         }
                     }
                 }
@@ -215,32 +227,62 @@ impl Loaded {
         resources: &'a mut BTreeMap<String, ResSlot>,
         mine: Option<&str>,
     ) -> Vec<(&'a String, &'a mut ResSlot)> {
-        let table = NodeOwners::build(resources.values().map(|r| (r.backend.as_str(), r.raw.as_ref())));
-        let mut own = Vec::new();
+        let table = NodeOwners::build_decided(
+            resources.values().map(|r| (r.backend.as_str(), r.raw.as_ref())),
+            &self.decisions,
+        );
+        let mut changed: HashSet<String> = HashSet::new();
         for (rname, rs) in resources.iter_mut() {
             let conflicts = table.conflicts(&rs.backend, &rs.raw);
-            let changed = conflicts != rs.conflicts;
-            if changed {
-                for c in conflicts.iter().filter(|c| !rs.conflicts.contains(c)) {
-                    tracing::error!(backend = %rs.backend, resource = %rname, node = %crate::gate::clip(&c.node), holder = %c.holder, "{c}");
-                }
-                for c in rs.conflicts.iter().filter(|c| !conflicts.iter().any(|n| n.node == c.node)) {
-                    tracing::info!(backend = %rs.backend, resource = %rname, node = %crate::gate::clip(&c.node), "device node no longer contested: its devices are served again");
-                }
+            if conflicts != rs.conflicts {
                 rs.conflicts = conflicts;
+                changed.insert(rname.clone());
             }
+        }
+        // Stored before any list is sent: a device refused now is refused by the writers too.
+        self.owners.store(table);
+        if !changed.is_empty() {
+            self.report_contests(resources);
+        }
+        let mut own = Vec::new();
+        for (rname, rs) in resources.iter_mut() {
             if Some(rs.backend.as_str()) == mine {
                 own.push((rname, rs));
-            } else if changed {
+            } else if changed.contains(rname) {
                 let prev = rs.tx.borrow().clone();
                 let next = self.published(rname, rs);
                 let kubelet_changed = prev.kubelet_view() != next.kubelet_view();
                 self.send(rs, next, kubelet_changed);
             }
         }
-        // Stored before any list is sent: a device refused now is refused by the writers too.
-        self.owners.store(table);
         own
+    }
+
+    /// Tell each contest once per pair of resources, however many nodes it spans: an ERROR
+    /// when it starts or grows (undecided), an INFO when the config's `owns` settles it or it
+    /// ends.
+    fn report_contests(&self, resources: &BTreeMap<String, ResSlot>) {
+        let now = contest::contests(
+            resources.iter().map(|(name, r)| (name.as_str(), r.backend.as_str(), r.conflicts.as_slice())),
+        );
+        let mut known = self.contests.locked();
+        for c in &now {
+            let before = known.iter().find(|k| k.resources == c.resources);
+            if before == Some(c) {
+                continue;
+            }
+            let [a, b] = &c.resources;
+            if c.decided() {
+                tracing::info!(resources = %format!("{a}, {b}"), nodes = c.nodes, withheld = c.withheld, "{c}");
+            } else {
+                tracing::error!(resources = %format!("{a}, {b}"), nodes = c.nodes, withheld = c.withheld, "{c}");
+            }
+        }
+        for gone in known.iter().filter(|k| !now.iter().any(|c| c.resources == k.resources)) {
+            let [a, b] = &gone.resources;
+            tracing::info!(resources = %format!("{a}, {b}"), "resources {a} and {b} no longer name the same device nodes: their devices are served again");
+        }
+        *known = now;
     }
 
     /// What `rs` publishes: its latest list without the devices of contested nodes, and

@@ -68,7 +68,7 @@ async fn load_and_poll_as(
     let explicit = args.cache_dir.as_deref().or(cfg.cache_dir.as_deref());
     let runtime = Runtime::new(super::cache::one_shot(cfg.runtime_config(), explicit, args.no_cache))?;
     let roots = args.roots(&cfg);
-    let loaded = Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant);
+    let loaded = Loaded::new(runtime, roots, cfg.backends.clone(), cfg.default_grant).with_decisions(cfg.decisions()?);
     let loaded = Arc::new(match dra {
         DraView::Configured => loaded.with_dra_resources(cfg.dra_resources()),
         DraView::Only(names) => loaded.with_dra_resources(names),
@@ -219,9 +219,10 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         if let Some(e) = &b.last_error {
             errors.push(Failure::of(&b.name, format!("{}: discover: {e}", b.name)));
         }
-        for c in &b.conflicts {
-            errors.push(Failure::of(&b.name, format!("{}: {c}", b.name)));
-        }
+    }
+    // A contest is one failure per pair of resources; one the config settled is not a failure.
+    for c in loaded.contests().iter().filter(|c| !c.decided()) {
+        errors.push(Failure { backend: None, message: c.to_string() });
     }
     let resources: Vec<serde_json::Value> = loaded
         .snapshot()
@@ -275,6 +276,7 @@ pub async fn discover(args: DiscoverArgs) -> anyhow::Result<serde_json::Value> {
         "errors": errors.iter().map(|f| f.message.as_str()).collect::<Vec<_>>(),
         "failures": errors.iter().map(|f| serde_json::json!({ "backend": f.backend, "error": f.message })).collect::<Vec<_>>(),
         "refused": refused,
+        "contests": loaded.contests(),
     }))
 }
 

@@ -321,11 +321,8 @@ impl RunArgs {
             match c.resources.get_mut(r) {
                 Some(settings) => settings.api = crate::config::Api::Dra,
                 None => {
-                    let settings = crate::config::ResourceSettings {
-                        allocate: None,
-                        write_cdi: None,
-                        api: crate::config::Api::Dra,
-                    };
+                    let settings =
+                        crate::config::ResourceSettings { api: crate::config::Api::Dra, ..Default::default() };
                     c.resources.insert(r.clone(), settings);
                 }
             }

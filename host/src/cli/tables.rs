@@ -21,16 +21,46 @@ fn code(b: &serde_json::Value) -> String {
     if b["optimizing"].as_bool() == Some(true) { format!("{tier}, optimising") } else { tier }
 }
 
+/// A backend's LAST ERROR cell: its discover error, else that it withholds devices for a
+/// contest (told whole below the table).
+fn last_error(b: &serde_json::Value) -> String {
+    if let Some(e) = b["last_error"].as_str() {
+        return clip(e).into_owned();
+    }
+    match b["conflicts"].as_array().map_or(0, Vec::len) {
+        0 => String::new(),
+        1 => "device nodes shared with another backend's resource (see below)".to_owned(),
+        n => format!("device nodes shared with {n} other resources (see below)"),
+    }
+}
+
+/// One contest of `/status`'s `contests` as its line (the host's own words, rebuilt from the
+/// fields so an older or newer field set still reads).
+fn contest_line(c: &serde_json::Value) -> String {
+    match serde_json::from_value::<crate::model::contest::Contest>(c.clone()) {
+        Ok(c) => c.to_string(),
+        Err(_) => c.to_string(),
+    }
+}
+
 /// `devplug status` as a table for people.
 pub fn status_table(v: &serde_json::Value) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let str_of = cell;
-    let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "KUBELET"].map(str::to_owned).to_vec()];
+    let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "WITHHELD", "KUBELET"].map(str::to_owned).to_vec()];
     for r in v["resources"].as_array().into_iter().flatten() {
-        rows.push(vec![str_of(&r["name"]), str_of(&r["healthy"]), str_of(&r["unhealthy"]), str_of(&r["endpoint"])]);
+        // An older devplug does not count withheld devices.
+        let withheld = r["withheld"].as_u64().unwrap_or(0).to_string();
+        rows.push(vec![
+            str_of(&r["name"]),
+            str_of(&r["healthy"]),
+            str_of(&r["unhealthy"]),
+            withheld,
+            str_of(&r["endpoint"]),
+        ]);
     }
-    out.push_str(&table(&rows, &[false, true, true, false]));
+    out.push_str(&table(&rows, &[false, true, true, true, false]));
     let regs = v["registrations"].as_array().cloned().unwrap_or_default();
     if !regs.is_empty() {
         let mut rows = vec![["REGISTRATION", "MODE", "STATE", "SOCKET"].map(str::to_owned).to_vec()];
@@ -48,7 +78,14 @@ pub fn status_table(v: &serde_json::Value) -> String {
             .map(str::to_owned)
             .to_vec(),
     ];
-    let mut denied_lines = Vec::new();
+    // Each contest once (it concerns two backends), whole: its remedy is the point of it.
+    let has_contests = v["contests"].is_array();
+    let mut denied_lines: Vec<String> = v["contests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| format!("! {}", clip_to(&contest_line(c), 2048)))
+        .collect();
     for b in v["backends"].as_array().into_iter().flatten() {
         let digest: String = str_of(&b["digest"]).chars().take(12).collect();
         // A backend that failed to load has no version serving (an older devplug sends no
@@ -68,11 +105,13 @@ pub fn status_table(v: &serde_json::Value) -> String {
             str_of(&b["stats"]["traps"]),
             str_of(&b["stats"]["timeouts"]),
             str_of(&b["stats"]["denied"]),
-            b["last_error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
+            last_error(b),
         ]);
-        // Device nodes another backend hands out: its devices naming them are refused.
-        for c in b["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
-            denied_lines.push(format!("! {}: {}", clip(&str_of(&b["name"])), clip_to(c, 512)));
+        // An older devplug lists contests per backend only, one line per node.
+        if !has_contests {
+            for c in b["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
+                denied_lines.push(format!("! {}: {}", clip(&str_of(&b["name"])), clip_to(c, 512)));
+            }
         }
         // The first refusals of each backend, with the grant that would allow them.
         for d in b["denied"].as_array().into_iter().flatten().take(3) {

@@ -37,7 +37,8 @@ impl Daemon {
         let dra_resources = cfg.dra_resources();
         let mut loaded = Loaded::new(runtime, cfg.roots(), cfg.backends.clone(), cfg.default_grant)
             .with_metrics(metrics.clone())
-            .with_dra_resources(dra_resources);
+            .with_dra_resources(dra_resources)
+            .with_decisions(cfg.decisions()?);
         if let Some(s) = &specs {
             loaded = loaded.with_publish_hook(specs::writer(s.clone(), &cfg));
         }

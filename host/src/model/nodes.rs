@@ -12,9 +12,10 @@
 //!   one of them declaring `shared-node`), or that one backend's device names while another
 //!   backend's common edits hand it to all its containers, is refused to both sides (every
 //!   device naming it; every device of the resource handing it out) until the operator's config
-//!   decides (narrow one backend's `grant.dev`, or mark every device naming it shared):
-//!   [`NodeOwners::conflicts`]. The first backend to finish its
-//!   discover used to keep the node, so a small hostile backend won the race.
+//!   decides: one resource's `owns` ([`super::contest::Decisions`]) gives it that resource and
+//!   withholds only the other side's devices naming it, or every device naming it is marked
+//!   shared: [`NodeOwners::conflicts`]. The first backend to finish its discover used to keep
+//!   the node, so a small hostile backend won the race.
 //! - **A container or claim gets only its own devices' nodes.** What it finally gets (the
 //!   per-device edits of what it holds, the resource's common edits and the backend's
 //!   `allocate`/`prepare` answer, merged) passes [`NodeOwners::admit`]: a node owned by a device
@@ -27,6 +28,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::contest::Decisions;
 use super::{ContainerEdits, Device, DeviceNode, NodeNumbers, Resource, SHARED_NODE};
 
 /// A node as the table knows it: its vetted type and numbers; a node the host has not vetted
@@ -81,6 +83,8 @@ pub struct NodeOwners {
     /// Node → (backend, resource, the path it names it by) whose common edits hand it to every
     /// container.
     common: BTreeMap<NodeKey, Vec<(String, String, String)>>,
+    /// Nodes the config gives one resource (`owns`): node → (backend, resource, its path).
+    decided: BTreeMap<NodeKey, (String, String, String)>,
 }
 
 fn shared(d: &Device) -> bool {
@@ -100,6 +104,9 @@ pub struct Conflict {
     pub holder_path: String,
     /// The devices of the refused resource that named it.
     pub devices: Vec<String>,
+    /// The config gives the node to the holder (`owns`): this side is withheld by decision,
+    /// not refused for want of one.
+    pub decided: bool,
 }
 
 impl std::fmt::Display for Conflict {
@@ -110,13 +117,19 @@ impl std::fmt::Display for Conflict {
         } else {
             format!(" as {}", crate::gate::clip(&self.holder_path))
         };
+        let (node, holder, backend) =
+            (crate::gate::clip(&self.node), crate::gate::clip(&self.holder), crate::gate::clip(&self.holder_backend));
+        let devices = self.devices.join(", ");
+        let devices = crate::gate::clip(&devices);
+        if self.decided {
+            return write!(
+                f,
+                "device node {node}{numbers} is resource {holder}'s (backend {backend}){there} by the config (owns); withheld here for {devices}"
+            );
+        }
         write!(
             f,
-            "device node {}{numbers} is also handed out by resource {} (backend {}){there}; refused to both until the config decides — give the node to one backend (narrow the other's grant.dev, or disable it), or mark every device naming it shared-node = \"true\"; refused here for {}",
-            crate::gate::clip(&self.node),
-            crate::gate::clip(&self.holder),
-            crate::gate::clip(&self.holder_backend),
-            crate::gate::clip(&self.devices.join(", "))
+            "device node {node}{numbers} is also handed out by resource {holder} (backend {backend}){there}; refused to both until the config decides — set owns under one resource's [resources.\"…\"], or mark every device naming it shared-node = \"true\"; refused here for {devices}"
         )
     }
 }
@@ -166,8 +179,18 @@ impl Admitted {
 pub type Held<'a> = [(&'a str, &'a str)];
 
 impl NodeOwners {
-    /// The table of `lists`: (backend, resource as its backend last discovered it).
+    /// The table of `lists`: (backend, resource as its backend last discovered it), with no
+    /// decisions.
     pub fn build<'a>(lists: impl IntoIterator<Item = (&'a str, &'a Resource)>) -> NodeOwners {
+        Self::build_decided(lists, &Decisions::default())
+    }
+
+    /// The table of `lists` under the operator's `decisions`: a node exactly one resource's
+    /// `owns` covers (at the path that resource names it by) is that resource's.
+    pub fn build_decided<'a>(
+        lists: impl IntoIterator<Item = (&'a str, &'a Resource)>,
+        decisions: &Decisions,
+    ) -> NodeOwners {
         let mut t = NodeOwners::default();
         for (backend, r) in lists {
             for d in &r.devices {
@@ -192,6 +215,28 @@ impl NodeOwners {
                 }
             }
         }
+        if !decisions.is_empty() {
+            let claims = t
+                .owners
+                .iter()
+                .flat_map(|(k, os)| os.iter().map(move |o| (k, (&o.backend, &o.resource, &o.path))))
+                .chain(t.common.iter().flat_map(|(k, us)| us.iter().map(move |(b, r, p)| (k, (b, r, p)))));
+            let mut by_node: BTreeMap<NodeKey, Vec<(String, String, String)>> = BTreeMap::new();
+            for (k, (b, r, p)) in claims {
+                if decisions.owns(r, p) {
+                    let v = by_node.entry(k.clone()).or_default();
+                    if !v.iter().any(|(_, vr, _)| vr == r) {
+                        v.push((b.clone(), r.clone(), p.clone()));
+                    }
+                }
+            }
+            // Two resources' `owns` covering one node decide nothing: it stays contested.
+            t.decided = by_node
+                .into_iter()
+                .filter(|(_, v)| v.len() == 1)
+                .filter_map(|(k, mut v)| Some((k, v.pop()?)))
+                .collect();
+        }
         t
     }
 
@@ -207,7 +252,7 @@ impl NodeOwners {
     /// (then every device of the resource is refused: each would carry the node).
     pub fn conflicts(&self, backend: &str, resource: &Resource) -> Vec<Conflict> {
         let mut out: BTreeMap<String, Conflict> = BTreeMap::new();
-        let mut add = |n: &DeviceNode, holder: (&str, &str, &str), device: &str| {
+        let mut add = |n: &DeviceNode, holder: (&str, &str, &str), device: &str, decided: bool| {
             let path = n.host_path();
             let c = out.entry(path.to_owned()).or_insert_with(|| Conflict {
                 node: path.to_owned(),
@@ -216,13 +261,27 @@ impl NodeOwners {
                 holder_backend: holder.1.to_owned(),
                 holder_path: holder.2.to_owned(),
                 devices: Vec::new(),
+                decided,
             });
             if !c.devices.iter().any(|d| d == device) {
                 c.devices.push(device.to_owned());
             }
         };
+        // A node the config decided: nobody's contest. This side keeps it, or (another
+        // backend's resource owning it) its devices naming it are withheld.
+        let decided = |n: &DeviceNode| -> Option<Option<(&str, &str, &str)>> {
+            let (b, r, p) = self.decided.get(&NodeKey::of(n))?;
+            Some((*r != resource.name && b != backend).then_some((r.as_str(), b.as_str(), p.as_str())))
+        };
+        let mut withheld: Vec<(DeviceNode, (String, String, String), String)> = Vec::new();
         for d in &resource.devices {
             for n in &d.edits.device_nodes {
+                if let Some(owner) = decided(n) {
+                    if let Some((r, b, p)) = owner {
+                        withheld.push((n.clone(), (r.to_owned(), b.to_owned(), p.to_owned()), d.id.clone()));
+                    }
+                    continue;
+                }
                 let owners = self.owners(n);
                 let all_shared = owners.iter().all(|o| o.shared);
                 let rival = owners
@@ -234,16 +293,27 @@ impl NodeOwners {
                         common.iter().find(|(b, ..)| b != backend).map(|(b, r, p)| (r.as_str(), b.as_str(), p.as_str()))
                     });
                 if let Some(holder) = rival {
-                    add(n, holder, &d.id);
+                    add(n, holder, &d.id, false);
                 }
             }
         }
         for n in &resource.common_edits.device_nodes {
+            if let Some(owner) = decided(n) {
+                if let Some((r, b, p)) = owner {
+                    for d in &resource.devices {
+                        withheld.push((n.clone(), (r.to_owned(), b.to_owned(), p.to_owned()), d.id.clone()));
+                    }
+                }
+                continue;
+            }
             if let Some(o) = self.owners(n).iter().find(|o| o.backend != backend) {
                 for d in &resource.devices {
-                    add(n, (&o.resource, &o.backend, &o.path), &d.id);
+                    add(n, (&o.resource, &o.backend, &o.path), &d.id, false);
                 }
             }
+        }
+        for (n, (r, b, p), device) in &withheld {
+            add(n, (r, b, p), device, true);
         }
         out.into_values().collect()
     }
@@ -282,29 +352,49 @@ impl NodeOwners {
     fn check(&self, resource: &str, held: &Held<'_>, edits: &ContainerEdits) -> Result<(), Foreign> {
         for n in &edits.device_nodes {
             let path = n.host_path();
-            let owners = self.owners(n);
-            let Some(first) = owners.first() else { continue };
-            // Contested between backends: nobody's until the config decides, held or not.
-            let contested = owners.iter().any(|o| o.backend != first.backend) && !owners.iter().all(|o| o.shared);
+            let all = self.owners(n);
+            // A node the config gave one resource is that resource's devices' alone.
+            let decided = self.decided.get(&NodeKey::of(n));
+            let owners: Vec<&Owner> = match decided {
+                Some((_, r, _)) => all.iter().filter(|o| o.resource == *r).collect(),
+                None => all.iter().collect(),
+            };
             let holds = |o: &Owner| held.iter().any(|(r, id)| *r == o.resource && *id == o.device);
-            if !contested && owners.iter().any(&holds) {
+            let Some(first) = owners.first().copied() else {
+                // Decided for a resource handing it to all its containers: theirs, no one else's.
+                match (decided, all.first()) {
+                    (Some((_, r, _)), Some(o)) if *r != resource && !held.iter().any(|(hr, _)| hr == r) => {
+                        return Err(self.foreign(path, o, resource));
+                    }
+                    _ => continue,
+                }
+            };
+            // Contested between backends: nobody's until the config decides, held or not.
+            let contested = decided.is_none()
+                && owners.iter().any(|o| o.backend != first.backend)
+                && !owners.iter().all(|o| o.shared);
+            if !contested && owners.iter().any(|o| holds(o)) {
                 continue;
             }
-            let o = owners.iter().find(|o| !holds(o)).unwrap_or(first);
-            let clip = |s: &str| crate::gate::clip(s).into_owned();
-            return Err(Foreign {
-                node: clip(path),
-                owner: Box::new(Owner {
-                    backend: clip(&o.backend),
-                    resource: clip(&o.resource),
-                    device: clip(&o.device),
-                    path: clip(&o.path),
-                    shared: o.shared,
-                }),
-                resource: clip(resource),
-            });
+            let o = owners.iter().copied().find(|o| !holds(o)).unwrap_or(first);
+            return Err(self.foreign(path, o, resource));
         }
         Ok(())
+    }
+
+    fn foreign(&self, path: &str, o: &Owner, resource: &str) -> Foreign {
+        let clip = |s: &str| crate::gate::clip(s).into_owned();
+        Foreign {
+            node: clip(path),
+            owner: Box::new(Owner {
+                backend: clip(&o.backend),
+                resource: clip(&o.resource),
+                device: clip(&o.device),
+                path: clip(&o.path),
+                shared: o.shared,
+            }),
+            resource: clip(resource),
+        }
     }
 }
 
@@ -371,10 +461,7 @@ mod tests {
                 ("amd.com/mi300x", &["card0".to_owned()][..])
             );
             let shown = theirs[0].to_string();
-            assert!(
-                shown.contains("amd.com/gpu") && shown.contains("renderD128") && shown.contains("grant.dev"),
-                "{shown}"
-            );
+            assert!(shown.contains("amd.com/gpu") && shown.contains("renderD128") && shown.contains("owns"), "{shown}");
             let mut kept = vendor.clone();
             refuse(&mut kept, &theirs);
             assert_eq!(kept.devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["gpu-9"]);

@@ -137,8 +137,19 @@ async fn readyz(State(h): State<Probes>) -> (StatusCode, String) {
             None => format!("{}: {} ({} on {})", r.subject, r.stage, r.mode, r.socket.display()),
         })
         .collect();
+    // Devices two backends both hand out are withheld from both until the config decides: the
+    // node serves less than it has, and says so here as well as in the ERROR.
+    let contests = h.loaded.contests();
+    let (undecided, decided): (Vec<_>, Vec<_>) = contests.iter().partition(|c| !c.decided());
+    let waiting: Vec<String> = waiting.into_iter().chain(undecided.iter().map(|c| c.to_string())).collect();
     if waiting.is_empty() {
-        (StatusCode::OK, format!("ready: {} registrations with kubelet\n", all.len()))
+        let withheld: usize = decided.iter().map(|c| c.withheld).sum();
+        let by_config = if withheld > 0 {
+            format!("; {withheld} devices withheld by the config's owns (see devplug status)")
+        } else {
+            String::new()
+        };
+        (StatusCode::OK, format!("ready: {} registrations with kubelet{by_config}\n", all.len()))
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("not ready:\n{}\n", waiting.join("\n")))
     }
@@ -178,6 +189,7 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
                 "name": r.name,
                 "healthy": healthy,
                 "unhealthy": r.devices.len() - healthy,
+                "withheld": h.loaded.withheld(&r.name),
                 "endpoint": endpoint.unwrap_or_else(|| "NotServed".into()),
             })
         })
@@ -189,6 +201,7 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
         "sources": h.sources.all(),
         "registrations": h.endpoints.board().json(),
         "claims": h.claims.all(),
+        "contests": h.loaded.contests(),
     }))
 }
 
