@@ -370,7 +370,7 @@ impl Config {
     }
 
     /// Every resource's `owns`, compiled: who keeps a device node two backends name.
-    pub fn decisions(&self) -> anyhow::Result<crate::model::contest::Decisions> {
+    pub fn decisions(&self) -> anyhow::Result<crate::model::owns::Decisions> {
         let mut rules = Vec::new();
         for (name, r) in self.resources.iter().filter(|(_, r)| !r.owns.is_empty()) {
             let mut set = globset::GlobSetBuilder::new();
@@ -385,7 +385,7 @@ impl Config {
             let set = set.build().map_err(|e| anyhow::anyhow!("resources.{name:?}.owns: {e}"))?;
             rules.push((name.clone(), set));
         }
-        Ok(crate::model::contest::Decisions::new(rules))
+        Ok(crate::model::owns::Decisions::new(rules))
     }
 
     /// Whether any resource is served through DRA (then devplug needs the API server).

@@ -1,38 +1,10 @@
-//! Two backends handing out one device node: what the operator decided ([`Decisions`], the
-//! config's `owns`), and how a contest is told — once per pair of resources ([`Contest`]),
-//! however many nodes the pair shares, with the one line that settles it.
-//!
-//! [`super::nodes::NodeOwners`] applies the decisions; this file holds the rule and the words.
+//! Two backends handing out one device node, as it is told: once per pair of resources
+//! ([`Contest`]), however many nodes the pair shares, with the one line that settles it
+//! (the config's `owns`, [`super::owns::Decisions`], which [`super::nodes::NodeOwners`] applies).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::nodes::Conflict;
-
-/// The config's `[resources."R"] owns = [...]`: device nodes (globs relative to `/dev`, as
-/// `grant.dev` writes them) resource R keeps when another backend's devices name them too.
-/// The other side's devices naming them are withheld; everything else of both backends stays.
-#[derive(Clone, Debug, Default)]
-pub struct Decisions {
-    rules: Vec<(String, globset::GlobSet)>,
-}
-
-impl Decisions {
-    /// Rules already compiled by the caller (the config layer vets the patterns as it vets
-    /// grants).
-    pub fn new(rules: Vec<(String, globset::GlobSet)>) -> Decisions {
-        Decisions { rules }
-    }
-
-    /// Whether `resource`'s `owns` covers the node it names at `path` (a host path).
-    pub fn owns(&self, resource: &str, path: &str) -> bool {
-        let Some(rel) = path.strip_prefix("/dev/") else { return false };
-        self.rules.iter().any(|(r, set)| r == resource && set.is_match(rel))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_empty()
-    }
-}
 
 /// Nodes named in a contest's message; the count says the rest.
 const SAMPLE: usize = 3;
@@ -185,6 +157,7 @@ pub fn contests<'a>(sides: impl IntoIterator<Item = (&'a str, &'a str, &'a [Conf
 mod tests {
     use super::*;
     use crate::model::nodes::{NodeOwners, refuse};
+    use crate::model::owns::Decisions;
     use crate::model::{ContainerEdits, Device, DeviceNode, Health, Resource};
 
     fn res(name: &str, devices: &[(&str, &str)]) -> Resource {

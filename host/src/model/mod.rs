@@ -4,6 +4,7 @@ pub mod contest;
 pub mod dra;
 pub mod names;
 pub mod nodes;
+pub mod owns;
 
 use std::collections::BTreeMap;
 

@@ -12,7 +12,7 @@
 //!   one of them declaring `shared-node`), or that one backend's device names while another
 //!   backend's common edits hand it to all its containers, is refused to both sides (every
 //!   device naming it; every device of the resource handing it out) until the operator's config
-//!   decides: one resource's `owns` ([`super::contest::Decisions`]) gives it that resource and
+//!   decides: one resource's `owns` ([`super::owns::Decisions`]) gives it that resource and
 //!   withholds only the other side's devices naming it, or every device naming it is marked
 //!   shared: [`NodeOwners::conflicts`]. The first backend to finish its discover used to keep
 //!   the node, so a small hostile backend won the race.
@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::contest::Decisions;
+use super::owns::Decisions;
 use super::{ContainerEdits, Device, DeviceNode, NodeNumbers, Resource, SHARED_NODE};
 
 /// A node as the table knows it: its vetted type and numbers; a node the host has not vetted
