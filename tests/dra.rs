@@ -1165,6 +1165,154 @@ fn try_waits_for_every_dra_backend_before_answering_a_claim() {
     t.quit();
 }
 
+/// Issue 60 (3): `try --kubelet-only --dra` promised an API server but printed no kubeconfig,
+/// and nothing said how a separate `devplug run` reaches it. The guide's two lines, run as
+/// written (paths and the backend swapped for the test's): `try` writes the kubeconfig where
+/// told and prints the flags; the `run` publishes its pool there, and a claim is prepared by it.
+#[test]
+fn try_kubelet_only_with_dra_is_the_cluster_of_a_separate_run_as_the_guide_says() {
+    let m = support::fixtures::Machine::generic_box();
+    let work = tempfile::tempdir().unwrap();
+    let (try_line, run_line) = support::guide::try_and_run(
+        "### `try` as the kubelet and API server of a running devplug (DRA)",
+        work.path(),
+        &m,
+        &[("example.com/mydev", "test.devplug.io/widget")],
+    );
+    // A link planted where the kubeconfig goes is replaced, never written through.
+    let kubeconfig = work.path().join("k/kubeconfig");
+    let victim = work.path().join("victim");
+    std::fs::write(&victim, "precious").unwrap();
+    std::fs::create_dir(work.path().join("k")).unwrap();
+    std::os::unix::fs::symlink(&victim, &kubeconfig).unwrap();
+    let try_args: Vec<&str> = try_line.split_whitespace().skip(1).collect();
+    let mut t = support::binary::Interactive::spawn(&try_args);
+    let told = t.wait_for("a separate devplug serves this node with").pop().unwrap();
+    assert!(told.contains(&format!("kubeconfig {}", kubeconfig.display())), "{told}");
+    assert!(told.contains("--node-name local") && told.contains("--dra test.devplug.io/widget"), "{told}");
+    let text = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(text.contains("token: "), "{text}");
+    assert!(!std::fs::symlink_metadata(&kubeconfig).unwrap().is_symlink(), "the link was replaced");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious", "not written through the link");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&kubeconfig).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the token is a secret");
+    let run_args: Vec<&str> = run_line.split_whitespace().skip(1).collect();
+    assert_eq!(run_args[0], "run");
+    // Every flag `try` says the run needs, the guide's run line has, with the same value.
+    let flags = format!(" {}", told.split(" devplug run ").nth(1).unwrap_or(""));
+    for flag in flags.split(" --").skip(1) {
+        let flag = flag.split(" (plus").next().unwrap_or(flag);
+        assert!(run_line.contains(&format!("--{flag}")), "the guide's run lacks --{flag}: {run_line}");
+    }
+    let mut d = support::binary::Devplug::spawn(&run_args);
+    t.send("claim chaos.devplug.io widget-1");
+    let printed = t.wait_for("CDI spec ").join("\n");
+    assert!(printed.contains("device-0 chaos.devplug.io widget-1: CDI devplug.io/claim="), "{printed}");
+    t.quit();
+    assert!(d.terminate(std::time::Duration::from_secs(30)).is_ok());
+}
+
+/// Issue 60 (3): on a node whose backend traps in discover, a claim waited 30 s and then said
+/// "could not retrieve device class … did you mean" another kind's class. It now fails as soon
+/// as the devplug has started, naming the backend and its trap before what the scheduler said,
+/// and suggests no class of another kind.
+#[test]
+fn try_says_a_claim_fails_because_its_backend_traps() {
+    let m = support::fixtures::Machine::generic_box();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("wasm-cache");
+    let extra = ["--cache-dir", cache.to_str().unwrap(), "--dra", "test.devplug.io/widget"];
+    let (dir, mut t) = support::binary::try_chaos_with(&m, "--backends-dir", Some("mode=trap-discover"), &extra);
+    t.send("claim chaos.devplug.io widget-1");
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains("no devices published: test.devplug.io/widget"), "{why}");
+    assert!(
+        why.contains("backend chaos: its discover is failing")
+            || why.contains("backend chaos: its circuit breaker is open"),
+        "{why}"
+    );
+    assert!(why.contains("trapping in discover as asked"), "the trap itself: {why}");
+    let class = devplug::dra::publish::classes::class_name("test.devplug.io/widget");
+    let claim = dir.path().join("claim.yaml");
+    std::fs::write(
+        &claim,
+        format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: w\nspec:\n  devices:\n    requests:\n    - name: w\n      exactly:\n        deviceClassName: {class}\n"
+        ),
+    )
+    .unwrap();
+    t.send(&format!("claim {}", claim.display()));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    let (host, scheduler) = why.split_once("could not retrieve device class").expect("the scheduler's words follow");
+    assert!(host.contains("backend chaos") && host.contains("trapping in discover"), "the host's words first: {why}");
+    assert!(!scheduler.contains("did you mean"), "{why}");
+    t.quit();
+}
+
+/// Issue 60 (5): on a p5.48xlarge (8 H100, 32 EFAs, four PCIe roots of 2 GPUs and 8 EFAs), one
+/// EFA per root with its port DOWN: a claim for a GPU and 8 EFAs on one root cannot be served.
+/// It said only "… in use, tainted or out of counters; and the claim's constraints must hold";
+/// now it names each root's usable EFAs against the 8 asked and the tainted EFAs with their
+/// taint. A selector with a misspelt domain names the domain, not the attribute looked up.
+#[test]
+fn try_names_the_shortfall_per_pcie_root_and_an_unknown_cel_domain() {
+    let work = tempfile::tempdir().unwrap();
+    let m = work.path().join("machine");
+    support::hardware::build_p5_efa(&m);
+    for root in 0..4 {
+        let n = root * 8 + 1;
+        let state = m.join(format!("sys/class/infiniband/efa_{n}/ports/1/state"));
+        assert!(state.exists(), "{}", state.display());
+        std::fs::write(&state, "1: DOWN\n").unwrap();
+    }
+    let config = work.path().join("devplug.toml");
+    std::fs::write(
+        &config,
+        "default_grant = \"requested\"\n[backends.generic]\nenabled = false\n[backends.fpga]\nenabled = false\n\
+         [backends.nic]\nconfig = \"\"\"\n[[pool]]\nname = \"devplug.io/efa\"\nvendors = [\"1d0f\"]\nrdma = true\nfunctions = \"any\"\n\"\"\"\n\
+         [resources.\"nvidia.com/gpu\"]\napi = \"dra\"\n[resources.\"devplug.io/efa\"]\napi = \"dra\"\n",
+    )
+    .unwrap();
+    let efa_class = devplug::dra::publish::classes::class_name("devplug.io/efa");
+    let claim = |name: &str, gpu_selector: &str| {
+        let text = format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata:\n  name: {name}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly:\n        deviceClassName: gpu.nvidia.com.devplug.io\n{gpu_selector}    - name: efa\n      exactly:\n        deviceClassName: {efa_class}\n        count: 8\n    constraints:\n    - matchAttribute: resource.kubernetes.io/pcieRoot\n"
+        );
+        let p = work.path().join(format!("{name}.yaml"));
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let mut t = try_on(&m, &config, &[]);
+    t.wait_for("DRA driver gpu.devplug.io: 8 devices published");
+    t.wait_for("DRA driver nic.devplug.io: 32 devices published");
+    t.send(&format!("claim {}", claim("fabric", "")));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains(&format!("request efa wants 8 of class {efa_class}: 32 of the node's 40 devices match its class and selectors, 28 usable: 0 in use, 4 tainted")), "{why}");
+    assert!(why.contains("devplug.io/unhealthy="), "the taint of each: {why}");
+    let roots = why.split("matchAttribute resource.kubernetes.io/pcieRoot must hold: ").nth(1).unwrap_or("");
+    assert_eq!(roots.matches("gpu 2 usable of 1 asked, efa 7 of 8").count(), 4, "every root 7 of 8: {why}");
+
+    // On one PCIe switch (devplug's own attribute, the host's for every driver; the p5 has one
+    // switch per two GPUs, with their 8 EFAs): a GPU and 4 EFAs of its switch.
+    let on_switch_file = claim("on-switch", "");
+    let on_switch = std::fs::read_to_string(&on_switch_file)
+        .unwrap()
+        .replace("count: 8", "count: 4")
+        .replace("resource.kubernetes.io/pcieRoot", "devplug.io/pcieSwitch");
+    std::fs::write(&on_switch_file, on_switch).unwrap();
+    t.send(&format!("claim {on_switch_file}"));
+    let printed = t.wait_for("-nic.devplug.io.json:").join("\n");
+    assert!(printed.contains("prepared on-switch"), "{printed}");
+    assert_eq!(printed.matches("  efa nic.devplug.io ").count(), 4, "{printed}");
+    assert_eq!(printed.matches("  gpu gpu.devplug.io ").count(), 1, "{printed}");
+
+    let misspelt = "        selectors:\n        - cel:\n            expression: device.attributes[\"gpu.devplug.ioo\"].index >= 0\n";
+    t.send(&format!("claim {}", claim("typo", misspelt)));
+    let why = t.wait_for("claim failed").pop().unwrap();
+    assert!(why.contains(r#"CEL runtime error: unknown domain "gpu.devplug.ioo""#), "{why}");
+    t.quit();
+}
+
 /// `devplug try` on fixture machine `m` with `config` (fixture nodes on, the suite's compile
 /// cache), plus `extra` arguments.
 fn try_on(m: &std::path::Path, config: &std::path::Path, extra: &[&str]) -> support::binary::Interactive {
@@ -3081,7 +3229,7 @@ fn try_allocates_claims_as_the_scheduler_does_across_drivers() {
     let why = t.wait_for("claim failed").pop().unwrap();
     assert!(why.contains("cannot allocate all claims on node dgx-7"), "{why}");
     assert!(
-        why.contains("request gpu wants 3 of class gpu.nvidia.com.devplug.io: 4 of the node's 16 devices match its class and selectors, 2 of them in use"),
+        why.contains("request gpu wants 3 of class gpu.nvidia.com.devplug.io: 4 of the node's 16 devices match its class and selectors, 2 usable: 2 in use"),
         "{why}"
     );
 

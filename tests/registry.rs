@@ -331,6 +331,25 @@ async fn a_followed_tag_moves_under_allocate_load_and_bad_versions_are_refused_o
     // And on to a new version.
     push(&reg, &stable, &version(work.path(), 4, "ok"), &[]);
     kubelet.wait_devices(WIDGET, T, |l| l.len() == 8).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+
+    // Issue 60 (7): the serving version pushed again under a new digest (its manifest with an
+    // annotation more, as another tool writes it) was logged "pulled a new version" and swapped.
+    // Same component and manifest: said so once, and nothing changes.
+    let pulled_before = count(&d, "pulled a new version");
+    let copy = work.path().join("again");
+    let out =
+        skopeo(&["copy", "--src-tls-verify=false", &format!("docker://{stable}"), &format!("dir:{}", copy.display())]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest = copy.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["annotations"]["org.example.pushed-by"] = serde_json::json!("another tool");
+    std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    let out =
+        skopeo(&["copy", "--dest-tls-verify=false", &format!("dir:{}", copy.display()), &format!("docker://{stable}")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    d.wait_log("holding the serving version's component and manifest; nothing changes", T)
+        .unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    assert_eq!(count(&d, "pulled a new version"), pulled_before, "not news:\n{}", d.log());
     load.stop.store(true, Ordering::Relaxed);
     let elapsed = started.elapsed();
     for t in load.tasks {

@@ -516,6 +516,17 @@ mod tests {
         FixtureSys::repo_machine(name)
     }
 
+    /// Issue 60 (7): a TOML mistake in the backend's config reached the operator as one line
+    /// with literal `\n`s and `toml`'s drawing of the place; it is now one line of words.
+    #[test]
+    fn a_config_toml_error_is_one_line() {
+        let Err(BackendError::InvalidConfig(e)) = NicBackend::init("[[pool]\nname = 1\n", &fixture("plain")) else {
+            panic!("a TOML error")
+        };
+        assert!(!e.contains('\n') && !e.contains(" | "), "{e}");
+        assert!(e.contains("line 1"), "where it is: {e}");
+    }
+
     fn pool<'a>(res: &'a [Resource], name: &str) -> &'a Resource {
         res.iter().find(|r| r.name == name).unwrap()
     }

@@ -134,9 +134,22 @@ pub fn id_chars(s: &str) -> String {
     s.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
 }
 
-/// Shorthand for a [`BackendError::InvalidConfig`].
+/// Shorthand for a [`BackendError::InvalidConfig`], on one line: a parser's message that spans
+/// several (`toml`'s draws the place under its first line) keeps its words, joined by `; `,
+/// without the drawing, since the host shows a backend's line breaks as the two characters `\n`.
 pub fn invalid_config(what: impl std::fmt::Display) -> BackendError {
-    BackendError::InvalidConfig(what.to_string())
+    BackendError::InvalidConfig(one_line(&what.to_string()))
+}
+
+/// `text`'s lines joined by `; `, less the ones that only draw where an error is (`  |`,
+/// `3 | key =`, `  |     ^`).
+fn one_line(text: &str) -> String {
+    let drawing = |l: &str| {
+        let t = l.trim();
+        let gutter = t.trim_start_matches(|c: char| c.is_ascii_digit()).trim_start();
+        t.is_empty() || gutter.starts_with('|')
+    };
+    text.lines().filter(|l| !drawing(l)).map(str::trim).collect::<Vec<_>>().join("; ")
 }
 
 /// Export `$ty` (a [`Backend`]) as this component's `devplug:backend/backend` implementation.

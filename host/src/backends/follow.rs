@@ -281,6 +281,7 @@ impl Follower {
             }
         };
         let backend = self.entries[i].backend.clone();
+        let serving_key = self.entries[i].current.as_ref().map(|s| s.key.clone());
         if let Err(why) = self.offer(i, pulled.clone(), state.clone(), false) {
             self.refuse(i, &digest, &why, state);
             return Ok(false);
@@ -293,6 +294,12 @@ impl Follower {
         };
         if let Err(err) = stored {
             tracing::warn!(backend = %backend, "could not cache {digest}: {err:#}; a restart without the registry will not have it");
+        }
+        // Pushed again with the same component and manifest (another tool's manifest, new
+        // annotations): a new digest, the same backend. Nothing to swap, and not news.
+        if serving_key.is_some() && serving_key == self.entries[i].current.as_ref().map(|s| s.key.clone()) {
+            tracing::info!(backend = %backend, %digest, "the reference now resolves to a new digest holding the serving version's component and manifest; nothing changes");
+            return Ok(false);
         }
         if was_cached {
             // The tag points at a version this node pulled and verified before (moved back): no

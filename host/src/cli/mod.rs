@@ -257,6 +257,7 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub default_grant: Option<DefaultGrant>,
     /// The API server for resources served through DRA, outside a cluster (default: in-cluster).
+    /// For `try` with `--dra`: where to write its local API server's kubeconfig.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Serve RESOURCE through DRA (as `[resources."RESOURCE"] api = "dra"`); repeat for more.

@@ -192,7 +192,7 @@ impl SocketEndpoint {
             return None;
         }
         self.ctx.set(Stage::Starting);
-        tracing::info!(resource = %self.handle.name, reason, "kubelet is restarting; waiting for its new socket");
+        tracing::info!(resource = %self.handle.name, reason, "kubelet went away (restarting, or stopped); waiting for its new socket");
         Some(reason)
     }
 

@@ -13,6 +13,9 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 /// The DRA side of `try`: the local API server, kubelet's DRA manager, the scheduler's
 /// allocator, and the claims prepared.
 pub(super) struct Dra {
+    /// The status socket of the devplug serving this node (`try`'s own, or a separate `run`'s
+    /// with the same plugins dir): asked why a resource has no devices.
+    pub(super) status: std::path::PathBuf,
     pub(super) api: Arc<apiserver::ApiServer>,
     pub(super) kubelet: Arc<kubelet_dra::DraKubelet>,
     pub(super) cdi: std::path::PathBuf,
@@ -39,6 +42,35 @@ fn allocated(held: &BTreeMap<String, Held>) -> Vec<serde_json::Value> {
     held.values().flat_map(|h| h.results.clone()).collect()
 }
 
+/// What a claim found missing when it was tried: the DRA resources without devices, the
+/// backends failing then (`BACKEND: why`), and whether the whole wait passed.
+#[derive(Default)]
+struct Missing {
+    resources: Vec<String>,
+    failing: Vec<String>,
+    waited: bool,
+}
+
+/// A `/status` backend that is failing, as `BACKEND: why` (its error clipped, as any outsider
+/// text shown); `None` for one serving well.
+fn failing_backend(b: &serde_json::Value) -> Option<String> {
+    let name = devplug::gate::clip(b["name"].as_str().unwrap_or("?")).into_owned();
+    let error = b["last_error"].as_str().map(|e| devplug::gate::clip_to(e, 1024).into_owned());
+    let state = if b["loaded"] == false {
+        "not loaded"
+    } else if b["breaker_open"] == true {
+        "its circuit breaker is open (its devices Unhealthy, calls refused until it answers again)"
+    } else if error.is_some() {
+        "its discover is failing"
+    } else {
+        return None;
+    };
+    Some(match error {
+        Some(e) => format!("backend {name}: {state}: {e}"),
+        None => format!("backend {name}: {state}"),
+    })
+}
+
 /// The namespace `try`'s claims live in.
 const NAMESPACE: &str = "default";
 
@@ -58,15 +90,41 @@ impl Dra {
     /// backends are still loading waits for all of them, as a pod stays pending until devices
     /// are published, rather than being allocated from the first pool to appear. What is still
     /// missing when the wait ends is returned, for the error to name.
-    async fn published(&self) -> Vec<String> {
+    ///
+    /// The wait ends sooner when the devplug serving this node has finished starting and a
+    /// backend of it is failing (not loaded, its discover failing, its breaker open): devices
+    /// will not come until it is fixed, and the claim's error says which and why.
+    async fn published(&self) -> Missing {
         let end = tokio::time::Instant::now() + WAIT_FOR_BACKENDS;
+        let mut asked = tokio::time::Instant::now();
+        let mut failing = None;
         loop {
-            let missing = self.missing();
-            if missing.is_empty() || tokio::time::Instant::now() >= end {
-                return missing;
+            let resources = self.missing();
+            if resources.is_empty() {
+                return Missing::default();
+            }
+            if tokio::time::Instant::now() >= asked {
+                failing = self.failing().await;
+                asked = tokio::time::Instant::now() + Duration::from_millis(500);
+            }
+            let waited = end.saturating_duration_since(tokio::time::Instant::now()).is_zero();
+            if waited || failing.as_ref().is_some_and(|f| !f.is_empty()) {
+                return Missing { resources, failing: failing.unwrap_or_default(), waited };
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The failing backends of the devplug serving this node, each as `BACKEND: why`; `None`
+    /// while it is still starting or cannot be asked (then nothing is concluded from it).
+    async fn failing(&self) -> Option<Vec<String>> {
+        let addr = self.status.to_str()?;
+        let (code, ready) = devplug::cli::http_get(addr, "/readyz").await.ok()?;
+        if code != 200 && ready.contains("still starting") {
+            return None;
+        }
+        let status = devplug::cli::http_json(addr, "/status").await.ok()?;
+        Some(status["backends"].as_array().into_iter().flatten().filter_map(failing_backend).collect())
     }
 
     /// The DRA resources with no device published on this node yet.
@@ -80,16 +138,27 @@ impl Dra {
         self.resources.iter().filter(|r| !published.contains(r.as_str())).cloned().collect()
     }
 
-    /// A failed claim's error, with the resources still without devices when it was tried.
-    fn still_loading(missing: &[String], e: anyhow::Error) -> anyhow::Error {
-        if missing.is_empty() {
+    /// A failed claim's error, with the resources still without devices when it was tried and
+    /// the failing backends that explain it.
+    fn still_loading(missing: &Missing, e: anyhow::Error) -> anyhow::Error {
+        if missing.resources.is_empty() {
             return e;
         }
-        e.context(format!(
-            "after {}s these resources still had no devices published (their backends may still be loading, or found none): {}",
-            WAIT_FOR_BACKENDS.as_secs(),
-            missing.join(", ")
-        ))
+        let resources = missing.resources.join(", ");
+        let why = if !missing.failing.is_empty() {
+            format!(
+                "these resources have no devices published: {resources}; failing in the devplug serving this node (see `devplug status`): {}",
+                missing.failing.join("; ")
+            )
+        } else if missing.waited {
+            format!(
+                "after {}s these resources still had no devices published (their backends may still be loading, or found none): {resources}",
+                WAIT_FOR_BACKENDS.as_secs()
+            )
+        } else {
+            format!("these resources have no devices published: {resources}")
+        };
+        e.context(why)
     }
 
     /// The DeviceClasses devplug installs for the resources published on this node (`dra

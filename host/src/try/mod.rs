@@ -85,17 +85,19 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
                 .await
                 .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
         );
-        let kubeconfig = scratch.path().join("kubeconfig");
-        // The token is a secret: written `0600`, never through a link (devplug's own state files).
-        devplug::durable::StateDir::open(scratch.path())
-            .and_then(|d| d.write("kubeconfig", api.kubeconfig().as_bytes(), false))
-            .map_err(|e| anyhow::anyhow!("write the local kubeconfig {}: {e}", kubeconfig.display()))?;
+        // `try`'s `--kubeconfig` says where to write the local server's kubeconfig (for a
+        // separate `devplug run`), not which server to use: `try` is the server.
+        let kubeconfig = args.kubeconfig.clone().unwrap_or_else(|| scratch.path().join("kubeconfig"));
+        write_kubeconfig(&kubeconfig, &api.kubeconfig())?;
         cfg.dra.kubeconfig = Some(kubeconfig);
         cfg.dra.node_name = Some(node.clone());
-        if args.dra_plugins_dir.is_none() {
+        // A separate `run --kubelet-dir K` finds kubelet's plugin dirs beside K, as on a node;
+        // otherwise they are `try`'s own.
+        let beside_kubelet = args.kubelet_only && args.kubelet_dir.is_some();
+        if args.dra_plugins_dir.is_none() && !beside_kubelet {
             cfg.dra.plugins_dir = Some(scratch.path().join("plugins"));
         }
-        if args.plugins_registry_dir.is_none() {
+        if args.plugins_registry_dir.is_none() && !beside_kubelet {
             cfg.plugins_registry_dir = Some(scratch.path().join("plugins_registry"));
         }
         cfg.registration = RegistrationMode::PluginWatcher;
@@ -108,6 +110,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, &node, api.clone());
         kubelet.handle("DRAPlugin", dra.clone());
         let dra = Dra {
+            status: cfg.status_socket(),
             api,
             kubelet: dra,
             cdi: cfg.cdi_dir.clone(),
@@ -131,6 +134,9 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
         "allocate RESOURCE ID...|COUNT, list, quit"
     };
     say!("local kubelet at {} — commands: {commands}", cfg.kubelet_dir.display());
+    if args.kubelet_only && dra.is_some() {
+        say!("{}", separate_run(&cfg, &node, &args.dra));
+    }
     let (quit_tx, quit_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = async move {
         tokio::select! {
@@ -204,6 +210,44 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     }
     let _ = quit_tx.send(());
     daemon.await?
+}
+
+/// Write the local API server's kubeconfig to `path`: `0600`, never through a link (its token is
+/// a secret), in a directory of the user's own (created `0700` when missing).
+fn write_kubeconfig(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    let fail = |e: &dyn std::fmt::Display| anyhow::anyhow!("write the local kubeconfig {}: {e}", path.display());
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(fail(&"give a file path (--kubeconfig)"));
+    };
+    let dir = if dir.as_os_str().is_empty() { std::path::Path::new(".") } else { dir };
+    devplug::durable::StateDir::open(dir).and_then(|d| d.write(name, text.as_bytes(), false)).map_err(|e| fail(&e))
+}
+
+/// What `try --kubelet-only --dra` prints: where its API server's kubeconfig is, and the flags
+/// a separate `devplug run` needs to reach this kubelet, its plugin dirs and that server.
+fn separate_run(cfg: &devplug::config::Config, node: &str, dra: &[String]) -> String {
+    let kubeconfig = cfg.dra.kubeconfig.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+    let mut flags = vec![format!("--kubelet-dir {}", cfg.kubelet_dir.display())];
+    // Kubelet's plugin dirs only where they are not the ones beside --kubelet-dir.
+    let mut beside = cfg.clone();
+    beside.plugins_registry_dir = None;
+    beside.dra.plugins_dir = None;
+    if cfg.plugins_registry_dir() != beside.plugins_registry_dir() {
+        flags.push(format!("--plugins-registry-dir {}", cfg.plugins_registry_dir().display()));
+    }
+    if cfg.dra_plugins_dir() != beside.dra_plugins_dir() {
+        flags.push(format!("--dra-plugins-dir {}", cfg.dra_plugins_dir().display()));
+    }
+    flags.extend([
+        format!("--cdi-dir {}", cfg.cdi_dir.display()),
+        format!("--kubeconfig {kubeconfig}"),
+        format!("--node-name {node}"),
+    ]);
+    flags.extend(dra.iter().map(|r| format!("--dra {r}")));
+    format!(
+        "local API server: kubeconfig {kubeconfig} (node {node}); a separate devplug serves this node with: devplug run {} (plus its own config and backend flags)",
+        flags.join(" ")
+    )
 }
 
 /// Resolves once the daemon task ended (it stops on its own only on a fatal error).

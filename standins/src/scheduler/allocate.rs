@@ -28,6 +28,8 @@ use serde_json::{Value as Json, json};
 
 use super::cel::{Selector, Selectors};
 
+mod explain;
+
 /// How many device choices (each device looked at for a request counts) the search may make
 /// before it gives up, as the scheduler's filter gives up when its context times out: a claim no
 /// node can serve must not hang `try`. Counting only the choices taken let an unsatisfiable
@@ -249,8 +251,14 @@ pub fn allocate(
         };
         for (alt_name, class_name, sels, mode, count, tolerations, capacity) in subs {
             let class = classes.get(class_name).ok_or_else(|| {
+                // Only a class of the same kind (its first label, `gpu` of
+                // `gpu.nvidia.com.devplug.io`, close to the one asked): a GPU class is no
+                // suggestion for an EFA request, however alike the rest of the names.
+                let kind = |n: &str| n.split('.').next().unwrap_or("").to_owned();
+                let asked = kind(class_name);
                 let closest = classes
                     .keys()
+                    .filter(|k| strsim::levenshtein(&kind(k), &asked) <= asked.len() / 3)
                     .map(|k| (strsim::levenshtein(k, class_name), k))
                     .min()
                     .filter(|(d, _)| *d <= class_name.len() / 2)
@@ -520,25 +528,13 @@ impl Search<'_> {
         alternative: usize,
         d: usize,
     ) -> Option<Option<BTreeMap<String, ParsedQuantity>>> {
+        if self.blocked(request, alternative, d).is_some() {
+            return None;
+        }
         let c = &self.pools.devices[d];
         let alt = &self.requests[request][alternative];
         let shared = c.device["allowMultipleAllocations"] == true;
         let id = c.id();
-        if !shared && (self.in_use.exclusive.contains(&id) || self.picks.iter().any(|p| p.device == d)) {
-            return None;
-        }
-        if shared && self.picks.iter().any(|p| p.device == d && p.request == request) {
-            return None;
-        }
-        for taint in c.device["taints"].as_array().into_iter().flatten() {
-            let blocking = matches!(taint["effect"].as_str(), Some("NoSchedule" | "NoExecute"));
-            if blocking && !tolerated(taint, alt.tolerations) {
-                return None;
-            }
-        }
-        if !self.counters_fit(d) {
-            return None;
-        }
         if !shared {
             return Some(None);
         }
@@ -634,52 +630,6 @@ impl Search<'_> {
             }
         }
         true
-    }
-
-    /// Per request, what it found: why the claim could not be served.
-    fn explain(&mut self) -> String {
-        let mut lines = Vec::new();
-        if !self.pools.incomplete.is_empty() {
-            lines.push(format!("pools still being published: {}", self.pools.incomplete.join(", ")));
-        }
-        for r in 0..self.requests.len() {
-            for a in 0..self.requests[r].len() {
-                let mut matching = 0;
-                let mut busy = 0;
-                for d in 0..self.pools.devices.len() {
-                    if self.selectable(r, a, d).unwrap_or(false) {
-                        matching += 1;
-                        if self.available(r, a, d).is_none() {
-                            busy += 1;
-                        }
-                    }
-                }
-                let alt = &self.requests[r][a];
-                let wanted = if alt.all { "all".to_owned() } else { alt.count.to_string() };
-                let class = alt.class.metadata.name.as_deref().unwrap_or("");
-                lines.push(format!(
-                    "request {} wants {wanted} of class {class}: {matching} of the node's {} devices match its class and selectors, {busy} of them in use, tainted or out of counters",
-                    alt.name,
-                    self.pools.devices.len()
-                ));
-            }
-        }
-        if !self.constraints.is_empty() {
-            let list: Vec<String> = self
-                .constraints
-                .iter()
-                .map(|c| {
-                    let (kind, a) = match (&c.match_attribute, &c.distinct_attribute) {
-                        (Some(a), _) => ("matchAttribute", a.as_str()),
-                        (None, Some(a)) => ("distinctAttribute", a.as_str()),
-                        _ => ("constraint", ""),
-                    };
-                    format!("{kind} {a}")
-                })
-                .collect();
-            lines.push(format!("and the claim's constraints ({}) must hold", list.join(", ")));
-        }
-        lines.join("; ")
     }
 
     /// The claim's `status.allocation`.
@@ -901,6 +851,46 @@ mod tests {
         assert!(!far.contains("did you mean"), "{far}");
     }
 
+    /// Issue 60 (3): an EFA request naming a class not published was told "did you mean" the
+    /// GPU class (the rest of the names alike); only a class of the same kind is suggested.
+    #[test]
+    fn only_a_class_of_the_same_kind_is_suggested() {
+        let (slices, _) = machine();
+        let classes: BTreeMap<String, DeviceClass> = [
+            class("gpu.nvidia.com.devplug.io", "gpu.example.io"),
+            class("efa.amazonaws.com.devplug.io", "nic.example.io"),
+        ]
+        .into_iter()
+        .collect();
+        let ask = |name: &str| {
+            run(
+                &slices,
+                &classes,
+                &[],
+                json!({ "requests": [{ "name": "e", "exactly": { "deviceClassName": name } }] }),
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        let other_kind = ask("rdma.amazon.com.devplug.io");
+        assert!(!other_kind.contains("did you mean"), "{other_kind}");
+        let only_gpus: BTreeMap<String, DeviceClass> =
+            [class("gpu.nvidia.com.devplug.io", "gpu.example.io")].into_iter().collect();
+        let efa = run(
+            &slices,
+            &only_gpus,
+            &[],
+            json!({ "requests": [{ "name": "e", "exactly": { "deviceClassName": "efa.amazon.com.devplug.io" } }] }),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!efa.contains("did you mean"), "a GPU class is no suggestion for an EFA request: {efa}");
+        let efa = ask("efa.amazon.com.devplug.io");
+        assert!(efa.ends_with("did you mean efa.amazonaws.com.devplug.io?"), "{efa}");
+        let gpu = ask("gpus.nvidia.com.devplug.io");
+        assert!(gpu.ends_with("did you mean gpu.nvidia.com.devplug.io?"), "{gpu}");
+    }
+
     #[test]
     fn selectors_count_and_devices_in_use() {
         let (slices, classes) = machine();
@@ -912,7 +902,7 @@ mod tests {
         let held = [held[0].clone(), json!({ "driver": "gpu.example.io", "pool": "node-a", "device": "gpu-1" })];
         match run(&slices, &classes, &held, want) {
             Err(AllocError::Unschedulable { why, .. }) => assert!(
-                why.contains("request big wants 2 of class gpu: 3 of the node's 5 devices match its class and selectors, 2 of them in use"),
+                why.contains("request big wants 2 of class gpu: 3 of the node's 5 devices match its class and selectors, 1 usable: 2 in use, 0 tainted"),
                 "{why}"
             ),
             other => panic!("{other:?}"),
@@ -938,6 +928,36 @@ mod tests {
         )
         .unwrap();
         assert_eq!(picked(&a), ["g:gpu-0", "g:gpu-2"]);
+    }
+
+    /// Issue 60 (5): an unsatisfiable claim said only that its constraints must hold. It now
+    /// names, per value of the matched attribute, each request's usable devices against the
+    /// count asked (the root closest to holding first), and the tainted devices with their taint.
+    #[test]
+    fn an_unsatisfiable_claim_names_the_shortfall_per_attribute_value_and_the_taints() {
+        let (mut slices, classes) = machine();
+        slices[0]["spec"]["devices"][2]["taints"] =
+            json!([{ "key": "devplug.io/unhealthy", "value": "xid-79", "effect": "NoSchedule" }]);
+        let claim = json!({
+            "requests": [
+                { "name": "gpu", "exactly": { "deviceClassName": "gpu", "count": 2 } },
+                { "name": "nic", "exactly": { "deviceClassName": "nic" } },
+            ],
+            "constraints": [{ "matchAttribute": "resource.kubernetes.io/pcieRoot" }],
+        });
+        let Err(AllocError::Unschedulable { why, .. }) = run(&slices, &classes, &[], claim) else {
+            panic!("no root has two usable GPUs and a NIC")
+        };
+        assert!(
+            why.contains("request gpu wants 2 of class gpu: 4 of the node's 5 devices match its class and selectors, 3 usable: 0 in use, 1 tainted"),
+            "{why}"
+        );
+        assert!(
+            why.contains("(tainted: gpu.example.io/node-a/gpu-2 (devplug.io/unhealthy=xid-79:NoSchedule)"),
+            "{why}"
+        );
+        let want = r#"matchAttribute resource.kubernetes.io/pcieRoot must hold: "pci0000:00": gpu 2 usable of 2 asked, nic 0 of 1; "pci0000:80": gpu 1 usable of 2 asked, nic 1 of 1"#;
+        assert!(why.contains(want), "{why}");
     }
 
     #[test]

@@ -152,6 +152,24 @@ pub struct Selectors {
 pub struct Selector {
     program: Program,
     env: Arc<Env>,
+    /// The domains the expression names literally (`device.attributes["D"]`, `capacity["D"]`),
+    /// to name one a device has nothing in when a lookup in it fails.
+    domains: Vec<String>,
+}
+
+/// The domains `expression` looks up literally in `attributes` or `capacity`.
+fn named_domains(expression: &str) -> Vec<String> {
+    static LOOKUP: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r#"\b(?:attributes|capacity)\s*\[\s*(?:"([^"\\]*)"|'([^'\\]*)')\s*\]"#)
+            .expect("a valid pattern")
+    });
+    let mut out: Vec<String> = LOOKUP
+        .captures_iter(expression)
+        .filter_map(|c| c.get(1).or_else(|| c.get(2)).map(|m| m.as_str().to_owned()))
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 impl Selectors {
@@ -171,7 +189,7 @@ impl Selectors {
         if super::cel_cost::estimate(program.expression()) > super::cel_cost::MAX_COST {
             return Err(CelError::TooComplex);
         }
-        Ok(Selector { program, env: self.env.clone() })
+        Ok(Selector { program, env: self.env.clone(), domains: named_domains(expression) })
     }
 
     /// The worst-case cost of `expression` (see [`super::cel_cost`]).
@@ -200,8 +218,35 @@ impl Selector {
             Ok(other) => {
                 Err(CelError::Runtime(format!("CEL result of type {} could not be converted to bool", other.type_of())))
             }
-            Err(e) => Err(CelError::Runtime(e.to_string())),
+            Err(e) => Err(CelError::Runtime(self.unknown_domain(driver, device, &e.to_string()))),
         }
+    }
+
+    /// A missing key's error with, first, the domain the expression names that the device has
+    /// no attribute or capacity in (a misspelt `nvidia.comm` fails as `No such key: gdr`, the
+    /// name looked up in the empty map, which points at the wrong word).
+    fn unknown_domain(&self, driver: &str, device: &Json, error: &str) -> String {
+        if !error.to_ascii_lowercase().contains("no such key") {
+            return error.to_owned();
+        }
+        let mut has: Vec<&str> = ["attributes", "capacity"]
+            .iter()
+            .flat_map(|k| device[*k].as_object().into_iter().flatten())
+            .map(|(name, _)| qualified(name, driver).0)
+            .collect();
+        has.sort_unstable();
+        has.dedup();
+        let unknown: Vec<String> =
+            self.domains.iter().filter(|d| !has.contains(&d.as_str())).map(|d| format!("{d:?}")).collect();
+        if unknown.is_empty() {
+            return error.to_owned();
+        }
+        let has: Vec<String> = has.iter().map(|d| format!("{d:?}")).collect();
+        format!(
+            "unknown domain {}: the device has no attribute or capacity in it (its domains: {}): {error}",
+            unknown.join(", "),
+            has.join(", ")
+        )
     }
 }
 
@@ -476,6 +521,22 @@ mod tests {
         assert_eq!(eval(r#""model" in device.attributes["gpu.example.io"]"#), Ok(true));
         assert!(matches!(eval(r#"device.attributes["other.io"].model == "x""#), Err(CelError::Runtime(_))));
         assert!(matches!(eval(r#"device.attributes["gpu.example.io"].nope == 1"#), Err(CelError::Runtime(_))));
+    }
+
+    /// Issue 60 (5): a misspelt domain failed as `No such key: model`, naming the attribute that
+    /// exists; the error now names the domain first, and the device's domains.
+    #[test]
+    fn a_lookup_in_an_unknown_domain_names_the_domain() {
+        let Err(CelError::Runtime(e)) = eval(r#"device.attributes["gpu.exmaple.io"].model == "x""#) else {
+            panic!("a runtime error")
+        };
+        assert!(e.starts_with(r#"unknown domain "gpu.exmaple.io""#), "{e}");
+        assert!(e.contains(r#"its domains: "example.com", "gpu.example.io""#), "{e}");
+        // A missing name in a domain the device has is only the missing name.
+        let Err(CelError::Runtime(e)) = eval(r#"device.attributes["gpu.example.io"].nope == 1"#) else {
+            panic!("a runtime error")
+        };
+        assert!(!e.contains("unknown domain"), "{e}");
     }
 
     #[test]

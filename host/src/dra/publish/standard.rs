@@ -5,6 +5,11 @@
 //! these (a GPU and a NIC under one PCIe root, `matchAttribute` in a claim's constraints), which
 //! a vendor-named attribute cannot do.
 //!
+//! Beside them the host writes devplug's own `devplug.io/pcieSwitch`: Kubernetes has no standard
+//! name for the PCIe switch a device sits under, and without one each backend named it its own
+//! way (the gpu backend's `pcie-switch`, a vendor's `pcie_switch`), so no claim could match a
+//! GPU and a NIC of two drivers on one switch (peer-to-peer without crossing the root port).
+//!
 //! The PCIe root comes from sysfs as upstream's `deviceattribute.GetPCIeRootAttributeByPCIBusID`
 //! reads it: the kernel's `bus/pci/devices/<bus ID>` link points into
 //! `devices/pci<domain>:<bus>/…/<bus ID>`, and the `pci<domain>:<bus>` component is the root
@@ -41,6 +46,31 @@ pub fn pcie_root(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
     Ok(root.to_owned())
 }
 
+/// devplug's attribute for the PCIe switch a device sits under.
+pub const PCIE_SWITCH: &str = "devplug.io/pcieSwitch";
+
+/// The upstream port (`0000:15:00.0`) of the PCIe switch PCI device `bus_id` sits directly
+/// under, from the same kernel link as [`pcie_root`]: a switch is an upstream port with
+/// downstream ports below it, so a device behind one has at least three bridges between it and
+/// its root complex (root port, switch upstream port, switch downstream port), and its parent's
+/// parent is the switch's upstream port. `None` for a device with no switch above it (on a root
+/// port, or behind a lone bridge): that is no switch to share.
+pub fn pcie_switch(sysfs: &Path, bus_id: &PciAddress) -> Option<String> {
+    let link = sysfs.join("bus/pci/devices").join(bus_id.as_str());
+    let target = std::fs::read_link(&link).ok()?;
+    let target = target.to_string_lossy();
+    let rest = target.trim_start_matches("../");
+    let mut parts = rest.strip_prefix("devices/")?.split('/');
+    parts.next().filter(|root| root.starts_with("pci"))?;
+    let chain: Vec<&str> = parts.collect();
+    // Every step a PCI function, ending at the device itself.
+    if chain.last() != Some(&bus_id.as_str()) || !chain.iter().all(|c| crate::gate::is_bus_id(c)) {
+        return None;
+    }
+    let bridges = &chain[..chain.len() - 1];
+    (bridges.len() >= 3).then(|| bridges[bridges.len() - 2].to_owned())
+}
+
 /// The standard attributes of a device whose gated PCI address is `pci` and whose NUMA nodes
 /// are `numa`: name → typed value. `sysfs` is where the host reads PCIe roots (none: no
 /// `pcieRoot`).
@@ -55,6 +85,9 @@ pub fn attributes(sysfs: Option<&Path>, pci: Option<&PciAddress>, numa: &[u32]) 
         match pcie_root(sysfs, bus_id) {
             Ok(root) => out.push((format!("{PREFIX}pcieRoot"), json!({ "string": root }))),
             Err(why) => tracing::debug!("no pcieRoot for {}: {why}", bus_id.as_str()),
+        }
+        if let Some(switch) = pcie_switch(sysfs, bus_id) {
+            out.push((PCIE_SWITCH.to_owned(), json!({ "string": switch })));
         }
     }
     out
@@ -101,5 +134,28 @@ mod tests {
             ["resource.kubernetes.io/numaNode", "resource.kubernetes.io/pciBusID", "resource.kubernetes.io/pcieRoot"]
         );
         assert!(attributes(Some(sys), None, &[]).is_empty());
+    }
+
+    /// A device behind a switch (root port, switch upstream and downstream ports above it, as
+    /// `pci_scan_bridge` nests them in sysfs) names the upstream port; one on a root port, or
+    /// behind a lone bridge, names none; a link through something that is not a PCI function
+    /// is not trusted.
+    #[test]
+    fn the_pcie_switch_is_the_upstream_port_above_the_downstream_port() {
+        let d = tempfile::tempdir().unwrap();
+        let sys = d.path();
+        std::fs::create_dir_all(sys.join("bus/pci/devices")).unwrap();
+        let link =
+            |id: &str, target: &str| std::os::unix::fs::symlink(target, sys.join("bus/pci/devices").join(id)).unwrap();
+        link("0000:17:00.0", "../../../devices/pci0000:14/0000:14:01.0/0000:15:00.0/0000:16:02.0/0000:17:00.0");
+        link("0000:02:00.0", "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0");
+        link("0000:41:00.0", "../../../devices/pci0000:40/0000:40:01.0/0000:41:00.0");
+        link("0000:19:00.0", "../../../devices/pci0000:14/0000:14:01.0/evil/0000:16:02.0/0000:19:00.0");
+        assert_eq!(pcie_switch(sys, &pci("0000:17:00.0")).as_deref(), Some("0000:15:00.0"));
+        assert_eq!(pcie_switch(sys, &pci("0000:02:00.0")), None, "a lone bridge is no switch");
+        assert_eq!(pcie_switch(sys, &pci("0000:41:00.0")), None, "on a root port");
+        assert_eq!(pcie_switch(sys, &pci("0000:19:00.0")), None);
+        let attrs = attributes(Some(sys), Some(&pci("0000:17:00.0")), &[]);
+        assert_eq!(attrs.last(), Some(&(PCIE_SWITCH.to_owned(), json!({ "string": "0000:15:00.0" }))));
     }
 }
