@@ -1884,10 +1884,11 @@ async fn another_backends_device_node_reaches_no_container_and_no_claim() {
         assert!(tokio::time::Instant::now() < end, "{status}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    // Issue 50: the refused prepare is counted by class.
+    // Issue 50: the refused prepare is counted by class; issue 63: as a refused answer, not as
+    // the backend's own error.
     let (_, metrics) = devplug::cli::http_get(&d.metrics_addr(), "/metrics").await.unwrap();
     assert!(
-        metrics.contains("devplug_dra_claim_errors_total{driver=\"claimer.devplug.io\",class=\"backend\"} 1"),
+        metrics.contains("devplug_dra_claim_errors_total{driver=\"claimer.devplug.io\",class=\"backend_refused\"} 1"),
         "{metrics}"
     );
     // Issue 50: a resource served through DRA has its claims' specs, none of its own.
@@ -2234,24 +2235,6 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
     use futures::StreamExt;
     use h::dra_resource_health_server::DraResourceHealth;
     use prost::Message;
-    struct NoCalls;
-    #[async_trait::async_trait]
-    impl devplug::dra::served::DeviceCalls for NoCalls {
-        async fn allocate(&self, _: Vec<String>) -> Result<devplug::model::ContainerEdits, DraError> {
-            Err(DraError::backend("gpu", None, "not in this test"))
-        }
-        async fn prepare(
-            &self,
-            _: String,
-            _: Vec<devplug::model::dra::ClaimDevice>,
-            _: Vec<String>,
-        ) -> Result<Option<devplug::model::ContainerEdits>, DraError> {
-            Ok(None)
-        }
-        async fn unprepare(&self, _: String) -> Result<(), DraError> {
-            Ok(())
-        }
-    }
     let device = |id: &str, health| Device {
         id: id.into(),
         health,
@@ -2273,7 +2256,7 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         name: "devplug.io/gpu".into(),
         backend: "gpu".into(),
         devices,
-        calls: std::sync::Arc::new(NoCalls),
+        calls: std::sync::Arc::new(devplug::model::calls::FixedCalls::default()),
         owners: Default::default(),
     });
     let (_changes_tx, changes) = tokio::sync::watch::channel(0u64);

@@ -7,8 +7,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use devplug::kubelet::{Endpoints, KubeletPaths, OpError, RegistrationMode, ResourceHandle, ResourceOps, Stage};
-use devplug::model::{ContainerEdits, Resource, ResourceOptions};
+use devplug::kubelet::{Endpoints, KubeletPaths, RegistrationMode, ResourceHandle, Stage};
+use devplug::model::{Resource, ResourceOptions};
 use devplug_standins::proto::deviceplugin as pb;
 use prost::Message;
 use support::daemon::{Daemon, WIDGET, chaos_dir, config};
@@ -194,22 +194,6 @@ async fn fifty_kubelet_restarts_through_the_plugin_watcher() {
     assert!(sockets_in(&reg).is_empty(), "socket removed on shutdown");
 }
 
-/// A fixed device list, for driving the kubelet layer with names the registry would never let by.
-struct NoBackend;
-
-#[async_trait::async_trait]
-impl ResourceOps for NoBackend {
-    async fn allocate(&self, _: Vec<String>) -> Result<ContainerEdits, OpError> {
-        Ok(ContainerEdits::default())
-    }
-    async fn preferred_allocation(&self, _: Vec<String>, _: Vec<String>, _: u32) -> Result<Vec<String>, OpError> {
-        Err(OpError::Backend("none".into()))
-    }
-    async fn pre_start(&self, _: Vec<String>) -> Result<(), OpError> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +227,7 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
             name: "Example.com/gpu".into(),
             options: ResourceOptions::default(),
             devices: rx,
-            ops: Arc::new(NoBackend),
+            ops: Arc::new(devplug::model::calls::FixedCalls::default()),
             delivery: Default::default(),
             owners: Default::default(),
             metrics: None,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::slot::{BackendMetrics, Slot};
+use crate::model::calls::BackendCalls;
 use crate::model::{ContainerEdits, Resource, ResourceOptions};
 use crate::runtime::{BackendInstance, CallError};
 
@@ -22,8 +23,8 @@ pub struct ReadyResource {
     pub owners: crate::model::nodes::OwnersView,
 }
 
-/// One resource's calls (Allocate and friends), routed to its backend's current instance: a
-/// swap changes where they go without the caller noticing.
+/// One resource's calls (Allocate and friends; the [`BackendCalls`] port both APIs use), routed
+/// to its backend's current instance: a swap changes where they go without the caller noticing.
 pub struct ResourceCalls {
     pub(super) slot: Arc<Slot>,
     pub(super) resource: String,
@@ -31,12 +32,13 @@ pub struct ResourceCalls {
     pub(super) metrics: Arc<dyn BackendMetrics>,
 }
 
-impl ResourceCalls {
-    pub async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, CallError> {
+#[async_trait::async_trait]
+impl BackendCalls for ResourceCalls {
+    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, CallError> {
         self.run("allocate", move |b, r| b.allocate(r, &ids)).await
     }
 
-    pub async fn preferred_allocation(
+    async fn preferred_allocation(
         &self,
         available: Vec<String>,
         must: Vec<String>,
@@ -45,12 +47,11 @@ impl ResourceCalls {
         self.run("preferred_allocation", move |b, r| b.preferred_allocation(r, &available, &must, size)).await
     }
 
-    pub async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
+    async fn pre_start(&self, ids: Vec<String>) -> Result<(), CallError> {
         self.run("pre_start", move |b, r| b.pre_start(r, &ids)).await
     }
 
-    /// The backend's `prepare` for a DRA claim; `Ok(None)`: use `allocate`.
-    pub async fn prepare(
+    async fn prepare(
         &self,
         claim: String,
         devices: Vec<crate::model::dra::ClaimDevice>,
@@ -59,11 +60,12 @@ impl ResourceCalls {
         self.run("prepare", move |b, _| b.prepare(&claim, &devices, &config)).await
     }
 
-    /// The backend's `unprepare` for a DRA claim.
-    pub async fn unprepare(&self, claim: String) -> Result<(), CallError> {
+    async fn unprepare(&self, claim: String) -> Result<(), CallError> {
         self.run("unprepare", move |b, _| b.unprepare(&claim)).await
     }
+}
 
+impl ResourceCalls {
     async fn run<T: Send + 'static>(
         &self,
         call: &'static str,

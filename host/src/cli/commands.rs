@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SlicesArgs, SourceArgs};
 use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
+use crate::model::calls::BackendCalls;
 use crate::runtime::Runtime;
 
 /// Which resources a one-shot command treats as served through DRA (their backends are asked

@@ -7,13 +7,15 @@
 use std::sync::Arc;
 
 use crate::cdi::CdiError;
+use crate::model::calls::{CallClass, CallError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DraError {
-    /// The backend's call failed, or its answer was refused at a gate. The backend's own words
-    /// are the message: they come out of the sandbox as text.
+    /// The backend's call failed, or its answer was refused at a gate; `class` says which (its
+    /// own error, a refused answer, a fault, the breaker). The backend's own words are the
+    /// message: they come out of the sandbox as text.
     #[error("backend {backend}{}: {message}", resource.as_deref().map(|r| format!(", resource {r}")).unwrap_or_default())]
-    Backend { backend: String, resource: Option<String>, message: String },
+    Backend { backend: String, resource: Option<String>, message: String, class: CallClass },
     /// The claim, as the API server has it, cannot be prepared on this node (`claim` is
     /// `namespace/name`).
     #[error("ResourceClaim {claim}: {problem}")]
@@ -53,7 +55,8 @@ pub enum DraError {
 /// reach and devplug's own files.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ErrorClass {
-    Backend,
+    /// A backend's failure, by the kind of call failure it was.
+    Backend(CallClass),
     Claim,
     Api,
     Spec,
@@ -64,7 +67,10 @@ pub enum ErrorClass {
 impl ErrorClass {
     pub fn as_str(self) -> &'static str {
         match self {
-            ErrorClass::Backend => "backend",
+            ErrorClass::Backend(CallClass::Answer) => "backend",
+            ErrorClass::Backend(CallClass::Refused) => "backend_refused",
+            ErrorClass::Backend(CallClass::Fault) => "backend_fault",
+            ErrorClass::Backend(CallClass::BreakerOpen) => "backend_breaker_open",
             ErrorClass::Claim => "claim",
             ErrorClass::Api => "api",
             ErrorClass::Spec => "spec",
@@ -78,7 +84,7 @@ impl DraError {
     /// Its class, for the metric and for callers that branch on the kind of failure.
     pub fn class(&self) -> ErrorClass {
         match self {
-            DraError::Backend { .. } => ErrorClass::Backend,
+            DraError::Backend { class, .. } => ErrorClass::Backend(*class),
             DraError::Claim { .. } => ErrorClass::Claim,
             DraError::Api { .. } => ErrorClass::Api,
             DraError::Spec { .. } => ErrorClass::Spec,
@@ -87,12 +93,33 @@ impl DraError {
         }
     }
 
-    /// A backend's failure of `resource` (when one is meant).
+    /// A backend's error of its own about `resource` (when one is meant).
     pub fn backend(backend: &str, resource: Option<&str>, message: impl Into<String>) -> Self {
         DraError::Backend {
             backend: backend.to_owned(),
             resource: resource.map(str::to_owned),
             message: message.into(),
+            class: CallClass::Answer,
+        }
+    }
+
+    /// A backend's answer the host refused (a gate of its own said no).
+    pub fn refused(backend: &str, message: impl Into<String>) -> Self {
+        DraError::Backend {
+            backend: backend.to_owned(),
+            resource: None,
+            message: message.into(),
+            class: CallClass::Refused,
+        }
+    }
+
+    /// A failed call of `resource`'s backend, its class kept.
+    pub fn call(backend: &str, resource: &str, e: CallError) -> Self {
+        DraError::Backend {
+            backend: backend.to_owned(),
+            resource: Some(resource.to_owned()),
+            class: e.class(),
+            message: e.to_string(),
         }
     }
 

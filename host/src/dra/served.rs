@@ -7,30 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::error::DraError;
 use super::pool_id::PoolId;
 use super::publish::{Pool, PoolError};
-use crate::model::{ContainerEdits, Resource};
+use crate::model::Resource;
 use crate::sync::Locked;
-
-/// A resource's backend calls as DRA needs them (the daemon adapts the backends' own).
-#[async_trait::async_trait]
-pub trait DeviceCalls: Send + Sync + 'static {
-    /// The backend's edits for handing devices `ids` to one container, checked against its grants.
-    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, DraError>;
-
-    /// The backend's edits for a claim's devices (WIT 0.3.0 `prepare`), checked against its
-    /// grants; `Ok(None)` when it leaves that to `allocate`.
-    async fn prepare(
-        &self,
-        claim: String,
-        devices: Vec<crate::model::dra::ClaimDevice>,
-        config: Vec<String>,
-    ) -> Result<Option<ContainerEdits>, DraError>;
-
-    /// Undo the backend's `prepare` of a claim.
-    async fn unprepare(&self, claim: String) -> Result<(), DraError>;
-}
 
 /// One resource served through DRA.
 #[derive(Clone)]
@@ -38,7 +18,8 @@ pub struct ServedResource {
     pub name: String,
     pub backend: String,
     pub devices: watch::Receiver<Arc<Resource>>,
-    pub calls: Arc<dyn DeviceCalls>,
+    /// Its backend's calls (the one port both APIs use).
+    pub calls: Arc<dyn crate::model::calls::BackendCalls>,
     /// Who owns each device node: a claim's CDI spec is checked against it.
     pub owners: crate::model::nodes::OwnersView,
 }

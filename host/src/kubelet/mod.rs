@@ -25,36 +25,7 @@ pub use dirwatch::{DirEvent, DirWatcher};
 pub use endpoint::{Endpoints, PATIENCE, RegistrationMode};
 pub use service::DevicePluginService;
 
-use crate::model::{ContainerEdits, Resource, ResourceOptions};
-
-/// Why an operation on a resource failed, mapped to a gRPC status by the service.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum OpError {
-    /// Kubelet asked for something wrong (unknown or unhealthy IDs): `InvalidArgument`.
-    #[error("{0}")]
-    Invalid(String),
-    /// The backend cannot answer right now (breaker open, trap, timeout): `Unavailable`.
-    #[error("{0}")]
-    Unavailable(String),
-    /// The backend answered with an error: `Internal`.
-    #[error("{0}")]
-    Backend(String),
-}
-
-/// The calls kubelet can make that need a backend.
-#[async_trait::async_trait]
-pub trait ResourceOps: Send + Sync + 'static {
-    /// Edits that depend on the whole set of IDs (per-device and common edits are added by the
-    /// service from the device list).
-    async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, OpError>;
-    async fn preferred_allocation(
-        &self,
-        available: Vec<String>,
-        must_include: Vec<String>,
-        size: u32,
-    ) -> Result<Vec<String>, OpError>;
-    async fn pre_start(&self, ids: Vec<String>) -> Result<(), OpError>;
-}
+use crate::model::{Resource, ResourceOptions};
 
 /// Where this layer reports what kubelet did and asked; the daemon passes the process's metrics
 /// in, so the kubelet layer does not depend on how they are exported.
@@ -72,7 +43,9 @@ pub struct ResourceHandle {
     pub options: ResourceOptions,
     /// The current device list (with health); every change is streamed to kubelet.
     pub devices: watch::Receiver<Arc<Resource>>,
-    pub ops: Arc<dyn ResourceOps>,
+    /// The backend's calls (the one port both APIs use); their errors become gRPC statuses in
+    /// the service.
+    pub ops: Arc<dyn crate::model::calls::BackendCalls>,
     /// How Allocate answers reach the runtime (device specs, CDI).
     pub delivery: Delivery,
     /// Who owns each device node on this machine: every Allocate answer passes its gate.

@@ -14,7 +14,8 @@ use tokio_stream::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::{OpError, ResourceHandle};
+use super::ResourceHandle;
+use crate::model::calls::{CallClass, CallError};
 use crate::model::{Health, Resource};
 use crate::proto::deviceplugin as pb;
 
@@ -119,13 +120,20 @@ impl DevicePluginService {
 /// Characters of an error kubelet shows in a pod's events (a backend's words among them).
 pub const MAX_ERROR_TEXT: usize = 1024;
 
-/// A backend's failure as kubelet gets it: the text passes the text gate (escaped, clipped).
-fn status(resource: &str, e: OpError) -> Status {
-    let text = |m: &str| crate::gate::clip_to(&format!("{resource}: {m}"), MAX_ERROR_TEXT).into_owned();
-    match e {
-        OpError::Invalid(m) => Status::invalid_argument(text(&m)),
-        OpError::Unavailable(m) => Status::unavailable(text(&m)),
-        OpError::Backend(m) => Status::internal(text(&m)),
+/// A backend's failure as kubelet gets it, its text through the text gate (escaped, clipped):
+/// the backend's own error or a refused answer is `Internal` (the pod fails with its message);
+/// a backend that cannot answer (trap, timeout, memory cap, open breaker) is `Unavailable`,
+/// which kubelet retries.
+fn status(resource: &str, e: CallError) -> Status {
+    let class = e.class();
+    let m = match e {
+        CallError::Guest(m) => m,
+        other => other.to_string(),
+    };
+    let text = crate::gate::clip_to(&format!("{resource}: {m}"), MAX_ERROR_TEXT).into_owned();
+    match class {
+        CallClass::Answer | CallClass::Refused => Status::internal(text),
+        CallClass::Fault | CallClass::BreakerOpen => Status::unavailable(text),
     }
 }
 
@@ -343,19 +351,23 @@ mod tests {
         assert_eq!(plain_choice(&s(&["a", "b", "c"]), &s(&["c"]), 2), s(&["c", "a"]));
     }
 
-    struct NoOps;
-
-    #[async_trait::async_trait]
-    impl super::super::ResourceOps for NoOps {
-        async fn allocate(&self, _: Vec<String>) -> Result<crate::model::ContainerEdits, OpError> {
-            Err(OpError::Unavailable("not in this test".into()))
-        }
-        async fn preferred_allocation(&self, _: Vec<String>, _: Vec<String>, _: u32) -> Result<Vec<String>, OpError> {
-            Err(OpError::Unavailable("not in this test".into()))
-        }
-        async fn pre_start(&self, _: Vec<String>) -> Result<(), OpError> {
-            Err(OpError::Unavailable("not in this test".into()))
-        }
+    /// Issue 63: the one call error becomes kubelet's status classes at this edge: the
+    /// backend's own error and a refused answer fail the pod (`Internal`), a fault or the
+    /// breaker is `Unavailable`, which kubelet retries; the resource's name comes first.
+    #[test]
+    fn call_errors_reach_kubelet_as_its_status_classes() {
+        use tonic::Code;
+        let code = |e: CallError| {
+            let st = status("a.io/b", e);
+            assert!(st.message().starts_with("a.io/b: "), "{}", st.message());
+            st.code()
+        };
+        assert_eq!(code(CallError::Guest("no".into())), Code::Internal);
+        assert_eq!(status("a.io/b", CallError::Guest("no".into())).message(), "a.io/b: no");
+        assert_eq!(code(CallError::Refused("node".into())), Code::Internal);
+        assert_eq!(code(CallError::Trap("x".into())), Code::Unavailable);
+        assert_eq!(code(CallError::Timeout(std::time::Duration::from_secs(2))), Code::Unavailable);
+        assert_eq!(code(CallError::BreakerOpen), Code::Unavailable);
     }
 
     /// A resource with one device whose ID says which state it is.
@@ -365,7 +377,7 @@ mod tests {
             name: "a.io/b".into(),
             options: Default::default(),
             devices: rx,
-            ops: Arc::new(NoOps),
+            ops: Arc::new(crate::model::calls::FixedCalls { fail: Some(CallError::BreakerOpen), ..Default::default() }),
             delivery: Default::default(),
             owners: Default::default(),
             metrics: None,

@@ -1,5 +1,6 @@
 //! The device model: the one set of types between the Wasm runtime and the kubelet layer.
 
+pub mod calls;
 pub mod contest;
 pub mod dra;
 pub mod names;

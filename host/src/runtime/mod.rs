@@ -61,35 +61,4 @@ impl LoadError {
     }
 }
 
-/// Why a call into a backend failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CallError {
-    /// The backend answered with an error of its own; the instance is fine.
-    #[error("backend returned an error: {0}")]
-    Guest(String),
-    /// The backend trapped (panic, unreachable, out-of-bounds); the instance was dropped.
-    #[error("backend trapped: {0}")]
-    Trap(String),
-    /// The call ran past its deadline and was interrupted; the instance was dropped.
-    #[error("backend exceeded its {0:?} deadline")]
-    Timeout(std::time::Duration),
-    /// The backend tried to grow memory past its cap; the instance was dropped.
-    #[error("backend hit its memory cap of {0} bytes")]
-    MemoryCap(usize),
-    /// Too many faults in a short while; the backend's devices are Unhealthy until a call
-    /// succeeds.
-    #[error("backend is disabled after repeated failures (breaker open)")]
-    BreakerOpen,
-    /// The backend answered, but with something it may not hand out (a device node, mount, env
-    /// key, annotation or resource name outside its grants, or more than the caps allow); the
-    /// whole answer was dropped.
-    #[error("the host refused the backend's answer: {0}")]
-    Refused(String),
-}
-
-impl CallError {
-    /// A fault (trap, timeout, memory cap) as opposed to an answer the backend chose.
-    pub fn is_fault(&self) -> bool {
-        matches!(self, CallError::Trap(_) | CallError::Timeout(_) | CallError::MemoryCap(_))
-    }
-}
+pub use crate::model::calls::CallError;

@@ -140,7 +140,8 @@ impl ClaimPreparer for Preparer {
             .calls
             .prepare(claim.uid.clone(), claim_devices, config)
             .instrument(tracing::debug_span!("dra.backend_call"))
-            .await?;
+            .await
+            .map_err(|e| DraError::call(&first.backend, &first.name, e))?;
         if let Some(edits) = &whole {
             common.merge(edits);
         }
@@ -157,15 +158,19 @@ impl ClaimPreparer for Preparer {
         let label = format!("claim {}/{}", claim.namespace, claim.name);
         let refused = |why: crate::model::nodes::Foreign| {
             tracing::error!(backend = %backend, claim = %label, owner = %why.owner.resource, "prepare answer refused: {why}");
-            DraError::backend(&backend, None, format!("answer for {label} refused: {why}"))
+            DraError::refused(&backend, format!("answer for {label} refused: {why}"))
         };
         let mut spec_devices = Vec::new();
         for (resource, (served, picked)) in groups {
             let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
             let list = served.devices.borrow().clone();
             if whole.is_none() {
-                let extra =
-                    served.calls.allocate(ids.clone()).instrument(tracing::debug_span!("dra.backend_call")).await?;
+                let extra = served
+                    .calls
+                    .allocate(ids.clone())
+                    .instrument(tracing::debug_span!("dra.backend_call"))
+                    .await
+                    .map_err(|e| DraError::call(&served.backend, &served.name, e))?;
                 common.merge(&extra);
             }
             common.merge(&list.common_edits);
@@ -224,7 +229,11 @@ impl ClaimPreparer for Preparer {
         // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
         // stays) so kubelet's retry finds it as it was.
         if let Some(r) = self.served.resources().first() {
-            r.calls.unprepare(claim.uid.clone()).instrument(tracing::debug_span!("dra.backend_call")).await?;
+            r.calls
+                .unprepare(claim.uid.clone())
+                .instrument(tracing::debug_span!("dra.backend_call"))
+                .await
+                .map_err(|e| DraError::call(&r.backend, &r.name, e))?;
         }
         self.release(claim)
     }
@@ -233,8 +242,6 @@ impl ClaimPreparer for Preparer {
 #[cfg(test)]
 mod tests {
     //! `prepare` from values with a fake backend: no API server, no socket.
-    use std::sync::Mutex;
-
     use k8s_openapi::api::resource::v1::{
         DeviceAllocationConfiguration, DeviceRequestAllocationResult, OpaqueDeviceConfiguration,
     };
@@ -243,44 +250,10 @@ mod tests {
 
     use super::*;
     use crate::dra::error::ErrorClass;
-    use crate::dra::served::DeviceCalls;
+    use crate::model::calls::{CallClass, CallError, FixedCalls};
     use crate::model::{Device, DeviceNode, Health, Resource};
 
     const DRIVER: &str = "gpu.devplug.io";
-
-    /// A backend as the DRA side calls it: records every call, answers what it was given.
-    #[derive(Default)]
-    struct FakeBackend {
-        /// `prepare`'s answer: `None` leaves the edits to `allocate`.
-        whole: Option<ContainerEdits>,
-        fail: Option<&'static str>,
-        calls: Mutex<Vec<String>>,
-    }
-
-    #[async_trait::async_trait]
-    impl DeviceCalls for FakeBackend {
-        async fn allocate(&self, ids: Vec<String>) -> Result<ContainerEdits, DraError> {
-            self.calls.lock().unwrap().push(format!("allocate {}", ids.join(",")));
-            Ok(ContainerEdits::with_env([("FROM_ALLOCATE".into(), ids.join(","))]))
-        }
-        async fn prepare(
-            &self,
-            claim: String,
-            devices: Vec<ClaimDevice>,
-            config: Vec<String>,
-        ) -> Result<Option<ContainerEdits>, DraError> {
-            let ids: Vec<String> = devices.iter().map(|d| format!("{}:{}:{}", d.request, d.resource, d.id)).collect();
-            self.calls.lock().unwrap().push(format!("prepare {claim} [{}] config {}", ids.join(" "), config.join(" ")));
-            match self.fail {
-                Some(why) => Err(DraError::backend("fake", None, why)),
-                None => Ok(self.whole.clone()),
-            }
-        }
-        async fn unprepare(&self, claim: String) -> Result<(), DraError> {
-            self.calls.lock().unwrap().push(format!("unprepare {claim}"));
-            Ok(())
-        }
-    }
 
     /// No API server: the status reports go nowhere.
     struct NoApi;
@@ -320,12 +293,12 @@ mod tests {
 
     struct Bench {
         preparer: Preparer,
-        backend: Arc<FakeBackend>,
+        backend: Arc<FixedCalls>,
         owners: crate::model::nodes::OwnersView,
         _dir: tempfile::TempDir,
     }
 
-    fn bench(backend: FakeBackend) -> Bench {
+    fn bench(backend: FixedCalls) -> Bench {
         let dir = tempfile::tempdir().unwrap();
         let backend = Arc::new(backend);
         let list = Resource {
@@ -396,7 +369,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_becomes_its_devices_cdi_ids_and_one_spec_from_values() {
-        let b = bench(FakeBackend {
+        let b = bench(FixedCalls {
             whole: Some(ContainerEdits::with_env([("FROM_PREPARE".into(), "1".into())])),
             ..Default::default()
         });
@@ -414,7 +387,7 @@ mod tests {
         assert_eq!((d.request_names.as_slice(), d.device_name.as_str()), (&["big".to_owned()][..], "gpu-1"));
         assert_eq!(d.cdi_device_ids, ["devplug.io/claim=u-1-gpu-1"]);
         assert_eq!(
-            *b.backend.calls.lock().unwrap(),
+            b.backend.calls(),
             [r#"prepare u-1 [big/fast:nvidia.com/gpu:gpu-1] config {"mode":"exclusive"}"#],
             "only this driver's devices and configuration reach the backend, and no allocate"
         );
@@ -428,7 +401,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_backend_without_prepare_gives_its_edits_through_allocate_and_shares_get_a_device_each() {
-        let b = bench(FakeBackend::default());
+        let b = bench(FixedCalls::default());
         let allocation = Allocation {
             results: vec![
                 result(DRIVER, "node-a", "gpu-0", "a", Some("6f9c2a")),
@@ -440,14 +413,14 @@ mod tests {
         let ids: Vec<&str> = p.devices.iter().map(|d| d.cdi_device_ids[0].as_str()).collect();
         assert_eq!(ids, ["devplug.io/claim=u-1-gpu-0-6f9c2a", "devplug.io/claim=u-1-gpu-0-0b1_x"]);
         assert_eq!(p.devices[1].share_id.as_deref(), Some("0b1/x"), "kubelet matches the share as allocated");
-        let calls = b.backend.calls.lock().unwrap().clone();
+        let calls = b.backend.calls();
         assert_eq!(calls.last().map(String::as_str), Some("allocate gpu-0,gpu-0"), "{calls:?}");
-        assert!(serde_json::to_string(&p.spec).unwrap().contains("FROM_ALLOCATE=gpu-0,gpu-0"));
+        assert!(serde_json::to_string(&p.spec).unwrap().contains("ALLOCATED=gpu-0,gpu-0"));
     }
 
     #[tokio::test]
     async fn a_device_of_another_pool_or_gone_is_the_claims_error_and_the_backend_is_not_asked() {
-        let b = bench(FakeBackend::default());
+        let b = bench(FixedCalls::default());
         for (device, pool, says) in [
             ("gpu-0", "node-b", "is in pool node-b, not this node's pool node-a"),
             ("gpu-7", "node-a", "is not among driver gpu.devplug.io's devices on this node now"),
@@ -461,18 +434,28 @@ mod tests {
                 e.report()
             );
         }
-        assert!(b.backend.calls.lock().unwrap().is_empty());
+        assert!(b.backend.calls().is_empty());
         let none = b.preparer.prepare(&claim(), &Allocation::default()).await.unwrap();
         assert!(none.devices.is_empty() && none.spec.is_none(), "nothing of this driver's: nothing to write");
     }
 
     #[tokio::test]
     async fn a_backends_failure_or_a_foreign_node_in_its_answer_is_the_backends_error() {
-        let b = bench(FakeBackend { fail: Some("GPU 0000:07:00.0 is in MIG mode"), ..Default::default() });
+        let b = bench(FixedCalls {
+            fail: Some(CallError::Guest("GPU 0000:07:00.0 is in MIG mode".into())),
+            ..Default::default()
+        });
         let allocation = Allocation { results: vec![result(DRIVER, "node-a", "gpu-0", "gpu", None)], config: vec![] };
         let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
-        assert_eq!(e.class(), ErrorClass::Backend);
+        assert_eq!(e.class(), ErrorClass::Backend(CallClass::Answer));
         assert!(e.report().contains("in MIG mode"), "{}", e.report());
+        // Issue 63: a fault keeps its class through the DRA error (the metric's label).
+        let b = bench(FixedCalls { fail: Some(CallError::Trap("unreachable".into())), ..Default::default() });
+        let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
+        assert_eq!((e.class(), e.class().as_str()), (ErrorClass::Backend(CallClass::Fault), "backend_fault"));
+        let b = bench(FixedCalls { fail: Some(CallError::BreakerOpen), ..Default::default() });
+        let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
+        assert_eq!(e.class().as_str(), "backend_breaker_open");
         // The backend hands the claim gpu-1's node: another device's, refused.
         let foreign = ContainerEdits {
             device_nodes: vec![DeviceNode {
@@ -483,10 +466,10 @@ mod tests {
             }],
             ..Default::default()
         };
-        let b = bench(FakeBackend { whole: Some(foreign.clone()), ..Default::default() });
+        let b = bench(FixedCalls { whole: Some(foreign.clone()), ..Default::default() });
         assert!(!b.owners.load().owners(&foreign.device_nodes[0]).is_empty());
         let e = b.preparer.prepare(&claim(), &allocation).await.unwrap_err();
-        assert_eq!(e.class(), ErrorClass::Backend);
+        assert_eq!(e.class(), ErrorClass::Backend(CallClass::Refused));
         assert!(e.report().contains("refused"), "{}", e.report());
     }
 }
