@@ -827,3 +827,15 @@ fn rdma_only_functions_are_judged_by_their_port_state() {
         "{out}"
     );
 }
+
+/// Issue 63 (3): the node name is checked once, with one message, whichever command asks: `dra
+/// slices` and `try --dra` refuse a name the API server would refuse for a Node, saying what to
+/// set, before doing anything else.
+#[test]
+fn every_command_refuses_a_bad_node_name_in_the_same_words() {
+    let want = r#"node name "Not_A_Node" is not a DNS subdomain"#;
+    let (code, _, err) = run(&["dra", "slices", "--no-embedded", "--node-name", "Not_A_Node"]);
+    assert!(code != 0 && err.contains(want) && err.contains("set NODE_NAME or --node-name"), "{err}");
+    let (code, _, err) = run(&["try", "--no-embedded", "--dra", "x.io/y", "--node-name", "Not_A_Node"]);
+    assert!(code != 0 && err.contains(want) && err.contains("set NODE_NAME or --node-name"), "{err}");
+}

@@ -2197,8 +2197,8 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
     let daemon = support::daemon::Daemon::start(n.cfg.clone());
     until("the pool", || n.api.devices(NODE, DRIVER).len() == 2).await;
     until("the watch", || n.api.log().iter().any(|l| l.starts_with("WATCH resourceslices"))).await;
-    // Resyncs before the watch is up may each LIST (how many depends on how soon the watch
-    // starts on a loaded machine); none does once the view is the watch's.
+    // The first sync waits for the watch's first LIST (as upstream's controller waits for its
+    // informer's cache) instead of racing it with a LIST of its own: one LIST in all.
     let lists = || n.api.log().iter().filter(|l| l.starts_with("LIST resourceslices")).count();
     let log = n.api.log();
     let watch_at = log.iter().position(|l| l.starts_with("WATCH resourceslices")).unwrap_or(log.len());
@@ -2207,6 +2207,7 @@ async fn at_steady_state_a_driver_sends_the_api_server_nothing_between_changes()
         "no LIST once the watch is up: {log:?}"
     );
     let listed = lists();
+    assert_eq!(listed, 1, "one LIST at start: {log:?}");
     // A window of twenty resyncs: nothing is asked of the server.
     let before = n.api.log().len();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;

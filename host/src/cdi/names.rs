@@ -68,7 +68,7 @@ fn vendor_or_class_problem(name: &str) -> Option<&'static str> {
 /// `[A-Za-z0-9._:-]`), otherwise the ID trimmed to alphanumeric ends plus a short hash of the
 /// whole ID, so two IDs never share a name and the name never changes between runs.
 pub fn device_name(id: &str) -> String {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || "_-.:".contains(c);
+    let ok_char = crate::gate::cdi_name_char;
     let alnum_ends = id.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
         && id.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
     if alnum_ends && id.chars().all(ok_char) {

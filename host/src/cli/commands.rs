@@ -319,15 +319,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
         DraView::Only(names) => Some(names.clone()),
         _ => None,
     };
-    let node = match args.node_name.clone() {
-        Some(n) => n,
-        None => nix::unistd::gethostname()?
-            .into_string()
-            .map_err(|_| anyhow::anyhow!("the host name is not UTF-8: give --node-name"))?,
-    };
-    if let Some(why) = crate::dra::publish::rules::subdomain_problem(&node) {
-        anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give --node-name");
-    }
+    let node = crate::dra::node::node_name(args.node_name.as_deref())?;
     let sysfs = args.source.roots(&cfg).sys;
     let (loaded, errors, ready) = load_and_poll_as(args.source, view).await?;
     anyhow::ensure!(errors.is_empty(), "{}", messages(&errors));

@@ -36,19 +36,32 @@ pub struct DraNode {
     drivers: tokio::sync::Mutex<BTreeMap<String, Driver>>,
 }
 
+/// This node's name for DRA: `given` (`--node-name`, `$NODE_NAME`), else the host name; held
+/// to the API server's rule for a Node's name (the one check every command makes).
+pub fn node_name(given: Option<&str>) -> anyhow::Result<String> {
+    let node = match given {
+        Some(n) => n.to_owned(),
+        None => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .ok_or_else(|| anyhow::anyhow!("no node name: set NODE_NAME (the downward API) or --node-name"))?,
+    };
+    check_node_name(&node)?;
+    Ok(node)
+}
+
+/// `node` as a Node's name the API server takes (a DNS subdomain), or why not and what to do.
+pub fn check_node_name(node: &str) -> anyhow::Result<()> {
+    match super::publish::rules::subdomain_problem(node) {
+        Some(why) => anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): set NODE_NAME or --node-name"),
+        None => Ok(()),
+    }
+}
+
 impl DraNode {
     /// Connect to the API server. Errors say what is missing (no kubeconfig, no node name).
     pub async fn connect(s: NodeSettings<'_>, specs: Arc<SpecDir>) -> anyhow::Result<DraNode> {
-        let node = match s.node_name {
-            Some(n) => n.to_owned(),
-            None => nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .ok_or_else(|| anyhow::anyhow!("no node name: set NODE_NAME (the downward API) or --node-name"))?,
-        };
-        if let Some(why) = super::publish::rules::subdomain_problem(&node) {
-            anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): set NODE_NAME or --node-name");
-        }
+        let node = node_name(s.node_name)?;
         let client = super::client::connect(s.kubeconfig).await?;
         let setup = DriverSetup {
             driver: String::new(),

@@ -25,8 +25,8 @@ mod text;
 
 pub use env::{EnvGrant, EnvKey, EnvRule, EnvValue};
 pub use names::{
-    CdiName, DnsLabel, DnsSubdomain, IfName, MAX_ATTRIBUTE_NAME, QualifiedName, label_key_problem, label_problem,
-    label_value_problem, qualified_name_problem, subdomain_problem, subdomain_problem_unbounded,
+    CdiName, DnsLabel, DnsSubdomain, IfName, MAX_ATTRIBUTE_NAME, QualifiedName, cdi_name_char, label_key_problem,
+    label_problem, label_value_problem, qualified_name_problem, subdomain_problem, subdomain_problem_unbounded,
 };
 pub use pci::{PciAddress, PciLookup, is_bus_id};
 pub use text::{CLIP, clip, clip_to};

@@ -82,9 +82,15 @@ pub const MAX_CDI_NAME: usize = 255;
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct CdiName(String);
 
+/// Whether `c` may be in a CDI device name (the one statement of the grammar's characters:
+/// [`CdiName::new`], the CDI writer's names for device IDs and a claim's share names use it).
+pub fn cdi_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "_-.:".contains(c)
+}
+
 impl CdiName {
     pub fn new(s: &str) -> Result<CdiName, Refused> {
-        let ok_char = |c: char| c.is_ascii_alphanumeric() || "_-.:".contains(c);
+        let ok_char = cdi_name_char;
         let ends = s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
             && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
         if s.len() > MAX_CDI_NAME || !ends || !s.chars().all(ok_char) {

@@ -454,7 +454,7 @@ impl BackendInstance {
 
     /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
     pub fn has_dra(&self) -> bool {
-        self.version != super::bindings::v0_1_0::VERSION && self.version != super::bindings::v0_2_0::VERSION
+        super::bindings::has_dra(self.version)
     }
 
     /// The backend's edits for a claim's devices, checked against its grants like `allocate`'s;

@@ -74,9 +74,7 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     // plugin watcher, as on a real node.
     let dra_on = cfg.uses_dra();
     let node = args.node_name.clone().unwrap_or_else(|| DEFAULT_NODE.to_owned());
-    if let Some(why) = devplug::dra::publish::rules::subdomain_problem(&node) {
-        anyhow::bail!("node name {node:?} is not a DNS subdomain ({why}): give another --node-name");
-    }
+    devplug::dra::node::check_node_name(&node)?;
     // Which resources go through DRA: `allocate` of one says so instead of "not registered".
     let dra_resources = cfg.dra_resources();
     let (kubelet, dra) = if dra_on {

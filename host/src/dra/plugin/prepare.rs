@@ -25,6 +25,10 @@ use crate::model::dra::ClaimDevice;
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
 
+/// [`CLAIM_KIND`] as a CDI kind, parsed once (a constant: its test is `the_claim_kind_is_a_cdi_kind`).
+static CLAIM_CDI_KIND: std::sync::LazyLock<Result<Kind, String>> =
+    std::sync::LazyLock::new(|| Kind::for_resource(CLAIM_KIND));
+
 /// The request a container names for an allocation result: a `firstAvailable` subrequest is
 /// reported as `request/subrequest`, and kubelet matches containers to the base `request`
 /// (upstream's `resourceclaim.BaseRequestRef`).
@@ -35,7 +39,7 @@ pub fn base_request(request: &str) -> &str {
 /// A share ID (a UUID from the scheduler) as part of a CDI device name, which takes
 /// `[A-Za-z0-9_.:-]`: anything else becomes `_`.
 fn cdi_safe(s: &str) -> String {
-    s.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "_.:-".contains(c) { c } else { '_' }).collect()
+    s.chars().take(64).map(|c| if crate::gate::cdi_name_char(c) { c } else { '_' }).collect()
 }
 
 /// One driver's preparer.
@@ -119,8 +123,9 @@ impl ClaimPreparer for Preparer {
             // Nothing of this driver's: kubelet is told so, nothing is written.
             return Ok(PreparedClaim::devices(Vec::new()));
         };
-        let kind = Kind::for_resource(CLAIM_KIND)
-            .map_err(|e| DraError::Spec { doing: "naming", source: crate::cdi::CdiError::Name(e) })?;
+        let kind = CLAIM_CDI_KIND
+            .as_ref()
+            .map_err(|e| DraError::Spec { doing: "naming", source: crate::cdi::CdiError::Name(e.clone()) })?;
         let mut common = ContainerEdits::default();
         let mut out = Vec::new();
         let mut status = Vec::new();
@@ -202,7 +207,7 @@ impl ClaimPreparer for Preparer {
             }
         }
         let common = owners.admit(&label, &held, common).map_err(&refused)?;
-        let spec = crate::cdi::spec::build_claim(&kind, &spec_devices, &common);
+        let spec = crate::cdi::spec::build_claim(kind, &spec_devices, &common);
         Ok(PreparedClaim { devices: out, spec: Some(spec), status })
     }
 
@@ -254,6 +259,11 @@ mod tests {
     use crate::model::{Device, DeviceNode, Health, Resource};
 
     const DRIVER: &str = "gpu.devplug.io";
+
+    #[test]
+    fn the_claim_kind_is_a_cdi_kind() {
+        assert!(CLAIM_CDI_KIND.is_ok(), "{:?}", CLAIM_CDI_KIND.as_ref().err());
+    }
 
     /// No API server: the status reports go nowhere.
     struct NoApi;

@@ -9,13 +9,20 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 
 /// The pool as the server holds it, kept by [`PoolWriter::watch`].
 #[derive(Default)]
-pub struct PoolView(std::sync::Mutex<ViewState>);
+pub struct PoolView(std::sync::Mutex<ViewState>, tokio::sync::Notify);
+
+/// How long a first sync waits for the watch's first LIST before asking the server itself (as
+/// upstream's controller waits for its informer's cache to sync): in step, the two LISTs are one.
+pub(super) const FIRST_LIST_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Default)]
 struct ViewState {
     slices: BTreeMap<String, ResourceSlice>,
     /// Filled by a LIST and kept by the watch since: the view can be trusted.
     synced: bool,
+    /// A watch keeps this view, and LISTs it has tried so far (answered or failed).
+    watching: bool,
+    lists: u64,
     /// Resource versions devplug's own writes returned: their watch events are echoes.
     ours: std::collections::HashSet<String>,
     /// devplug's writes so far, and by slice name the last one (the slice as written, or `None`
@@ -33,6 +40,41 @@ impl PoolView {
     pub(super) fn snapshot(&self) -> Option<BTreeMap<String, ResourceSlice>> {
         let st = self.state();
         st.synced.then(|| st.slices.clone())
+    }
+
+    /// A watch keeps this view from now on (its first LIST is coming).
+    pub(super) fn watched(&self) {
+        self.state().watching = true;
+    }
+
+    /// The pool once the watch's first LIST has filled the view, waiting for it at most
+    /// `patience`; at once when no watch keeps the view, or it has listed before (a view made
+    /// stale since is not waited for: the caller LISTs).
+    pub(super) async fn first_list(&self, patience: std::time::Duration) -> Option<BTreeMap<String, ResourceSlice>> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let listed = self.1.notified();
+            let mut listed = std::pin::pin!(listed);
+            listed.as_mut().enable();
+            {
+                let st = self.state();
+                if st.synced {
+                    return Some(st.slices.clone());
+                }
+                if !st.watching || st.lists > 0 {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, listed).await.is_err() {
+                return self.snapshot();
+            }
+        }
+    }
+
+    /// The watch's LIST failed: nobody waits for it (the writer asks the server itself).
+    pub(super) fn list_failed(&self) {
+        self.state().lists += 1;
+        self.1.notify_waiters();
     }
 
     /// Where devplug's writes stand before a LIST is asked (see [`PoolView::reset`]).
@@ -59,6 +101,9 @@ impl PoolView {
         st.recent.clear();
         st.ours = pending;
         st.synced = true;
+        st.lists += 1;
+        drop(st);
+        self.1.notify_waiters();
     }
 
     /// Not to be trusted until the next LIST (a write found it stale).
@@ -135,5 +180,37 @@ mod tests {
         view.removed("s-0");
         view.reset(vec![slice], before);
         assert!(view.snapshot().unwrap().is_empty(), "a delete stands too");
+    }
+
+    /// The first sync waits for the watch's first LIST (one LIST, not two racing), but not
+    /// without a watch, not after the LIST failed, and not past its patience.
+    #[tokio::test(start_paused = true)]
+    async fn a_first_sync_waits_for_the_watchs_first_list_only() {
+        let patience = std::time::Duration::from_secs(5);
+        let unwatched = PoolView::default();
+        assert!(unwatched.first_list(patience).await.is_none(), "no watch: at once");
+        let view = std::sync::Arc::new(PoolView::default());
+        view.watched();
+        let waiter = tokio::spawn({
+            let view = view.clone();
+            async move { view.first_list(patience).await }
+        });
+        tokio::task::yield_now().await;
+        view.reset(vec![], view.mark());
+        assert!(waiter.await.unwrap().is_some(), "the watch's LIST answers the wait");
+        let failing = std::sync::Arc::new(PoolView::default());
+        failing.watched();
+        let waiter = tokio::spawn({
+            let failing = failing.clone();
+            async move { failing.first_list(patience).await }
+        });
+        tokio::task::yield_now().await;
+        failing.list_failed();
+        assert!(waiter.await.unwrap().is_none(), "a failed LIST ends the wait");
+        let slow = PoolView::default();
+        slow.watched();
+        let t0 = tokio::time::Instant::now();
+        assert!(slow.first_list(patience).await.is_none());
+        assert_eq!(t0.elapsed(), patience, "bounded by its patience (a paused clock)");
     }
 }

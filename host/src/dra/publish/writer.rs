@@ -83,7 +83,10 @@ impl PoolWriter {
         // The watch's view when it is in step; a LIST only before the watch has one.
         let current = match self.view.snapshot() {
             Some(view) => view,
-            None => self.current().await?,
+            None => match self.view.first_list(super::view::FIRST_LIST_PATIENCE).await {
+                Some(view) => view,
+                None => self.current().await?,
+            },
         };
         if same_pool(&current, pool) {
             let generation = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
@@ -215,6 +218,7 @@ impl PoolWriter {
         let params =
             WatchParams::default().fields(&format!("spec.nodeName={},spec.driver={}", self.id.node, self.id.driver));
         let (driver, view) = (self.id.driver.clone(), self.view.clone());
+        view.watched();
         tokio::spawn(async move {
             const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
             const LONG_WATCH: std::time::Duration = std::time::Duration::from_secs(10);
@@ -226,7 +230,10 @@ impl PoolWriter {
                         Some(v) => v.clone(),
                         None => {
                             let mark = view.mark();
-                            let items = api.list(&list).await.map_err(|e| format!("listing: {e}"))?;
+                            let items = api.list(&list).await.map_err(|e| {
+                                view.list_failed();
+                                format!("listing: {e}")
+                            })?;
                             let v = items.metadata.resource_version.clone().unwrap_or_default();
                             view.reset(items.items, mark);
                             // The pool may differ from what devplug wants (it may be gone).

@@ -33,6 +33,8 @@ struct Version {
     add_to_linker: fn(&mut Linker<HostState>) -> wasmtime::Result<()>,
     /// Wraps a component linked with those imports in the version's typed exports.
     prepare: fn(InstancePre<HostState>) -> wasmtime::Result<Prepared>,
+    /// Whether it exports the `dra` calls (`describe`, `prepare`, `unprepare`).
+    dra: bool,
 }
 
 /// Every WIT package version this host loads, oldest first. A component is served by exactly
@@ -42,16 +44,19 @@ const VERSIONS: &[Version] = &[
         version: v0_1_0::VERSION,
         add_to_linker: v0_1_0::add_to_linker,
         prepare: |pre| Ok(Prepared::V0_1_0(v0_1_0::DevplugBackendPre::new(pre)?)),
+        dra: false,
     },
     Version {
         version: v0_2_0::VERSION,
         add_to_linker: v0_2_0::add_to_linker,
         prepare: |pre| Ok(Prepared::V0_2_0(v0_2_0::DevplugBackendPre::new(pre)?)),
+        dra: false,
     },
     Version {
         version: v0_3_0::VERSION,
         add_to_linker: v0_3_0::add_to_linker,
         prepare: |pre| Ok(Prepared::V0_3_0(v0_3_0::DevplugBackendPre::new(pre)?)),
+        dra: true,
     },
 ];
 
@@ -114,6 +119,11 @@ pub fn exported_version(engine: &Engine, component: &Component) -> Option<String
 /// Whether this host loads components built against WIT `version` (semver: any 0.1.x, 0.2.x).
 pub fn supports(version: &str) -> bool {
     module_for(version).is_some()
+}
+
+/// Whether a backend built against WIT `version` has the `dra` calls (its row says).
+pub fn has_dra(version: &str) -> bool {
+    module_for(version).is_some_and(|i| VERSIONS[i].dra)
 }
 
 /// The index into [`VERSIONS`] of the module that serves `version`: same major, and for 0.x the
@@ -225,14 +235,6 @@ impl Bindings {
         }
     }
 
-    /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
-    pub fn has_dra(&self) -> bool {
-        match self {
-            Bindings::V0_1_0(_) | Bindings::V0_2_0(_) => false,
-            Bindings::V0_3_0(_) => true,
-        }
-    }
-
     /// `describe`; an empty description before 0.3.0.
     pub async fn describe(&self, store: &mut Store<HostState>) -> wasmtime::Result<GuestResult<PoolDescription>> {
         match self {
@@ -278,6 +280,10 @@ mod tests {
         assert_eq!(module_for("0.4.0"), None, "a newer minor of 0.x is a different interface");
         assert_eq!(module_for("1.1.0"), None);
         assert_eq!(module_for("not-a-version"), None);
+        // Issue 63: the `dra` calls by the row, so a patch release of an older version has none
+        // (the instance compared strings, and gave 0.2.1 the calls of 0.3.0).
+        assert!(!has_dra("0.1.0") && !has_dra("0.2.1") && has_dra("0.3.0") && has_dra("0.3.2"));
+        assert!(!has_dra("0.4.0"));
     }
 
     #[test]
