@@ -218,11 +218,7 @@ impl devplug::dra::plugin::ClaimPreparer for CountingPreparer {
         true
     }
 
-    async fn unprepare(
-        &self,
-        claim: &devplug::dra::plugin::checkpoint::ClaimRef,
-        _: &[devplug::dra::plugin::checkpoint::PreparedDevice],
-    ) -> Result<(), DraError> {
+    async fn unprepare(&self, claim: &devplug::dra::plugin::checkpoint::ClaimRef) -> Result<(), DraError> {
         self.unprepares.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if claim.name == "stuck" {
             return Err(DraError::backend("chaos", None, "cannot let go of the device"));

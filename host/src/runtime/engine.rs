@@ -1,6 +1,6 @@
-//! The shared wasmtime engines: configuration, the epoch ticker that enforces deadlines, the
-//! compile cache keyed by the component's sha256 and the engine's compatibility hash, and the
-//! two compiler tiers: a large component with no optimised code at hand loads with the baseline
+//! The shared wasmtime engines: configuration, compiling (through the compile cache keyed by
+//! the component's sha256 and the engine's compatibility hash, [`super::code_cache`]), running a
+//! guest call under its deadline ([`super::deadline`]), and the two compiler tiers: a large component with no optimised code at hand loads with the baseline
 //! compiler (Winch: seconds) and serves from it; its optimised (Cranelift) code is compiled
 //! after, at idle priority, by [`super::optimizer`], and swapped in when ready. The same path
 //! with or without a cache (the cache only spares the next load the compile).
@@ -17,14 +17,13 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::LoadError;
+use super::code_cache::{create_private_dir, evict, store, store_native, write_native};
+use super::deadline::{CUTOFF_SLACK, Cutoff, Cutoffs, InFlight, Timers, spawn_ticker};
 
 /// Components from this size on load baseline-compiled first: Python's and JavaScript's (12–18
 /// MB, their interpreter inside), never a Rust backend (0.1–0.4 MB, compiled optimised in well
 /// under a second).
 pub const BASELINE_FROM: usize = 4 << 20;
-
-/// How often the epoch advances: the granularity of every deadline.
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// Limits and paths for every backend call.
 #[derive(Clone, Debug)]
@@ -161,105 +160,6 @@ pub struct Runtime {
     memo: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// The one compile worker at a time ([`super::compile_worker::Slot`]).
     slot: Arc<super::compile_worker::Slot>,
-}
-
-/// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
-/// off), but they run on the caller's thread, never on the daemon's async workers; this runtime
-/// only drives their timers and the WASI clocks.
-struct Timers(Option<tokio::runtime::Runtime>);
-
-impl Drop for Timers {
-    fn drop(&mut self) {
-        // Dropping a runtime blocks, which async code must not do; nothing here needs waiting for.
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
-
-/// Slack on top of a call's deadline before its future is dropped: the epoch deadline (5 ms
-/// ticks) normally stops computing guests first, with the cleaner trap.
-const CUTOFF_SLACK: Duration = Duration::from_millis(10);
-
-/// Cut-off deadlines of guest calls that went pending (blocked in a host function), checked by
-/// the epoch thread on every tick. A call that finishes without waiting never registers one, so
-/// the common call costs no timer and wakes no other thread.
-#[derive(Default)]
-struct Cutoffs(std::sync::Mutex<Vec<(std::time::Instant, std::task::Waker)>>);
-
-impl Cutoffs {
-    fn wake_expired(&self) {
-        let now = std::time::Instant::now();
-        let mut pending = self.0.locked();
-        pending.retain(|(at, waker)| {
-            if *at <= now {
-                waker.wake_by_ref();
-                false
-            } else {
-                true
-            }
-        });
-    }
-}
-
-/// How many guest calls are under way. The epoch thread ticks only while one is: epochs matter
-/// only to running guests, and an idle node's devplug then wakes once a second instead of every
-/// 5 ms (it spent about 1 % of a core ticking for nothing).
-#[derive(Default)]
-struct InFlight {
-    calls: std::sync::Mutex<usize>,
-    started: std::sync::Condvar,
-}
-
-impl InFlight {
-    fn enter(&self) -> CallUnderWay<'_> {
-        *self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
-        self.started.notify_one();
-        CallUnderWay(self)
-    }
-
-    /// Block while no call is under way (waking each `check` to see if the engine lives on).
-    fn wait_for_a_call(&self, check: Duration) {
-        let mut calls = self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if *calls == 0 {
-            calls = match self.started.wait_timeout(calls, check) {
-                Ok((g, _)) => g,
-                Err(e) => e.into_inner().0,
-            };
-        }
-        drop(calls);
-    }
-
-    fn busy(&self) -> bool {
-        *self.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner) > 0
-    }
-}
-
-/// One call counted in [`InFlight`] until dropped (also when the call panics or is cut off).
-struct CallUnderWay<'a>(&'a InFlight);
-
-impl Drop for CallUnderWay<'_> {
-    fn drop(&mut self) {
-        let mut calls = self.0.calls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        *calls = calls.saturating_sub(1);
-    }
-}
-
-/// Resolves once its instant has passed; polled only when the call it races is pending.
-struct Cutoff {
-    at: std::time::Instant,
-    cutoffs: Arc<Cutoffs>,
-}
-
-impl std::future::Future for Cutoff {
-    type Output = ();
-    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if std::time::Instant::now() >= self.at {
-            return std::task::Poll::Ready(());
-        }
-        self.cutoffs.0.locked().push((self.at, cx.waker().clone()));
-        std::task::Poll::Pending
-    }
 }
 
 impl Runtime {
@@ -620,94 +520,6 @@ fn invalid(msg: String) -> LoadError {
     }
 }
 
-/// Write a component's native code into the cache as `name`, then keep the cache within
-/// `max` bytes; a failure is logged, not fatal.
-fn store(state: &crate::durable::StateDir, dir: &Path, name: &str, component: &Component, max: u64) {
-    match component.serialize() {
-        Ok(native) => {
-            write_native(state, dir, name, &native);
-        }
-        Err(e) => tracing::warn!(error = %e, "could not serialize a compiled backend"),
-    }
-    evict(state, dir, name, max);
-}
-
-/// [`store`] for code compiled elsewhere (the background optimiser), the cache opened here;
-/// `replaces` (the same component's baseline entry) is removed once it is written: every later
-/// load takes the optimised entry, and the baseline one is tens of MB for a large backend.
-fn store_native(dir: &Path, name: &str, native: &[u8], max: u64, replaces: Option<&str>) {
-    match crate::durable::StateDir::open(dir) {
-        Ok(state) => {
-            if write_native(&state, dir, name, native)
-                && let Some(old) = replaces
-            {
-                let _ = state.remove(old);
-            }
-            evict(&state, dir, name, max);
-        }
-        Err(e) => tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; optimised code not kept"),
-    }
-}
-
-/// Whether it was written (a failure is logged).
-fn write_native(state: &crate::durable::StateDir, dir: &Path, name: &str, native: &[u8]) -> bool {
-    let written = state.write(name, native, true);
-    if let Err(e) = &written {
-        tracing::warn!(dir = %dir.display(), error = %e, "could not write the compile cache; continuing without it");
-    }
-    written.is_ok()
-}
-
-/// A temp file of an entry's write older than this was left by a write that never finished (a
-/// devplug killed while writing): writing even a 100 MB entry takes seconds.
-const STALE_TEMP: Duration = Duration::from_secs(600);
-
-/// Remove the least recently used compiled code until the cache's `.cwasm` files (and the temp
-/// files of writes under way) take at most `max` bytes; `keep` (just written) stays whatever its
-/// size. Temp files an interrupted write left ([`STALE_TEMP`]) are removed first; a fresh one,
-/// perhaps another devplug's write under way (a rolling update shares a hostPath cache), is
-/// counted and left alone. Only this module's own entries are counted or removed (the
-/// registry's pulled versions live in sub-directories).
-fn evict(state: &crate::durable::StateDir, dir: &Path, keep: &str, max: u64) {
-    let Ok(mut files) = state.files() else { return };
-    // `StateDir::write`'s temp name of an entry: `.NAME.cwasm.PID.RAND.tmp`.
-    let temp = |f: &crate::durable::FileEntry| {
-        f.name.starts_with('.') && f.name.contains(".cwasm.") && f.name.ends_with(".tmp")
-    };
-    let now = std::time::SystemTime::now();
-    let stale = |f: &crate::durable::FileEntry| now.duration_since(f.modified).is_ok_and(|age| age >= STALE_TEMP);
-    for f in files.iter().filter(|f| temp(f) && stale(f)) {
-        match state.remove(&f.name) {
-            Ok(_) => {
-                tracing::info!(dir = %dir.display(), file = %f.name, bytes = f.len, "removed the temp file of a compile cache write that never finished")
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), file = %f.name, error = %e, "could not remove a stale compile cache temp file")
-            }
-        }
-    }
-    files.retain(|f| (f.name.ends_with(".cwasm") && !f.name.starts_with('.')) || (temp(f) && !stale(f)));
-    let mut total: u64 = files.iter().map(|f| f.len).sum();
-    if total <= max {
-        return;
-    }
-    files.sort_by_key(|f| f.modified);
-    for f in files.iter().filter(|f| f.name != keep && !temp(f)) {
-        if total <= max {
-            break;
-        }
-        match state.remove(&f.name) {
-            Ok(_) => {
-                total = total.saturating_sub(f.len);
-                tracing::info!(dir = %dir.display(), entry = %f.name, bytes = f.len, "compile cache over its size limit: least recently used entry removed");
-            }
-            Err(e) => {
-                tracing::warn!(dir = %dir.display(), entry = %f.name, error = %e, "could not remove a compile cache entry")
-            }
-        }
-    }
-}
-
 /// Tell garbage, core modules and components apart before handing bytes to cranelift.
 pub fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
@@ -723,40 +535,6 @@ pub fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
 /// Hex sha256 of a component: its identity in logs, metrics and the cache.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
-}
-
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Advance the epoch, and wake expired cut-offs, every tick while a guest call is under way,
-/// for as long as the engine lives.
-fn spawn_ticker(engines: &[&Engine], cutoffs: Arc<Cutoffs>, in_flight: Arc<InFlight>) {
-    let weak: Vec<_> = engines.iter().map(|e| e.weak()).collect();
-    std::thread::Builder::new()
-        .name("devplug-epoch".into())
-        .spawn(move || {
-            loop {
-                in_flight.wait_for_a_call(Duration::from_secs(1));
-                let live: Vec<Engine> = weak.iter().filter_map(|w| w.upgrade()).collect();
-                if live.is_empty() {
-                    return;
-                }
-                if in_flight.busy() {
-                    live.iter().for_each(Engine::increment_epoch);
-                    drop(live);
-                    cutoffs.wake_expired();
-                    std::thread::sleep(EPOCH_TICK);
-                }
-            }
-        })
-        .expect("spawning the epoch thread");
-}
-
-/// Epoch ticks for a deadline, rounded up, plus one for the tick already under way.
-pub fn ticks(d: Duration) -> u64 {
-    (d.as_micros() as u64).div_ceil(EPOCH_TICK.as_micros() as u64) + 1
 }
 
 #[cfg(test)]
@@ -775,32 +553,6 @@ mod tests {
         let cut = rt.run_until(Duration::from_millis(1), std::future::pending::<()>());
         assert_eq!(cut, None, "cut off at its deadline: the epoch thread woke its cut-off while ticking");
         assert!(!rt.in_flight.busy(), "a call cut off is no longer counted");
-    }
-
-    /// Issue 49: the cache only grew. Past its limit the least recently used entries go (a
-    /// hit counts as a use), the entry just written stays, and nothing but `.cwasm` files is
-    /// counted or touched.
-    #[test]
-    fn the_compile_cache_keeps_to_its_size_by_least_recent_use() {
-        let d = tempfile::tempdir().unwrap();
-        let state = crate::durable::StateDir::open(d.path()).unwrap();
-        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
-        for (i, name) in ["a.cwasm", "b.cwasm", "c.cwasm", "other.json"].iter().enumerate() {
-            state.write(name, &[0u8; 1000], false).unwrap();
-            let f = std::fs::File::options().write(true).open(d.path().join(name)).unwrap();
-            f.set_modified(old + Duration::from_secs(i as u64 * 60)).unwrap();
-        }
-        // `a` is the oldest write but was used since.
-        state.mark_used("a.cwasm").unwrap();
-        state.write("new.cwasm", &[0u8; 1500], false).unwrap();
-        evict(&state, d.path(), "new.cwasm", 3000);
-        let mut left: Vec<String> = state.files().unwrap().into_iter().map(|f| f.name).collect();
-        left.sort();
-        assert_eq!(left, ["a.cwasm", "new.cwasm", "other.json"]);
-        // The entry just written stays even when it alone is over the limit.
-        evict(&state, d.path(), "new.cwasm", 10);
-        let left: Vec<String> = state.files().unwrap().into_iter().map(|f| f.name).collect();
-        assert!(left.contains(&"new.cwasm".to_owned()) && !left.contains(&"a.cwasm".to_owned()), "{left:?}");
     }
 
     #[test]
@@ -836,6 +588,7 @@ mod tests {
     /// stale one goes at the next start; a fresh one (a write under way) is counted, not touched.
     #[test]
     fn an_interrupted_writes_temp_file_is_removed_at_start_and_a_fresh_one_counted() {
+        use super::super::code_cache::STALE_TEMP;
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache");
         let state = crate::durable::StateDir::open(&cache).unwrap();
@@ -879,11 +632,5 @@ mod tests {
         rt.prepare(&wasm);
         rt.forget_prepared();
         assert!(rt.prepared.locked().is_empty());
-    }
-
-    #[test]
-    fn ticks_round_up() {
-        assert_eq!(ticks(Duration::from_millis(250)), 51);
-        assert_eq!(ticks(Duration::from_millis(1)), 2);
     }
 }

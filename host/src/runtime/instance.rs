@@ -20,7 +20,8 @@ use std::time::Duration;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Bindings, GuestResult, Prepared};
-use super::engine::{Runtime, Tier, ticks};
+use super::deadline::ticks;
+use super::engine::{Runtime, Tier};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
 use crate::gate::clip;

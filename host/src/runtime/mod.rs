@@ -1,12 +1,15 @@
-//! The Wasm runtime: two wasmtime engines (optimising and baseline, component model, epoch
-//! interruption; `engine.rs`), compiles in a worker process the kernel bounds
-//! (`compile_worker.rs`) with an on-disk cache of their code, the background optimiser, and
+//! The Wasm runtime: two wasmtime engines (optimising and baseline, component model;
+//! `engine.rs`), epoch deadlines and cut-offs of guest calls (`deadline.rs`), compiles in a
+//! worker process the kernel bounds (`compile_worker.rs`) with an on-disk cache of their code
+//! (`code_cache.rs`), the background optimiser, and
 //! [`BackendInstance`]s that call into backends under a deadline and a memory cap. Nothing here
 //! knows about gRPC or kubelet.
 
 pub mod bindings;
 pub mod caps;
+mod code_cache;
 pub mod compile_worker;
+mod deadline;
 mod engine;
 pub mod engine_config;
 pub mod guest_log;

@@ -230,7 +230,7 @@ impl ClaimPreparer for Preparer {
             .map_err(|source| DraError::Spec { doing: "removing", source })
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, _devices: &[PreparedDevice]) -> Result<(), DraError> {
+    async fn unprepare(&self, claim: &ClaimRef) -> Result<(), DraError> {
         // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
         // stays) so kubelet's retry finds it as it was.
         if let Some(r) = self.served.resources().first() {

@@ -56,7 +56,9 @@ pub trait ClaimPreparer: Send + Sync + 'static {
     }
     /// Whether what `prepare` left on the node for `claim` is still there (its CDI spec).
     fn intact(&self, claim: &ClaimRef) -> bool;
-    async fn unprepare(&self, claim: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), DraError>;
+    /// Undo `prepare` of `claim`: its backend's part, then its CDI spec (the claim's UID is all
+    /// the backend is told; its devices are in the spec devplug wrote).
+    async fn unprepare(&self, claim: &ClaimRef) -> Result<(), DraError>;
     /// Drop what `prepare` left on the node for `claim` without the backend (the operator
     /// released a claim its backend could not unprepare).
     fn release(&self, _claim: &ClaimRef) -> Result<(), DraError> {
@@ -184,7 +186,7 @@ impl DraPlugin {
     /// Unprepare one held claim (its record is forgotten by the caller): the backend once;
     /// after it failed, its error again until the operator releases the claim or devplug
     /// restarts.
-    async fn unprepare_one(&self, held: &ClaimRef, devices: &[PreparedDevice]) -> Result<(), DraError> {
+    async fn unprepare_one(&self, held: &ClaimRef) -> Result<(), DraError> {
         let shown = format!("{}/{}", held.namespace, held.name);
         let stuck = self.board.retry(&self.driver, &held.uid);
         let asked = self.release_marker(&held.uid);
@@ -202,7 +204,7 @@ impl DraPlugin {
         if let Some(error) = stuck {
             return Err(DraError::Stuck { error, driver: self.driver.clone(), uid: held.uid.clone() });
         }
-        match self.preparer.unprepare(held, devices).await {
+        match self.preparer.unprepare(held).await {
             Ok(()) => {
                 if let Some(dir) = &asked {
                     self.drop_marker(dir, &held.uid);
@@ -274,7 +276,7 @@ impl DraPlugin {
         let outcomes = futures::future::join_all(claims.iter().map(|claim| async move {
             match self.checkpoint.get(&claim.uid) {
                 None => Ok(false),
-                Some((held, devices)) => self.unprepare_one(&held, &devices).await.map(|()| true),
+                Some((held, _)) => self.unprepare_one(&held).await.map(|()| true),
             }
         }))
         .await;
@@ -480,7 +482,7 @@ mod tests {
         fn intact(&self, claim: &ClaimRef) -> bool {
             self.cdi.join(&claim.uid).exists()
         }
-        async fn unprepare(&self, _: &ClaimRef, _: &[PreparedDevice]) -> Result<(), DraError> {
+        async fn unprepare(&self, _: &ClaimRef) -> Result<(), DraError> {
             Ok(())
         }
     }
