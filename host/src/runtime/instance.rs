@@ -522,3 +522,74 @@ impl BackendInstance {
         if self.breaker_open() { Err(CallError::BreakerOpen) } else { Ok(()) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! One instance on an empty machine, everything granted: how calls are counted, faults
+    //! open the breaker and a success closes it, and what an older WIT version is not asked.
+    use super::*;
+    use crate::runtime::caps::{Capabilities, Globs};
+    use crate::runtime::state::Roots;
+    use crate::runtime::{Runtime, RuntimeConfig};
+
+    fn load(bytes: &[u8], config: &str, breaker_threshold: u32) -> (tempfile::TempDir, BackendInstance) {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["sys", "dev", "proc"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        // A fixture device node (`Roots::fixture` reads `c MAJOR:MINOR` files): /dev/null.
+        std::fs::write(dir.path().join("dev/null"), "c 1:3\n").unwrap();
+        let all = Globs {
+            sysfs: vec!["**".into()],
+            dev: vec!["null".into()],
+            procfs: vec!["**".into()],
+            resources: vec!["**".into()],
+            annotations: vec!["**".into()],
+            env: vec!["*".into()],
+            ..Globs::default()
+        };
+        let caps = Capabilities::new(&all, &all).unwrap();
+        let rt = Runtime::new(RuntimeConfig { breaker_threshold, ..RuntimeConfig::default() }).unwrap();
+        let sandbox = Sandbox::new("t", &caps, &Roots::fixture(dir.path()), 64 << 20);
+        let inst = BackendInstance::load(&rt, bytes, config.into(), sandbox).unwrap();
+        (dir, inst)
+    }
+
+    fn chaos() -> Vec<u8> {
+        let (path, _) = crate::backends::embedded::test_program("chaos").expect("chaos is built");
+        std::fs::read(path).unwrap()
+    }
+
+    /// Faults in the window open the breaker at the threshold; then calls are refused without
+    /// reaching the backend; the next success (a discover, which runs whatever the breaker) closes it.
+    #[test]
+    fn faults_open_the_breaker_and_a_success_closes_it() {
+        let (_dir, inst) = load(&chaos(), "devices=2", 2);
+        let trap = || inst.allocate("test.devplug.io/widget", &["trap-1".into()]);
+        assert!(matches!(trap(), Err(CallError::Trap(_))));
+        assert!(!inst.breaker_open(), "one fault is under the threshold");
+        assert!(matches!(trap(), Err(CallError::Trap(_))));
+        assert!(inst.breaker_open(), "the second opens it");
+        let calls = inst.stats.calls.load(Ordering::Relaxed);
+        assert_eq!(inst.allocate("test.devplug.io/widget", &["widget-0".into()]), Err(CallError::BreakerOpen));
+        assert_eq!(inst.stats.calls.load(Ordering::Relaxed), calls, "refused without a call");
+        assert_eq!(inst.stats.traps.load(Ordering::Relaxed), 2);
+        inst.discover().unwrap();
+        assert!(!inst.breaker_open(), "a success closes it");
+        assert!(inst.allocate("test.devplug.io/widget", &["widget-0".into()]).is_ok());
+    }
+
+    /// A backend built against WIT 0.2.0 has no `dra` calls: `prepare` leaves the edits to
+    /// `allocate` and `unprepare` has nothing to undo, neither reaching the backend.
+    #[test]
+    fn a_backend_before_0_3_is_not_asked_to_prepare_or_unprepare() {
+        let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/compat/v0.2.0.wasm")).unwrap();
+        let (_dir, inst) = load(&bytes, "", 3);
+        assert_eq!(inst.wit_version(), "0.2.0");
+        assert!(!inst.has_dra());
+        let calls = inst.stats.calls.load(Ordering::Relaxed);
+        assert_eq!(inst.prepare("uid-1", &[], &[]), Ok(None));
+        assert_eq!(inst.unprepare("uid-1"), Ok(()));
+        assert_eq!(inst.stats.calls.load(Ordering::Relaxed), calls, "no call made");
+    }
+}
