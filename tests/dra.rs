@@ -179,7 +179,7 @@ impl devplug::dra::plugin::ClaimApi for AllocatedClaims {
         &self,
         _: &str,
         _: &devplug::dra::plugin::ClaimRef,
-        _: &[serde_json::Value],
+        _: &[k8s_openapi::api::resource::v1::AllocatedDeviceStatus],
     ) -> Result<(), devplug::dra::plugin::claim_api::StatusRefused> {
         Ok(())
     }

@@ -6,9 +6,11 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::{
+    AllocatedDeviceStatus, DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
+};
 use kube::api::{Api, Patch, PatchParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use tracing::Instrument;
 
 use super::checkpoint::ClaimRef;
@@ -21,7 +23,12 @@ pub trait ClaimApi: Send + Sync + 'static {
     async fn get(&self, namespace: &str, name: &str) -> Result<ResourceClaim, DraError>;
     /// Apply `devices` as `driver`'s part of the claim's `status.devices` (server-side apply
     /// under the driver's own field manager).
-    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> Result<(), StatusRefused>;
+    async fn apply_status(
+        &self,
+        driver: &str,
+        claim: &ClaimRef,
+        devices: &[AllocatedDeviceStatus],
+    ) -> Result<(), StatusRefused>;
 }
 
 /// The real API server.
@@ -40,7 +47,14 @@ impl ClaimApi for ApiServer {
             })
     }
 
-    async fn apply_status(&self, driver: &str, claim: &ClaimRef, devices: &[Value]) -> Result<(), StatusRefused> {
+    async fn apply_status(
+        &self,
+        driver: &str,
+        claim: &ClaimRef,
+        devices: &[AllocatedDeviceStatus],
+    ) -> Result<(), StatusRefused> {
+        // The apply names only what this driver owns: its devices' entries (typed, serialised
+        // as the API has them) under the claim's identity; never a spec.
         let patch = json!({
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",

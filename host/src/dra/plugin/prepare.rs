@@ -276,7 +276,7 @@ mod tests {
             &self,
             _: &str,
             _: &ClaimRef,
-            _: &[serde_json::Value],
+            _: &[k8s_openapi::api::resource::v1::AllocatedDeviceStatus],
         ) -> Result<(), super::super::claim_api::StatusRefused> {
             Ok(())
         }

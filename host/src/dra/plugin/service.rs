@@ -33,7 +33,7 @@ use crate::proto::dra::{v1, v1beta1};
 pub struct PreparedClaim {
     pub devices: Vec<PreparedDevice>,
     pub spec: Option<crate::cdi::Spec>,
-    pub status: Vec<serde_json::Value>,
+    pub status: Vec<k8s_openapi::api::resource::v1::AllocatedDeviceStatus>,
 }
 
 impl PreparedClaim {
@@ -453,7 +453,7 @@ mod tests {
             &self,
             _: &str,
             _: &ClaimRef,
-            _: &[serde_json::Value],
+            _: &[k8s_openapi::api::resource::v1::AllocatedDeviceStatus],
         ) -> Result<(), super::super::claim_api::StatusRefused> {
             Ok(())
         }
@@ -545,7 +545,7 @@ mod tests {
                 &self,
                 _: &str,
                 _: &ClaimRef,
-                _: &[serde_json::Value],
+                _: &[k8s_openapi::api::resource::v1::AllocatedDeviceStatus],
             ) -> Result<(), super::super::claim_api::StatusRefused> {
                 Ok(())
             }

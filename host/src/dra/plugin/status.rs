@@ -12,7 +12,8 @@ use std::collections::HashSet;
 
 use crate::sync::Locked;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, NetworkDeviceData};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use super::checkpoint::ClaimRef;
 use super::claim_api::ClaimApi;
@@ -38,39 +39,39 @@ pub enum StatusPolicy {
 
 impl StatusPolicy {
     /// Whether `entry` (from [`entry`]) is reported.
-    pub fn keeps(self, entry: &Value) -> bool {
+    pub fn keeps(self, entry: &AllocatedDeviceStatus) -> bool {
         match self {
             StatusPolicy::All => true,
-            StatusPolicy::Network => entry.get("networkData").is_some(),
+            StatusPolicy::Network => entry.network_data.is_some(),
             StatusPolicy::Off => false,
         }
     }
 }
 
 /// One device's entry in `status.devices` of pool `id`: `Ready`, prepared on its node.
-pub fn entry(id: &PoolId, name: &str, share_id: Option<&str>, device: &Device) -> Value {
+pub fn entry(id: &PoolId, name: &str, share_id: Option<&str>, device: &Device) -> AllocatedDeviceStatus {
     let (driver, pool, node) = (&id.driver, id.pool(), &id.node);
-    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
-    let mut v = json!({
-        "driver": driver,
-        "pool": pool,
-        "device": name,
-        "conditions": [{
-            "type": "Ready",
-            "status": "True",
-            "reason": "Prepared",
-            "message": format!("prepared by devplug on node {node}"),
-            "lastTransitionTime": now,
-        }],
-    });
-    if let Some(share) = share_id {
-        v["shareID"] = json!(share);
+    AllocatedDeviceStatus {
+        driver: driver.clone(),
+        pool: pool.to_owned(),
+        device: name.to_owned(),
+        share_id: share_id.map(str::to_owned),
+        conditions: Some(vec![Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "Prepared".into(),
+            message: format!("prepared by devplug on node {node}"),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+            observed_generation: None,
+        }]),
+        // Only a name past the interface-name gate (set by the vet from the `netdev` attribute).
+        network_data: device
+            .vetted
+            .netdev
+            .as_ref()
+            .map(|name| NetworkDeviceData { interface_name: Some(name.as_str().to_owned()), ..Default::default() }),
+        data: None,
     }
-    // Only a name past the interface-name gate (set by the vet from the `netdev` attribute).
-    if let Some(name) = &device.vetted.netdev {
-        v["networkData"] = json!({ "interfaceName": name.as_str() });
-    }
-    v
 }
 
 /// Applies a prepared claim's status in the background, warning once per driver when the
@@ -89,7 +90,7 @@ impl Reporter {
     }
 
     /// Report `devices` of `claim` Ready, those the policy keeps; never waits for the API server.
-    pub fn report(self: &std::sync::Arc<Self>, claim: ClaimRef, mut devices: Vec<Value>) {
+    pub fn report(self: &std::sync::Arc<Self>, claim: ClaimRef, mut devices: Vec<AllocatedDeviceStatus>) {
         devices.retain(|d| self.policy.keeps(d));
         if devices.is_empty() {
             return;
@@ -151,14 +152,17 @@ mod tests {
                 ..Default::default()
             },
         };
-        let e = entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", Some("s-1"), &d);
+        // As the wire has it (the typed value serialised as the apply sends it).
+        let e = serde_json::to_value(entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", Some("s-1"), &d)).unwrap();
         assert_eq!(e["conditions"][0]["type"], "Ready");
         assert_eq!(e["conditions"][0]["status"], "True");
-        assert!(e["conditions"][0]["lastTransitionTime"].as_str().unwrap().ends_with('Z'));
+        let at = e["conditions"][0]["lastTransitionTime"].as_str().unwrap();
+        assert!(at.ends_with('Z') && !at.contains('.'), "RFC 3339 in seconds, as metav1.Time: {at}");
         assert_eq!(e["shareID"], "s-1");
         assert_eq!(e["networkData"]["interfaceName"], "ens1f0np0v0");
+        assert_eq!(e["pool"], "node-a");
         let plain = Device { attributes: vec![], vetted: Default::default(), ..d };
-        let e = entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", None, &plain);
-        assert!(e["shareID"].is_null() && e["networkData"].is_null());
+        let e = serde_json::to_value(entry(&PoolId::new("nic.devplug.io", "node-a"), "vf-0", None, &plain)).unwrap();
+        assert!(e["shareID"].is_null() && e["networkData"].is_null(), "{e}");
     }
 }
