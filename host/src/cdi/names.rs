@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
+use crate::gate::CdiName;
 use crate::model::{Device, Resource};
 
 /// A resource's CDI kind: `nvidia.com/gpu` → vendor `nvidia.com`, class `gpu`.
@@ -78,6 +79,22 @@ pub fn device_name(id: &str) -> String {
     let core = cleaned.trim_matches(|c: char| !c.is_ascii_alphanumeric());
     let hash = hex::encode(&Sha256::digest(id.as_bytes())[..4]);
     if core.is_empty() { format!("d{hash}") } else { format!("{core}-{hash}") }
+}
+
+/// The CDI device name of a prepared claim's device: `<claim UID>-<device>`, and for a share of
+/// a shared device `-<share ID>` after it (a claim may hold two shares of one device), each
+/// character CDI does not take in the share ID (the scheduler's, normally a UUID) as `_`; the
+/// whole through the CDI name gate.
+pub fn claim_device_name(uid: &str, device: &str, share: Option<&str>) -> Result<CdiName, crate::gate::Refused> {
+    let name = match share {
+        Some(share) => {
+            let share: String =
+                share.chars().take(64).map(|c| if crate::gate::cdi_name_char(c) { c } else { '_' }).collect();
+            format!("{uid}-{device}-{share}")
+        }
+        None => format!("{uid}-{device}"),
+    };
+    CdiName::new(&name)
 }
 
 /// The device attribute through which a backend names a device's CDI entries itself:
@@ -175,6 +192,17 @@ impl<'a> Naming<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A share ID becomes CDI characters; a name CDI refuses (a UID that ends in `-`) is an
+    /// error, not a spec entry.
+    #[test]
+    fn a_claims_device_names_are_made_here_and_gated() {
+        let n = claim_device_name("u-1", "gpu-0", Some("0b1/x")).unwrap();
+        assert_eq!(n.as_str(), "u-1-gpu-0-0b1_x");
+        assert_eq!(claim_device_name("u-1", "gpu-0", None).unwrap().as_str(), "u-1-gpu-0");
+        assert!(claim_device_name("u-1", "gpu-0", Some("x\n")).is_err(), "a trailing '_' is no CDI name end");
+        assert!(claim_device_name("-u", "gpu-0", None).is_err());
+    }
 
     #[test]
     fn kinds_follow_the_cdi_parser() {

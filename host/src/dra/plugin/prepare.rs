@@ -36,12 +36,6 @@ pub fn base_request(request: &str) -> &str {
     request.split_once('/').map_or(request, |(base, _)| base)
 }
 
-/// A share ID (a UUID from the scheduler) as part of a CDI device name, which takes
-/// `[A-Za-z0-9_.:-]`: anything else becomes `_`.
-fn cdi_safe(s: &str) -> String {
-    s.chars().take(64).map(|c| if crate::gate::cdi_name_char(c) { c } else { '_' }).collect()
-}
-
 /// One driver's preparer.
 pub struct Preparer {
     /// The driver's resources and pool on this node.
@@ -189,11 +183,7 @@ impl ClaimPreparer for Preparer {
                 };
                 // A CDI device per share: one claim may hold two shares of a shared device. The
                 // UID and names come from the API server: the name passes the CDI name gate.
-                let cdi_name = match &share_id {
-                    Some(share) => format!("{}-{name}-{}", claim.uid, cdi_safe(share)),
-                    None => format!("{}-{name}", claim.uid),
-                };
-                let cdi_name = crate::gate::CdiName::new(&cdi_name)
+                let cdi_name = crate::cdi::names::claim_device_name(&claim.uid, &name, share_id.as_deref())
                     .map_err(|e| DraError::claim(&claim.namespace, &claim.name, e.to_string()))?;
                 status.push(super::status::entry(self.id(), &name, share_id.as_deref(), d));
                 spec_devices.push((cdi_name.clone(), owners.admit(&label, &held, d.edits.clone()).map_err(&refused)?));
