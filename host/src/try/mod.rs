@@ -53,71 +53,13 @@ use print::{allocate, list, print_changes, print_pools};
 pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
     let mut cfg = args.config()?;
     let scratch = tempfile::tempdir()?;
-    // A local kubelet of its own, CDI specs and the HTTP endpoints beside it, unless the user
-    // chose: never a real node's directories by surprise.
-    if args.kubelet_dir.is_none() {
-        cfg.kubelet_dir = scratch.path().join("device-plugins");
-    }
-    if args.cdi_dir.is_none() {
-        cfg.cdi_dir = scratch.path().join("cdi");
-    }
-    if args.metrics_addr.is_none() {
-        cfg.metrics_addr = "127.0.0.1:0".parse()?;
-    }
-    // The compile cache every command shares (a vendor's `discover` compiled it already).
-    if cfg.cache_dir.is_none() {
-        cfg.cache_dir = devplug::cli::cache::dir(None);
-    }
-    // Resources served through DRA (`--dra RESOURCE`, or `api = "dra"` in the config) get a
-    // local API server (the test suite's stand-in, which validates slices and claim status as
-    // kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's
-    // plugin watcher, as on a real node.
-    let dra_on = cfg.uses_dra();
+    local_dirs(args, &mut cfg, scratch.path())?;
     let node = args.node_name.clone().unwrap_or_else(|| DEFAULT_NODE.to_owned());
     devplug::dra::node::check_node_name(&node)?;
     // Which resources go through DRA: `allocate` of one says so instead of "not registered".
     let dra_resources = cfg.dra_resources();
-    let (kubelet, dra) = if dra_on {
-        let api = Arc::new(
-            apiserver::ApiServer::try_start(&[node.as_str()])
-                .await
-                .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
-        );
-        // `try`'s `--kubeconfig` says where to write the local server's kubeconfig (for a
-        // separate `devplug run`), not which server to use: `try` is the server.
-        let kubeconfig = args.kubeconfig.clone().unwrap_or_else(|| scratch.path().join("kubeconfig"));
-        write_kubeconfig(&kubeconfig, &api.kubeconfig())?;
-        cfg.dra.kubeconfig = Some(kubeconfig);
-        cfg.dra.node_name = Some(node.clone());
-        // A separate `run --kubelet-dir K` finds kubelet's plugin dirs beside K, as on a node;
-        // otherwise they are `try`'s own.
-        let beside_kubelet = args.kubelet_only && args.kubelet_dir.is_some();
-        if args.dra_plugins_dir.is_none() && !beside_kubelet {
-            cfg.dra.plugins_dir = Some(scratch.path().join("plugins"));
-        }
-        if args.plugins_registry_dir.is_none() && !beside_kubelet {
-            cfg.plugins_registry_dir = Some(scratch.path().join("plugins_registry"));
-        }
-        cfg.registration = RegistrationMode::PluginWatcher;
-        let registry = cfg.plugins_registry_dir();
-        let kubelet = Arc::new(
-            Kubelet::try_start(&cfg.kubelet_dir, Some(&registry))
-                .await
-                .map_err(|e| anyhow::anyhow!("start the local kubelet: {e}"))?,
-        );
-        let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, &node, api.clone());
-        kubelet.handle("DRAPlugin", dra.clone());
-        let dra = Dra {
-            status: cfg.status_socket(),
-            api,
-            kubelet: dra,
-            cdi: cfg.cdi_dir.clone(),
-            node: node.clone(),
-            resources: dra_resources.clone(),
-            selectors: scheduler::cel::Selectors::new(),
-            claims: Default::default(),
-            made: Default::default(),
-        };
+    let (kubelet, dra) = if cfg.uses_dra() {
+        let (kubelet, dra) = start_dra(args, &mut cfg, scratch.path(), &node).await?;
         (kubelet, Some(dra))
     } else {
         cfg.registration = RegistrationMode::KubeletSocket;
@@ -153,50 +95,14 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     };
     let printer = tokio::spawn(print_changes(kubelet.clone()));
     let dra_printer = dra.as_ref().map(|d| tokio::spawn(print_pools(d.api.clone(), d.node.clone())));
+    let here = Commands { kubelet: &kubelet, dra: dra.as_ref(), dra_resources: &dra_resources, help: commands };
     let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
     loop {
         tokio::select! {
             line = lines.next_line() => {
                 let Some(line) = line? else { break };
-                let words: Vec<&str> = line.split_whitespace().collect();
-                match words.as_slice() {
-                    [] => {}
-                    ["quit" | "exit"] => break,
-                    ["list"] => list(&kubelet).await,
-                    ["allocate", rest @ ..] => match allocate(&kubelet, rest, &dra_resources).await {
-                        Ok(v) => say!("{}", serde_json::to_string_pretty(&v)?),
-                        Err(e) => say!("allocate failed: {e:#}"),
-                    },
-                    ["slices"] if dra.is_some() => {
-                        if let Some(d) = &dra {
-                            say!("{}", serde_json::to_string_pretty(&d.api.slices(&d.node, None).into_values().collect::<Vec<_>>())?);
-                        }
-                    }
-                    ["claim", file] if dra.is_some() => {
-                        if let Some(d) = &dra {
-                            match d.claim_file(file).await {
-                                Ok(text) => say!("{text}"),
-                                Err(e) => say!("claim failed: {e:#}"),
-                            }
-                        }
-                    }
-                    ["claim", driver, devices @ ..] if dra.is_some() && !devices.is_empty() => {
-                        if let Some(d) = &dra {
-                            match d.claim_devices(driver, devices).await {
-                                Ok(text) => say!("{text}"),
-                                Err(e) => say!("claim failed: {e:#}"),
-                            }
-                        }
-                    }
-                    ["unprepare", name] if dra.is_some() => {
-                        if let Some(d) = &dra {
-                            match d.unprepare(name).await {
-                                Ok(()) => say!("unprepared {name}"),
-                                Err(e) => say!("unprepare failed: {e:#}"),
-                            }
-                        }
-                    }
-                    _ => say!("commands: {commands}"),
+                if !here.run(&line).await? {
+                    break;
                 }
             }
             _ = daemon_done(&daemon) => break,
@@ -208,6 +114,124 @@ pub async fn run(args: &RunArgs, shutdown: impl Future<Output = ()> + Send + 'st
     }
     let _ = quit_tx.send(());
     daemon.await?
+}
+
+/// A local kubelet of `try`'s own, CDI specs and the HTTP endpoints beside it (under
+/// `scratch`), unless the user chose: never a real node's directories by surprise.
+fn local_dirs(args: &RunArgs, cfg: &mut devplug::config::Config, scratch: &std::path::Path) -> anyhow::Result<()> {
+    if args.kubelet_dir.is_none() {
+        cfg.kubelet_dir = scratch.join("device-plugins");
+    }
+    if args.cdi_dir.is_none() {
+        cfg.cdi_dir = scratch.join("cdi");
+    }
+    if args.metrics_addr.is_none() {
+        cfg.metrics_addr = "127.0.0.1:0".parse()?;
+    }
+    // The compile cache every command shares (a vendor's `discover` compiled it already).
+    if cfg.cache_dir.is_none() {
+        cfg.cache_dir = devplug::cli::cache::dir(None);
+    }
+    Ok(())
+}
+
+/// Resources served through DRA (`--dra RESOURCE`, or `api = "dra"` in the config) get a local
+/// API server (the test suite's stand-in, which validates slices and claim status as
+/// kube-apiserver 1.36 does) and kubelet's DRA side; plugins then register through kubelet's
+/// plugin watcher, as on a real node. `cfg` is pointed at them.
+async fn start_dra(
+    args: &RunArgs,
+    cfg: &mut devplug::config::Config,
+    scratch: &std::path::Path,
+    node: &str,
+) -> anyhow::Result<(Arc<Kubelet>, Dra)> {
+    let api = Arc::new(
+        apiserver::ApiServer::try_start(&[node])
+            .await
+            .map_err(|e| anyhow::anyhow!("start the local API server on 127.0.0.1: {e}"))?,
+    );
+    // `try`'s `--kubeconfig` says where to write the local server's kubeconfig (for a separate
+    // `devplug run`), not which server to use: `try` is the server.
+    let kubeconfig = args.kubeconfig.clone().unwrap_or_else(|| scratch.join("kubeconfig"));
+    write_kubeconfig(&kubeconfig, &api.kubeconfig())?;
+    cfg.dra.kubeconfig = Some(kubeconfig);
+    cfg.dra.node_name = Some(node.to_owned());
+    // A separate `run --kubelet-dir K` finds kubelet's plugin dirs beside K, as on a node;
+    // otherwise they are `try`'s own.
+    let beside_kubelet = args.kubelet_only && args.kubelet_dir.is_some();
+    if args.dra_plugins_dir.is_none() && !beside_kubelet {
+        cfg.dra.plugins_dir = Some(scratch.join("plugins"));
+    }
+    if args.plugins_registry_dir.is_none() && !beside_kubelet {
+        cfg.plugins_registry_dir = Some(scratch.join("plugins_registry"));
+    }
+    cfg.registration = RegistrationMode::PluginWatcher;
+    let registry = cfg.plugins_registry_dir();
+    let kubelet = Arc::new(
+        Kubelet::try_start(&cfg.kubelet_dir, Some(&registry))
+            .await
+            .map_err(|e| anyhow::anyhow!("start the local kubelet: {e}"))?,
+    );
+    let dra = kubelet_dra::DraKubelet::new(kubelet_dra::KNOWN_1_34, node, api.clone());
+    kubelet.handle("DRAPlugin", dra.clone());
+    let dra = Dra {
+        status: cfg.status_socket(),
+        api,
+        kubelet: dra,
+        cdi: cfg.cdi_dir.clone(),
+        node: node.to_owned(),
+        resources: cfg.dra_resources(),
+        selectors: scheduler::cel::Selectors::new(),
+        claims: Default::default(),
+        made: Default::default(),
+    };
+    Ok((kubelet, dra))
+}
+
+/// What the prompt's commands act on.
+struct Commands<'a> {
+    kubelet: &'a Kubelet,
+    dra: Option<&'a Dra>,
+    dra_resources: &'a [String],
+    help: &'a str,
+}
+
+impl Commands<'_> {
+    /// One line typed at the prompt; `false` to stop.
+    async fn run(&self, line: &str) -> anyhow::Result<bool> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match (words.as_slice(), self.dra) {
+            ([], _) => {}
+            (["quit" | "exit"], _) => return Ok(false),
+            (["list"], _) => list(self.kubelet).await,
+            (["allocate", rest @ ..], _) => match allocate(self.kubelet, rest, self.dra_resources).await {
+                Ok(v) => say!("{}", serde_json::to_string_pretty(&v)?),
+                Err(e) => say!("allocate failed: {e:#}"),
+            },
+            (["slices"], Some(d)) => {
+                say!(
+                    "{}",
+                    serde_json::to_string_pretty(&d.api.slices(&d.node, None).into_values().collect::<Vec<_>>())?
+                )
+            }
+            (["claim", file], Some(d)) => match d.claim_file(file).await {
+                Ok(text) => say!("{text}"),
+                Err(e) => say!("claim failed: {e:#}"),
+            },
+            (["claim", driver, devices @ ..], Some(d)) if !devices.is_empty() => {
+                match d.claim_devices(driver, devices).await {
+                    Ok(text) => say!("{text}"),
+                    Err(e) => say!("claim failed: {e:#}"),
+                }
+            }
+            (["unprepare", name], Some(d)) => match d.unprepare(name).await {
+                Ok(()) => say!("unprepared {name}"),
+                Err(e) => say!("unprepare failed: {e:#}"),
+            },
+            _ => say!("commands: {}", self.help),
+        }
+        Ok(true)
+    }
 }
 
 /// Write the local API server's kubeconfig to `path`: `0600`, never through a link (its token is
