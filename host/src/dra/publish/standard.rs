@@ -25,23 +25,26 @@ use crate::gate::PciAddress;
 /// The prefix of Kubernetes' standard attribute names.
 pub const PREFIX: &str = "resource.kubernetes.io/";
 
-/// The PCIe root complex (`pci0000:3a`) of PCI device `bus_id` under sysfs `sysfs`.
-pub fn pcie_root(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
-    let bus_id = bus_id.as_str();
-    let link = sysfs.join("bus/pci/devices").join(bus_id);
+/// Where the kernel puts PCI device `bus_id` under sysfs `sysfs`: the target of its
+/// `bus/pci/devices/<bus ID>` link, `…/devices/pci<domain>:<bus>/<bridge>/…/<bus ID>`, read once
+/// for both [`pcie_root`] and [`pcie_switch`].
+pub fn pci_path(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
+    let link = sysfs.join("bus/pci/devices").join(bus_id.as_str());
     let target = std::fs::read_link(&link).map_err(|e| format!("{}: {e}", link.display()))?;
-    let target = target.to_string_lossy();
-    let mut rest: &str = &target;
-    while let Some(r) = rest.strip_prefix("../") {
-        rest = r;
-    }
+    Ok(target.to_string_lossy().into_owned())
+}
+
+/// The PCIe root complex (`pci0000:3a`) of PCI device `bus_id` whose [`pci_path`] is `target`.
+pub fn pcie_root(target: &str, bus_id: &PciAddress) -> Result<String, String> {
+    let bus_id = bus_id.as_str();
+    let rest = target.trim_start_matches("../");
     let root = rest
         .strip_prefix("devices/")
         .and_then(|r| r.split('/').next())
         .filter(|root| root.starts_with("pci"))
-        .ok_or_else(|| format!("{} points at {target}, not into devices/pci…", link.display()))?;
+        .ok_or_else(|| format!("bus/pci/devices/{bus_id} points at {target}, not into devices/pci…"))?;
     if !rest.ends_with(&format!("/{bus_id}")) {
-        return Err(format!("{} points at {target}, which is not {bus_id}", link.display()));
+        return Err(format!("bus/pci/devices/{bus_id} points at {target}, which is not {bus_id}"));
     }
     Ok(root.to_owned())
 }
@@ -50,15 +53,12 @@ pub fn pcie_root(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
 pub const PCIE_SWITCH: &str = "devplug.io/pcieSwitch";
 
 /// The upstream port (`0000:15:00.0`) of the PCIe switch PCI device `bus_id` sits directly
-/// under, from the same kernel link as [`pcie_root`]: a switch is an upstream port with
-/// downstream ports below it, so a device behind one has at least three bridges between it and
-/// its root complex (root port, switch upstream port, switch downstream port), and its parent's
-/// parent is the switch's upstream port. `None` for a device with no switch above it (on a root
-/// port, or behind a lone bridge): that is no switch to share.
-pub fn pcie_switch(sysfs: &Path, bus_id: &PciAddress) -> Option<String> {
-    let link = sysfs.join("bus/pci/devices").join(bus_id.as_str());
-    let target = std::fs::read_link(&link).ok()?;
-    let target = target.to_string_lossy();
+/// under, from its [`pci_path`] `target`: a switch is an upstream port with downstream ports
+/// below it, so a device behind one has at least three bridges between it and its root complex
+/// (root port, switch upstream port, switch downstream port), and its parent's parent is the
+/// switch's upstream port. `None` for a device with no switch above it (on a root port, or
+/// behind a lone bridge): that is no switch to share.
+pub fn pcie_switch(target: &str, bus_id: &PciAddress) -> Option<String> {
     let rest = target.trim_start_matches("../");
     let mut parts = rest.strip_prefix("devices/")?.split('/');
     parts.next().filter(|root| root.starts_with("pci"))?;
@@ -82,12 +82,14 @@ pub fn attributes(sysfs: Option<&Path>, pci: Option<&PciAddress>, numa: &[u32]) 
     let Some(bus_id) = pci else { return out };
     out.push((format!("{PREFIX}pciBusID"), json!({ "string": bus_id.as_str() })));
     if let Some(sysfs) = sysfs {
-        match pcie_root(sysfs, bus_id) {
-            Ok(root) => out.push((format!("{PREFIX}pcieRoot"), json!({ "string": root }))),
+        match pci_path(sysfs, bus_id).and_then(|target| Ok((pcie_root(&target, bus_id)?, target))) {
+            Ok((root, target)) => {
+                out.push((format!("{PREFIX}pcieRoot"), json!({ "string": root })));
+                if let Some(switch) = pcie_switch(&target, bus_id) {
+                    out.push((PCIE_SWITCH.to_owned(), json!({ "string": switch })));
+                }
+            }
             Err(why) => tracing::debug!("no pcieRoot for {}: {why}", bus_id.as_str()),
-        }
-        if let Some(switch) = pcie_switch(sysfs, bus_id) {
-            out.push((PCIE_SWITCH.to_owned(), json!({ "string": switch })));
         }
     }
     out
@@ -123,10 +125,11 @@ mod tests {
         link("0000:02:00.0", "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0");
         link("0000:03:00.0", "../../../devices/platform/0000:03:00.0");
         link("0000:04:00.0", "../../../devices/pci0000:00/0000:00:13.1");
-        assert_eq!(pcie_root(sys, &pci("0000:02:00.0")).unwrap(), "pci0000:00");
-        assert!(pcie_root(sys, &pci("0000:03:00.0")).unwrap_err().contains("not into devices/pci"));
-        assert!(pcie_root(sys, &pci("0000:04:00.0")).unwrap_err().contains("not 0000:04:00.0"));
-        assert!(pcie_root(sys, &pci("0000:05:00.0")).is_err());
+        let root = |id: &str| pci_path(sys, &pci(id)).and_then(|t| pcie_root(&t, &pci(id)));
+        assert_eq!(root("0000:02:00.0").unwrap(), "pci0000:00");
+        assert!(root("0000:03:00.0").unwrap_err().contains("not into devices/pci"));
+        assert!(root("0000:04:00.0").unwrap_err().contains("not 0000:04:00.0"));
+        assert!(root("0000:05:00.0").is_err());
         let attrs = attributes(Some(sys), Some(&pci("0000:02:00.0")), &[1]);
         let names: Vec<&str> = attrs.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
@@ -151,10 +154,11 @@ mod tests {
         link("0000:02:00.0", "../../../devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0");
         link("0000:41:00.0", "../../../devices/pci0000:40/0000:40:01.0/0000:41:00.0");
         link("0000:19:00.0", "../../../devices/pci0000:14/0000:14:01.0/evil/0000:16:02.0/0000:19:00.0");
-        assert_eq!(pcie_switch(sys, &pci("0000:17:00.0")).as_deref(), Some("0000:15:00.0"));
-        assert_eq!(pcie_switch(sys, &pci("0000:02:00.0")), None, "a lone bridge is no switch");
-        assert_eq!(pcie_switch(sys, &pci("0000:41:00.0")), None, "on a root port");
-        assert_eq!(pcie_switch(sys, &pci("0000:19:00.0")), None);
+        let switch = |id: &str| pcie_switch(&pci_path(sys, &pci(id)).unwrap(), &pci(id));
+        assert_eq!(switch("0000:17:00.0").as_deref(), Some("0000:15:00.0"));
+        assert_eq!(switch("0000:02:00.0"), None, "a lone bridge is no switch");
+        assert_eq!(switch("0000:41:00.0"), None, "on a root port");
+        assert_eq!(switch("0000:19:00.0"), None);
         let attrs = attributes(Some(sys), Some(&pci("0000:17:00.0")), &[]);
         assert_eq!(attrs.last(), Some(&(PCIE_SWITCH.to_owned(), json!({ "string": "0000:15:00.0" }))));
     }
