@@ -248,9 +248,24 @@ async fn broken_new_versions_never_displace_the_working_one_and_removal_retires_
     assert!((5..=9).contains(&refusals), "{refusals} refusals:\n{}", d.log());
     assert_eq!(kubelet.registrations(), 1);
 
-    // Removing the backend: kubelet gets an empty list, then the socket goes.
+    // A file deleted and written again, however long after the watch saw it go (within the
+    // removal grace), is a change: the backend serves on, no re-registration, no empty list.
     let socket = kdir.join("devplug-test.devplug.io_widget.sock");
     assert!(socket.exists());
+    let wasm = std::fs::read(backends.join("chaos.wasm")).unwrap();
+    let gone_before = d.log().matches("backend's source went").count();
+    std::fs::remove_file(backends.join("chaos.wasm")).unwrap();
+    let deadline = Instant::now() + T;
+    while d.log().matches("backend's source went").count() == gone_before {
+        assert!(Instant::now() < deadline, "the deletion was not seen:\n{}", d.log());
+        tokio::task::yield_now().await;
+    }
+    std::fs::write(backends.join("chaos.wasm"), &wasm).unwrap();
+    assert!(!d.log().contains("backend removed from the directory: unloaded"), "{}", d.log());
+    assert!(!kubelet.plugin(WIDGET).await.unwrap().devices.borrow().is_empty());
+    assert_eq!(kubelet.registrations(), 1, "no re-registration:\n{}", d.log());
+
+    // Removing the backend: kubelet gets an empty list, then the socket goes.
     let mut stream = kubelet.plugin(WIDGET).await.unwrap().devices;
     std::fs::remove_file(backends.join("chaos.wasm")).unwrap();
     let emptied = tokio::time::timeout(T, async {
@@ -271,6 +286,9 @@ async fn broken_new_versions_never_displace_the_working_one_and_removal_retires_
         assert!(Instant::now() < deadline, "socket still there:\n{}", d.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Only this removal unloaded it: the delete-and-write above never did, even after its grace.
+    assert_eq!(d.log().matches("backend removed from the directory: unloaded").count(), 1, "{}", d.log());
+    assert_eq!(kubelet.registrations(), 1);
     // Restoring it serves and registers again.
     land(&backends, Arrival::Rename, &good, &good_toml, 1);
     kubelet.wait_registered(WIDGET, 2, T).await.unwrap();

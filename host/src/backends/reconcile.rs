@@ -31,12 +31,28 @@ pub struct Reconciler {
     /// The registry versions on offer (see [`super::Follower`]).
     pulled: Option<watch::Receiver<Vec<BackendSource>>>,
     statuses: Arc<Statuses>,
+    /// Loaded backends whose source went, by name → when it was first seen gone: unloaded once
+    /// [`REMOVAL_GRACE`] has passed and it has not come back.
+    missing: HashMap<String, Instant>,
 }
+
+/// How long a loaded backend whose file went stays loaded, waiting for it to come back: a
+/// delete-then-create (an editor, `kubectl cp`, a copy tool) is a change, not a removal, however
+/// slow the machine is between the two (the directory watch settles bursts only 20 ms apart).
+pub const REMOVAL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Reconciler {
     /// `refused`: the sources that failed at start (see [`super::load_all`]).
     pub fn new(loaded: Arc<Loaded>, metrics: Arc<dyn BackendMetrics>, refused: HashMap<String, String>) -> Self {
-        Reconciler { loaded, metrics, refused, noted: HashSet::new(), pulled: None, statuses: Arc::default() }
+        Reconciler {
+            loaded,
+            metrics,
+            refused,
+            noted: HashSet::new(),
+            pulled: None,
+            statuses: Arc::default(),
+            missing: HashMap::new(),
+        }
     }
 
     /// Also reconcile against the registry versions `pulled` offers; refusals go to `statuses`.
@@ -64,7 +80,17 @@ impl Reconciler {
         let loaded = self.loaded.origins();
         let wanted: HashSet<&str> =
             sources.iter().filter(|s| self.loaded.enabled(&s.name)).map(|s| s.name.as_str()).collect();
+        self.missing.retain(|name, _| !wanted.contains(name.as_str()) && loaded.contains_key(name));
+        let now = Instant::now();
         for gone in loaded.keys().filter(|n| !wanted.contains(n.as_str())) {
+            let since = *self.missing.entry(gone.clone()).or_insert_with(|| {
+                tracing::info!(backend = %gone, grace_ms = REMOVAL_GRACE.as_millis() as u64, "backend's source went: it serves on, and is unloaded unless it comes back within the grace");
+                now
+            });
+            if now.duration_since(since) < REMOVAL_GRACE {
+                continue;
+            }
+            self.missing.remove(gone);
             changes.retired.extend(self.loaded.unload(gone));
             tracing::info!(backend = %gone, "backend removed from the directory: unloaded");
             self.refused.remove(gone);
@@ -81,6 +107,11 @@ impl Reconciler {
             self.swap(src, had_one, &mut changes).await;
         }
         changes
+    }
+
+    /// When a backend whose source went is due to be unloaded (the caller reconciles then).
+    pub fn next_removal(&self) -> Option<tokio::time::Instant> {
+        self.missing.values().min().map(|since| tokio::time::Instant::from_std(*since + REMOVAL_GRACE))
     }
 
     /// Swap one source in; on failure the old version (`had_one`) keeps serving.

@@ -113,7 +113,7 @@ impl Daemon {
 
     /// Wait for the next thing to do.
     async fn next_wake(&mut self) -> Wake {
-        let Daemon { ticks, uevents, pulled, following, polls, beat, next_poll, .. } = self;
+        let Daemon { ticks, uevents, pulled, following, polls, beat, next_poll, reconciler, .. } = self;
         let tick = async {
             match ticks.as_mut() {
                 Some(t) => t.changed().await,
@@ -123,6 +123,13 @@ impl Daemon {
         let uevent = async {
             match uevents.as_mut() {
                 Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let removal = reconciler.next_removal();
+        let removal = async {
+            match removal {
+                Some(at) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
@@ -137,6 +144,7 @@ impl Daemon {
             biased;
             _ = tick => Wake::Swap,
             Ok(()) = pulled.changed(), if following.is_some() => Wake::Swap,
+            _ = removal => Wake::Swap,
             _ = tokio::time::sleep_until(*next_poll) => Wake::Poll,
             done = polls.next() => done.map_or(Wake::Beat, Wake::Polled),
             Some(ev) = uevent => Wake::Uevent(ev.subsystem),
