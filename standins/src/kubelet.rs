@@ -61,6 +61,8 @@ struct Shared {
     plugins: Mutex<HashMap<String, (Plugin, CancellationToken)>>,
     registrations: AtomicU64,
     refusals: std::sync::Mutex<Vec<String>>,
+    /// Failed attempts of dials that kubelet's blocking dial tries again.
+    dial_retries: std::sync::Mutex<Vec<String>>,
     changed: tokio::sync::Notify,
     generation: watch::Sender<u64>,
 }
@@ -237,6 +239,12 @@ impl Kubelet {
         self.shared.refusals.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
+    /// The failed attempts of dials back to plugins, tried again as kubelet's blocking dial
+    /// does (a plugin that registers before it serves, or whose socket went, costs one).
+    pub fn dial_retries(&self) -> Vec<String> {
+        self.shared.dial_retries.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
     /// Every plugin registered now, by resource name.
     pub async fn plugins(&self) -> Vec<Plugin> {
         let mut all: Vec<Plugin> = self.shared.plugins.lock().await.values().map(|(p, _)| p.clone()).collect();
@@ -329,9 +337,13 @@ async fn connect_plugin(
     options: pb::DevicePluginOptions,
     kubelet_stop: &CancellationToken,
 ) -> Result<(), String> {
-    let channel = tokio::time::timeout(DIAL_TIMEOUT, uds::connect(&endpoint, DIAL_TIMEOUT))
+    let retried = |why: String| {
+        if let Ok(mut r) = shared.dial_retries.lock() {
+            r.push(format!("dial {}: {why}", endpoint.display()));
+        }
+    };
+    let channel = uds::connect_blocking(&endpoint, DIAL_TIMEOUT, retried)
         .await
-        .map_err(|_| format!("dial {} timed out", endpoint.display()))?
         .map_err(|e| format!("dial {}: {e}", endpoint.display()))?;
     let mut client = pb::device_plugin_client::DevicePluginClient::new(channel);
     let (tx, rx) = watch::channel(Vec::new());

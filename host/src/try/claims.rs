@@ -115,6 +115,22 @@ impl Dra {
         }
     }
 
+    /// Wait (up to [`WAIT_FOR_BACKENDS`]) for `driver`'s kubelet plugin to register: its
+    /// slices can be published before its socket is, and kubelet retries a pod's prepare until
+    /// the driver registers rather than failing it.
+    async fn registered(&self, driver: &str) -> anyhow::Result<()> {
+        let end = tokio::time::Instant::now() + WAIT_FOR_BACKENDS;
+        while self.kubelet.plugin(driver).is_none() {
+            anyhow::ensure!(
+                tokio::time::Instant::now() < end,
+                "DRA driver {driver} did not register with this kubelet within {}s (see `devplug status` on the node)",
+                WAIT_FOR_BACKENDS.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
     /// The failing backends of the devplug serving this node, each as `BACKEND: why`; `None`
     /// while it is still starting or cannot be asked (then nothing is concluded from it).
     async fn failing(&self) -> Option<Vec<String>> {
@@ -345,11 +361,15 @@ impl Dra {
         let mut out = format!("prepared {name} (uid {uid}) on node {}:\n", self.node);
         let mut done: Vec<&str> = Vec::new();
         for driver in &drivers {
-            let answer = match self.kubelet.prepare(driver, &me).await {
-                Ok(answers) => {
-                    answers.get(&uid).cloned().ok_or_else(|| anyhow::anyhow!("{driver} gave no answer for {name}"))
-                }
-                Err(e) => Err(anyhow::anyhow!("{driver}: {}", e.message())),
+            let answer = match self.registered(driver).await {
+                Err(e) => Err(e),
+                Ok(()) => match self.kubelet.prepare(driver, &me).await {
+                    Ok(answers) => answers
+                        .get(&uid)
+                        .cloned()
+                        .ok_or_else(|| anyhow::anyhow!("{driver} gave no answer for {name}")),
+                    Err(e) => Err(anyhow::anyhow!("{driver}: {}", e.message())),
+                },
             }
             .and_then(|a| if a.error.is_empty() { Ok(a) } else { Err(anyhow::anyhow!("{driver}: {}", a.error)) });
             let a = match answer {
