@@ -17,7 +17,7 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::LoadError;
-use super::code_cache::{create_private_dir, evict, store, store_native, write_native};
+use super::code_cache::{create_private_dir, evict, store, write_native};
 use super::deadline::{CUTOFF_SLACK, Cutoff, Cutoffs, InFlight, Timers, spawn_ticker};
 
 /// Components from this size on load baseline-compiled first: Python's and JavaScript's (12–18
@@ -155,9 +155,6 @@ pub struct Runtime {
     /// Code compiled ahead of its load ([`Runtime::prepare`]), by digest, taken by the first
     /// [`Runtime::compile`] of the same bytes.
     prepared: std::sync::Mutex<std::collections::HashMap<String, Compiled>>,
-    /// Components whose optimised compile went over its budget in this process (by digest):
-    /// they keep their baseline code and are not compiled again (also kept in the cache dir).
-    memo: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// The one compile worker at a time ([`super::compile_worker::Slot`]).
     slot: Arc<super::compile_worker::Slot>,
 }
@@ -197,7 +194,6 @@ impl Runtime {
             cutoffs,
             in_flight,
             prepared: Default::default(),
-            memo: Arc::default(),
             slot: Arc::default(),
         }))
     }
@@ -367,78 +363,57 @@ impl Runtime {
         }
     }
 
-    /// Compile the optimised code of component `digest` (loaded baseline-compiled as
-    /// `baseline`) on the background optimiser, after what is queued, and hand it to `deliver`
-    /// while `wanted` says its instance lives. With a compile cache the job first writes the
-    /// baseline code there (a restart before the optimised code is ready loads it), then the
-    /// optimised code, which replaces it. Nothing when this runtime does no background
-    /// compiles (one-shot commands).
+    /// Queue the optimised compile of component `digest` (loaded baseline-compiled as
+    /// `baseline`) on the background optimiser, after what is queued; its code comes back on
+    /// the receiver, and dropping the receiver says it is no longer wanted. With a compile cache
+    /// the job first writes the baseline code there (a restart before the optimised code is
+    /// ready loads it), then the optimised code, which replaces it. `None` when this runtime does
+    /// no background compiles (one-shot commands) or this version went over its budget before.
     pub fn optimize_later(
         &self,
         backend: &str,
         digest: &str,
         bytes: Arc<[u8]>,
         baseline: Option<Component>,
-        wanted: Box<dyn Fn() -> bool + Send>,
-        deliver: super::optimizer::Deliver,
-    ) {
+    ) -> Option<tokio::sync::oneshot::Receiver<Component>> {
         if !self.config.optimize_in_background {
-            return;
+            return None;
         }
         let marker = format!("{digest}-{:016x}.over-budget", self.optimized.hash);
         let budget = budget_text(&self.config.compile_budget);
-        if self.memo.locked().contains(digest) || self.marked_over_budget(&marker, &budget) {
+        if self.optimizer.gave_up(digest) || self.marked_over_budget(&marker, &budget) {
             tracing::warn!(
                 backend,
                 digest = &digest[..12.min(digest.len())],
                 "this version's optimised compile went over its budget before: it serves from baseline code (a larger `compile_memory_mb` or `compile_cpu_secs` lets it be tried again)"
             );
-            return;
+            return None;
         }
-        let max = self.config.cache_max_bytes;
-        let baseline_entry = self.baseline.as_ref().map(|b| b.entry(digest));
-        let before = self.config.cache_dir.clone().zip(baseline.zip(baseline_entry.clone())).map(|(dir, (c, name))| {
-            Box::new(move || match crate::durable::StateDir::open(&dir) {
-                Ok(state) => store(&state, &dir, &name, &c, max),
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "compile cache refused; baseline code not kept")
-                }
-            }) as Box<dyn FnOnce() + Send>
+        let keep = self.config.cache_dir.clone().map(|dir| super::optimizer::Keep {
+            dir,
+            max_bytes: self.config.cache_max_bytes,
+            baseline_entry: self.baseline.as_ref().map(|b| b.entry(digest)),
+            baseline: baseline.filter(|_| self.baseline.is_some()),
+            optimized_entry: self.optimized.entry(digest),
+            over_budget_marker: marker,
+            budget,
         });
-        let keep = self.config.cache_dir.clone().map(|dir| {
-            let name = self.optimized.entry(digest);
-            Box::new(move |native: &[u8]| store_native(&dir, &name, native, max, baseline_entry.as_deref()))
-                as super::optimizer::Keep
-        });
-        let engine = self.optimized.engine.clone();
         let worker = self.config.compile_worker.clone().map(|exe| super::optimizer::Worker {
             exe,
             budget: self.config.compile_budget.clone(),
             slot: self.slot.clone(),
         });
-        let (seen, dir, key) = (Arc::downgrade(&self.memo), self.config.cache_dir.clone(), digest.to_owned());
-        let over_budget = Box::new(move |_: &super::compile_worker::CompileError| {
-            if let Some(seen) = seen.upgrade() {
-                seen.locked().insert(key);
-            }
-            // Kept with the cache, so a restart (or a crash loop) does not compile it again.
-            if let Some(state) = dir.as_deref().and_then(|d| crate::durable::StateDir::open(d).ok()) {
-                let _ = state.write(&marker, budget.as_bytes(), false);
-            }
-        });
-        let job = super::optimizer::Job {
+        let (deliver, receiver) = tokio::sync::oneshot::channel();
+        self.optimizer.push(super::optimizer::Job {
             backend: backend.to_owned(),
             digest: digest.to_owned(),
             worker,
-            over_budget,
-            engine,
+            engine: self.optimized.engine.clone(),
             keep,
-            before,
             bytes,
-            wanted,
             deliver,
-        };
-        self.optimizer.push(job);
+        });
+        Some(receiver)
     }
 
     /// Whether the cache holds `marker` (a compile over `budget`, or a larger one, before).

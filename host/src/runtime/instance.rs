@@ -99,8 +99,9 @@ struct InitedInstance {
 }
 
 /// The code a backend runs: its linked component and the engine that compiled it. A
-/// baseline-loaded backend's is replaced once, when its optimised code arrives (see
-/// [`super::optimizer`]); instances made from the old code are dropped, not pooled again.
+/// baseline-loaded backend's is replaced once, when its optimised code has arrived (see
+/// [`super::optimizer`]) and the next call looks; instances made from the old code are dropped,
+/// not pooled again.
 struct Code {
     pre: Prepared,
     engine: wasmtime::Engine,
@@ -116,13 +117,16 @@ pub struct BackendInstance {
     digest: String,
     info: BackendInfo,
     runtime: Arc<Runtime>,
-    /// What it runs; the background optimiser holds it weakly, to swap optimised code in.
-    code: Arc<arc_swap::ArcSwap<Code>>,
+    /// What it runs.
+    code: arc_swap::ArcSwap<Code>,
+    /// The optimised code on its way from the background optimiser, while a baseline-loaded
+    /// backend waits for it: taken at the next look at the code ([`Self::take_optimized`]).
+    coming: Mutex<Option<tokio::sync::oneshot::Receiver<wasmtime::component::Component>>>,
     /// The WIT version it was built against (the same in every tier).
     version: &'static str,
     sandbox: Sandbox,
     config: String,
-    idle: Arc<Pool>,
+    idle: Pool,
     pub stats: BackendStats,
     pub cache: CacheOutcome,
     /// Which compiler made the code it was loaded with (see [`BackendInstance::tier`] for now).
@@ -159,11 +163,12 @@ impl BackendInstance {
             digest: compiled.digest,
             info: BackendInfo::default(),
             runtime: runtime.clone(),
-            code: Arc::new(arc_swap::ArcSwap::from_pointee(Code { pre, engine, tier })),
+            code: arc_swap::ArcSwap::from_pointee(Code { pre, engine, tier }),
+            coming: Mutex::default(),
             version,
             sandbox,
             config,
-            idle: Arc::default(),
+            idle: Pool::default(),
             stats: BackendStats::default(),
             cache: compiled.cache,
             compiled_as: tier,
@@ -174,44 +179,43 @@ impl BackendInstance {
         me.put_back(live);
         me.took.init = compiled_at.elapsed();
         if let Some(baseline) = baseline {
-            me.optimize_later(bytes, baseline);
+            let coming = me.runtime.optimize_later(&me.name, &me.digest, Arc::from(bytes), Some(baseline));
+            me.coming = Mutex::new(coming);
         }
         Ok(me)
     }
 
-    /// Queue this backend's optimised compile; when it is ready its code is swapped in and the
-    /// idle baseline instances let go (their memory with them). Calls under way finish on
-    /// the code they started with.
-    fn optimize_later(&self, bytes: &[u8], baseline: wasmtime::component::Component) {
-        let (code, idle, name) = (Arc::downgrade(&self.code), Arc::downgrade(&self.idle), self.name.clone());
-        let (alive, runtime) = (code.clone(), Arc::downgrade(&self.runtime));
-        let deliver = move |component: wasmtime::component::Component| {
-            let (Some(code), Some(idle), Some(rt)) = (code.upgrade(), idle.upgrade(), runtime.upgrade()) else {
+    /// Swap in the optimised code if it has arrived, letting the idle baseline instances go
+    /// (their memory with them). Calls under way finish on the code they started with.
+    fn take_optimized(&self) {
+        let mut coming = self.coming.locked();
+        let Some(receiver) = coming.as_mut() else { return };
+        let component = match receiver.try_recv() {
+            Ok(c) => c,
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => return,
+            // The optimiser gave up, or another instance of the same code asked first.
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
+                *coming = None;
                 return;
-            };
-            match Prepared::new(rt.engine(), rt.linkers_for(&component), &component) {
-                Ok(pre) => {
-                    code.store(Arc::new(Code { pre, engine: rt.engine().clone(), tier: Tier::Optimized }));
-                    idle.locked().clear();
-                    tracing::info!(backend = %name, compiler = ?Tier::Optimized, "optimised code swapped in");
-                }
-                Err(e) => {
-                    tracing::warn!(backend = %name, error = %e, "optimised code did not link; baseline code keeps serving")
-                }
             }
         };
-        self.runtime.optimize_later(
-            &self.name,
-            &self.digest,
-            Arc::from(bytes),
-            Some(baseline),
-            Box::new(move || alive.strong_count() > 0),
-            Box::new(deliver),
-        );
+        *coming = None;
+        let rt = &self.runtime;
+        match Prepared::new(rt.engine(), rt.linkers_for(&component), &component) {
+            Ok(pre) => {
+                self.code.store(Arc::new(Code { pre, engine: rt.engine().clone(), tier: Tier::Optimized }));
+                self.idle.locked().clear();
+                tracing::info!(backend = %self.name, compiler = ?Tier::Optimized, "optimised code swapped in");
+            }
+            Err(e) => {
+                tracing::warn!(backend = %self.name, error = %e, "optimised code did not link; baseline code keeps serving")
+            }
+        }
     }
 
     /// Which compiler made the code it runs now.
     pub fn tier(&self) -> Tier {
+        self.take_optimized();
         self.code.load().tier
     }
 
@@ -310,6 +314,7 @@ impl BackendInstance {
 
     /// An idle instance of the current code, if one is pooled.
     fn take(&self) -> Option<InitedInstance> {
+        self.take_optimized();
         let live = self.idle.locked().pop()?;
         // Pooled before the code changed (a call was under way when it was swapped).
         self.current(&live).then_some(live)

@@ -3,34 +3,54 @@
 //!
 //! One worker thread at idle priority (`SCHED_IDLE`: it runs only on a core nothing else
 //! wants), compiling one component at a time without wasmtime's parallel compilation (one core,
-//! and a fraction of the working memory). Its code is written to the compile cache (when there
-//! is one, where it replaces the baseline code's entry) and handed to the instance that asked, which swaps it in for its next calls. The
-//! queue is bounded and skips a component whose instance is gone (a newer version replaced it
-//! before its turn), so a burst of swaps costs at most [`MAX_QUEUED`] compiles.
+//! and a fraction of the working memory). A [`Job`] is a plain value: what to compile, where to
+//! keep the result ([`Keep`], the compile cache) and the channel its code goes back on. The
+//! code is written to the cache (where it replaces the baseline code's entry) and sent to the
+//! instance that asked, which takes it for its next calls. The queue is bounded and skips a job
+//! whose receiver is gone (a newer version replaced the instance before its turn), so a burst of
+//! swaps costs at most [`MAX_QUEUED`] compiles.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
+use tokio::sync::oneshot;
 use wasmtime::component::Component;
 
 use crate::sync::Locked;
+
+/// The worker thread's name (the kernel shows its first 15 bytes).
+const THREAD: &str = "devplug-optimize";
 
 /// Components waiting for their optimised code, at most; past it the oldest waiting one keeps
 /// its baseline code (said in a WARN) until it loads again.
 pub const MAX_QUEUED: usize = 8;
 
-/// What the optimised code is handed to, loaded into the job's engine.
-pub type Deliver = Box<dyn FnOnce(Component) + Send>;
-
-/// What keeps the native code (writes it to the compile cache).
-pub type Keep = Box<dyn FnOnce(&[u8]) + Send>;
-
 /// Where and under what budget the optimised code is compiled (see
 /// [`super::compile_worker`]).
 pub struct Worker {
-    pub exe: std::path::PathBuf,
+    pub exe: PathBuf,
     pub budget: super::compile_worker::CompileBudget,
     pub slot: Arc<super::compile_worker::Slot>,
+}
+
+/// Where a job's code is kept: the compile cache's directory and entries.
+pub struct Keep {
+    pub dir: PathBuf,
+    /// The cache's byte bound.
+    pub max_bytes: u64,
+    /// The baseline code, written first at the worker's idle priority: a restart before the
+    /// optimised code is ready loads it, and writing it on the way to serving would delay the
+    /// new version by its serialize and write.
+    pub baseline: Option<Component>,
+    /// The baseline code's entry, removed once the optimised code is written.
+    pub baseline_entry: Option<String>,
+    /// The optimised code's entry.
+    pub optimized_entry: String,
+    /// The marker written when the compile goes over its budget (holding `budget`), so a
+    /// restart (or a crash loop) does not compile this version again.
+    pub over_budget_marker: String,
+    pub budget: String,
 }
 
 /// One component to optimise.
@@ -41,19 +61,20 @@ pub struct Job {
     pub digest: String,
     /// The worker process it is compiled in; `None` in this thread, unbounded (a test binary).
     pub worker: Option<Worker>,
-    /// Told when the compile went over its budget (it is then not tried again).
-    pub over_budget: Box<dyn FnOnce(&super::compile_worker::CompileError) + Send>,
     /// The engine the code is for (the optimising one, which serves).
     pub engine: wasmtime::Engine,
-    /// Keeps the native code (the compile cache), when there is one.
+    /// The compile cache, when there is one.
     pub keep: Option<Keep>,
-    /// Run first, at the worker's idle priority: writing the baseline code into the cache,
-    /// which would otherwise delay the new version's serving by its serialize and write.
-    pub before: Option<Box<dyn FnOnce() + Send>>,
     pub bytes: Arc<[u8]>,
-    /// Still wanted: the instance that asked is alive.
-    pub wanted: Box<dyn Fn() -> bool + Send>,
-    pub deliver: Deliver,
+    /// Where the code goes. The instance that asked holds the receiver: once it is dropped (the
+    /// instance is gone) the job is no longer wanted.
+    pub deliver: oneshot::Sender<Component>,
+}
+
+impl Job {
+    fn wanted(&self) -> bool {
+        !self.deliver.is_closed()
+    }
 }
 
 #[derive(Default)]
@@ -70,6 +91,9 @@ struct Queue {
 pub struct Optimizer {
     queue: Mutex<Queue>,
     changed: Condvar,
+    /// Components whose compile went over its budget in this process (by digest): they keep
+    /// their baseline code and are not compiled again (the cache keeps a marker too).
+    gave_up: Mutex<HashSet<String>>,
 }
 
 impl Optimizer {
@@ -94,7 +118,7 @@ impl Optimizer {
         if !q.started {
             q.started = true;
             let me = self.clone();
-            let spawned = std::thread::Builder::new().name("devplug-optimize".into()).spawn(move || me.work());
+            let spawned = std::thread::Builder::new().name(THREAD.into()).spawn(move || me.work());
             if let Err(e) = spawned {
                 q.started = false;
                 tracing::warn!(error = %e, "could not start the background optimiser: baseline code keeps serving");
@@ -107,6 +131,11 @@ impl Optimizer {
     pub fn pending(&self, digest: &str) -> bool {
         let q = self.queue.locked();
         q.running.as_deref() == Some(digest) || q.jobs.iter().any(|j| j.digest == digest)
+    }
+
+    /// Whether `digest`'s optimised compile went over its budget in this process.
+    pub fn gave_up(&self, digest: &str) -> bool {
+        self.gave_up.locked().contains(digest)
     }
 
     /// Block until every job queued so far has finished (tests, benchmarks, a clean exit).
@@ -141,7 +170,7 @@ impl Optimizer {
                     };
                 }
             };
-            let again = if (job.wanted)() { Self::compile(&mut serial, job) } else { None };
+            let again = if job.wanted() { self.compile(&mut serial, job) } else { None };
             let mut q = self.queue.locked();
             if let Some(job) = again {
                 // It gave way to a load's compile: first in line once that is done.
@@ -153,9 +182,16 @@ impl Optimizer {
     }
 
     /// Compile `job`; the job back when it gave way to a load's compile and is to run again.
-    fn compile(serial: &mut Option<wasmtime::Engine>, mut job: Job) -> Option<Job> {
-        if let Some(before) = job.before.take() {
-            before();
+    fn compile(&self, serial: &mut Option<wasmtime::Engine>, mut job: Job) -> Option<Job> {
+        if let Some(k) = &mut job.keep
+            && let (Some(code), Some(entry)) = (k.baseline.take(), &k.baseline_entry)
+        {
+            match crate::durable::StateDir::open(&k.dir) {
+                Ok(state) => super::code_cache::store(&state, &k.dir, entry, &code, k.max_bytes),
+                Err(e) => {
+                    tracing::warn!(dir = %k.dir.display(), error = %e, "compile cache refused; baseline code not kept")
+                }
+            }
         }
         let short = job.digest[..12.min(job.digest.len())].to_owned();
         let started = std::time::Instant::now();
@@ -171,7 +207,7 @@ impl Optimizer {
                     Err(e) => {
                         if e.over_budget() {
                             // Recorded before it is said: what the log promises holds from then.
-                            (job.over_budget)(&e);
+                            self.give_up(&job);
                             tracing::error!(backend = %job.backend, digest = %short, error = %e, "optimising a baseline-loaded backend was given up: it keeps serving from its baseline code, and this version is not optimised again");
                         } else {
                             tracing::warn!(backend = %job.backend, digest = %short, error = %e, "optimising a baseline-loaded backend failed; it keeps its baseline code");
@@ -182,8 +218,14 @@ impl Optimizer {
             }
             None => Self::compile_here(serial, &job)?,
         };
-        if let Some(keep) = job.keep {
-            keep(&native);
+        if let Some(k) = &job.keep {
+            super::code_cache::store_native(
+                &k.dir,
+                &k.optimized_entry,
+                &native,
+                k.max_bytes,
+                k.baseline_entry.as_deref(),
+            );
         }
         // SAFETY: `native` was produced just now from these bytes by this executable (its
         // worker, or this thread) with an engine configured as the job's (the optimising one;
@@ -192,13 +234,12 @@ impl Optimizer {
         match unsafe { Component::deserialize(&job.engine, &native) } {
             Ok(component) => {
                 drop(native);
-                if (job.wanted)() {
-                    (job.deliver)(component);
+                if job.deliver.send(component).is_ok() {
                     tracing::info!(
                         backend = %job.backend,
                         digest = %short,
                         secs = started.elapsed().as_secs_f64(),
-                        "optimised code compiled in the background and swapped in"
+                        "optimised code compiled in the background; its backend takes it at its next call"
                     );
                 }
             }
@@ -209,6 +250,17 @@ impl Optimizer {
         // What the compiler used is free now: give it back to the kernel.
         super::heap::release_freed();
         None
+    }
+
+    /// Record that `job` went over its budget: in this process, and in the cache beside its
+    /// entries.
+    fn give_up(&self, job: &Job) {
+        self.gave_up.locked().insert(job.digest.clone());
+        if let Some(k) = &job.keep
+            && let Ok(state) = crate::durable::StateDir::open(&k.dir)
+        {
+            let _ = state.write(&k.over_budget_marker, k.budget.as_bytes(), false);
+        }
     }
 
     /// The optimised code compiled on this thread (no worker: a test binary).
@@ -254,38 +306,38 @@ mod tests {
     use super::*;
     use crate::runtime::{Runtime, RuntimeConfig};
 
-    type Seen = Arc<Mutex<Vec<(&'static str, bool, i32)>>>;
-
-    fn deliver(seen: &Seen, rt: &Runtime, what: &'static str) -> Deliver {
-        let (seen, engine) = (seen.clone(), rt.engine().clone());
-        Box::new(move |c: Component| {
-            // SAFETY: a plain syscall on the calling (worker) thread.
-            let policy = unsafe { libc::sched_getscheduler(0) };
-            seen.locked().push((what, wasmtime::Engine::same(c.engine(), &engine), policy));
-        })
-    }
-
     /// The optimised code is compiled on a thread at idle priority, for the optimising engine
     /// (what serves), once per component however often asked, and only while its instance
-    /// lives.
+    /// lives (holds the receiver).
     #[test]
     fn optimised_code_is_compiled_at_idle_priority_once_and_only_while_wanted() {
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
         let (_, wasm, _) = crate::backends::embedded::FIRST_PARTY[0];
-        let seen: Seen = Arc::default();
-        let yes = || -> Box<dyn Fn() -> bool + Send> { Box::new(|| true) };
-        rt.optimize_later("embedded", "a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a"));
-        rt.optimize_later("embedded", "a", Arc::from(wasm), None, yes(), deliver(&seen, &rt, "a again"));
-        rt.optimize_later("embedded", "gone", Arc::from(wasm), None, Box::new(|| false), deliver(&seen, &rt, "gone"));
+        let mut a = rt.optimize_later("embedded", "a", Arc::from(wasm), None).expect("queued");
+        let mut again = rt.optimize_later("embedded", "a", Arc::from(wasm), None).expect("asked");
+        let gone = rt.optimize_later("embedded", "gone", Arc::from(wasm), None).expect("queued");
+        drop(gone);
         rt.finish_background_compiles();
-        assert_eq!(*seen.locked(), [("a", true, libc::SCHED_IDLE)]);
+        let code = a.try_recv().expect("the optimised code came back");
+        assert!(wasmtime::Engine::same(code.engine(), rt.engine()), "for the engine that serves");
+        assert!(again.try_recv().is_err(), "the same digest is compiled once");
         assert!(!rt.optimizing("a") && !rt.optimizing("gone"));
+        assert_eq!(worker_policy(), Some(libc::SCHED_IDLE), "the worker thread runs at idle priority");
         // One-shot commands compile nothing in the background.
         let one_shot =
             Runtime::new(RuntimeConfig { optimize_in_background: false, ..RuntimeConfig::default() }).unwrap();
-        one_shot.optimize_later("embedded", "b", Arc::from(wasm), None, yes(), deliver(&seen, &one_shot, "b"));
-        one_shot.finish_background_compiles();
-        assert_eq!(seen.locked().len(), 1);
+        assert!(one_shot.optimize_later("embedded", "b", Arc::from(wasm), None).is_none());
+    }
+
+    /// The scheduling policy of this process's optimiser thread (found by its name, as the
+    /// kernel keeps it: 15 bytes), while it lives.
+    fn worker_policy() -> Option<i32> {
+        std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|t| {
+            let name = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            let tid: libc::pid_t = t.file_name().to_str()?.parse().ok()?;
+            // SAFETY: a plain syscall naming a thread of this process.
+            (name.trim_end() == &THREAD[..15]).then(|| unsafe { libc::sched_getscheduler(tid) })
+        })
     }
 
     /// A burst of swaps queues at most `MAX_QUEUED` compiles: the oldest waiting one keeps its
@@ -295,18 +347,18 @@ mod tests {
         let q = Arc::new(Optimizer::default());
         // The worker is never started here: its flag is set, so pushes only queue.
         q.queue.locked().started = true;
+        let mut receivers = Vec::new();
         for i in 0..MAX_QUEUED + 3 {
+            let (deliver, rx) = oneshot::channel();
+            receivers.push(rx);
             let job = Job {
                 backend: "b".into(),
                 digest: format!("d{i}"),
                 worker: None,
-                over_budget: Box::new(|_| {}),
                 engine: wasmtime::Engine::default(),
                 keep: None,
-                before: None,
                 bytes: Arc::from(&b""[..]),
-                wanted: Box::new(|| true),
-                deliver: Box::new(|_| {}),
+                deliver,
             };
             q.push(job);
         }
