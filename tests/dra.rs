@@ -2253,8 +2253,12 @@ async fn no_device_turns_unknown_over_five_minutes_of_kubelets_clock() {
         name: "devplug.io/gpu".into(),
         backend: "gpu".into(),
         devices,
-        calls: std::sync::Arc::new(devplug::model::calls::FixedCalls::default()),
-        owners: Default::default(),
+        port: devplug::model::port::Port::new(
+            "gpu",
+            "devplug.io/gpu",
+            std::sync::Arc::new(devplug::model::calls::FixedCalls::default()),
+            Default::default(),
+        ),
     });
     let (_changes_tx, changes) = tokio::sync::watch::channel(0u64);
     let svc = HealthService { served, changes, stop: tokio_util::sync::CancellationToken::new() };

@@ -227,9 +227,13 @@ async fn kubelet_refusals_are_logged_and_retried_with_backoff() {
             name: "Example.com/gpu".into(),
             options: ResourceOptions::default(),
             devices: rx,
-            ops: Arc::new(devplug::model::calls::FixedCalls::default()),
+            port: devplug::model::port::Port::new(
+                "b",
+                "Example.com/gpu",
+                Arc::new(devplug::model::calls::FixedCalls::default()),
+                Default::default(),
+            ),
             delivery: Default::default(),
-            owners: Default::default(),
             metrics: None,
         })
         .await;

@@ -221,11 +221,6 @@ impl Loaded {
         self.failed.locked().insert(name.to_owned(), (origin.to_owned(), error));
     }
 
-    /// The node-ownership table every answer writer checks against (kept current by the polls).
-    pub fn owners(&self) -> OwnersView {
-        self.owners.clone()
-    }
-
     /// Record every backend call's latency in `metrics`.
     /// The resources this node serves through DRA (their backends are asked to `describe`).
     pub fn with_dra_resources(mut self, names: Vec<String>) -> Self {

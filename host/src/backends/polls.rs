@@ -14,6 +14,7 @@ use super::routing::{ReadyResource, ResourceCalls};
 use super::slot::Slot;
 use crate::model::contest;
 use crate::model::nodes::{self, NodeOwners};
+use crate::model::port::Port;
 use crate::model::{Device, Health, Resource};
 use crate::runtime::{BackendInstance, CallError};
 use crate::sync::Locked;
@@ -190,13 +191,17 @@ impl Loaded {
                     backend: name.to_owned(),
                     options: rs.options,
                     devices: rs.tx.subscribe(),
-                    calls: Arc::new(ResourceCalls {
-                        slot: slot.clone(),
-                        resource: rname.clone(),
-                        backend: name.to_owned(),
-                        metrics: self.metrics.clone(),
-                    }),
-                    owners: self.owners.clone(),
+                    port: Port::new(
+                        name,
+                        rname,
+                        Arc::new(ResourceCalls {
+                            slot: slot.clone(),
+                            resource: rname.clone(),
+                            backend: name.to_owned(),
+                            metrics: self.metrics.clone(),
+                        }),
+                        self.owners.clone(),
+                    ),
                 });
             }
         }

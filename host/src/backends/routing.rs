@@ -1,6 +1,7 @@
 //! Per-resource call routing: a resource that has devices is handed up as a [`ReadyResource`],
-//! and its [`ResourceCalls`] (Allocate and friends) always reach the backend's current instance,
-//! so a hot swap changes where they go without kubelet noticing.
+//! and its [`ResourceCalls`] (Allocate and friends, behind the node gate of its [`Port`]) always
+//! reach the backend's current instance, so a hot swap changes where they go without kubelet
+//! noticing.
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use tokio::sync::watch;
 
 use super::slot::{BackendMetrics, Slot};
 use crate::model::calls::BackendCalls;
+use crate::model::port::Port;
 use crate::model::{ContainerEdits, Resource, ResourceOptions};
 use crate::runtime::{BackendInstance, CallError};
 
@@ -18,9 +20,8 @@ pub struct ReadyResource {
     pub backend: String,
     pub options: ResourceOptions,
     pub devices: watch::Receiver<Arc<Resource>>,
-    pub calls: Arc<ResourceCalls>,
-    /// Who owns each device node: what its answers are checked against where they are written.
-    pub owners: crate::model::nodes::OwnersView,
+    /// Its calls, routed to whichever instance is current, with the node gate inside.
+    pub port: Port,
 }
 
 /// One resource's calls (Allocate and friends; the [`BackendCalls`] port both APIs use), routed

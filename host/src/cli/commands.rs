@@ -8,7 +8,6 @@ use std::sync::Arc;
 use super::{AllocateArgs, CdiGenerateArgs, DeviceClassesArgs, DiscoverArgs, SlicesArgs, SourceArgs};
 use crate::backends::{BackendSource, Loaded};
 use crate::config::Config;
-use crate::model::calls::BackendCalls;
 use crate::runtime::Runtime;
 
 /// Which resources a one-shot command treats as served through DRA (their backends are asked
@@ -169,16 +168,11 @@ pub async fn allocate(args: AllocateArgs) -> anyhow::Result<serde_json::Value> {
     let snapshot = handle.devices.borrow().clone();
     let unknown: Vec<&String> = args.ids.iter().filter(|id| snapshot.device(id).is_none()).collect();
     anyhow::ensure!(unknown.is_empty(), "{}: unknown device IDs {unknown:?}", handle.name);
-    let extra = handle.calls.allocate(args.ids.clone()).await.map_err(|e| {
+    // Through the port's node gate, as `run` answers; then the default strategy (device specs),
+    // as `run` answers without an `allocate` setting.
+    let admitted = handle.port.allocate(&snapshot, &args.ids).await.map_err(|e| {
         anyhow::anyhow!("{}: {e}", handle.name).context(crate::observe::Backend(handle.backend.clone()))
     })?;
-    // The node gate `run` answers through, then the default strategy (device specs), as `run`
-    // answers without an `allocate` setting.
-    let admitted = loaded
-        .owners()
-        .load()
-        .admit_allocation(&snapshot, &args.ids, extra)
-        .map_err(|e| anyhow::anyhow!("{}: allocate answer refused: {e}", handle.name))?;
     let answer = crate::kubelet::Delivery::default().answer(&snapshot, &args.ids, &admitted);
     drop(loaded);
     Ok(serde_json::json!({

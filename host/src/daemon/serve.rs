@@ -1,10 +1,10 @@
 //! Starting and stopping what kubelet sees: a backend's ready resource becomes what the kubelet
-//! layer serves (a [`ResourceHandle`] carrying its calls, the one [`BackendCalls`] port both
-//! APIs use, its Allocate delivery and the process's metrics) or what a DRA driver serves, with
-//! its CDI spec written first; a retired resource's endpoint and spec go. The backends and
-//! kubelet layers know nothing of each other; this is where they meet.
+//! layer serves (a [`ResourceHandle`] carrying its calls, the one [`Port`] both APIs use, its
+//! Allocate delivery and the process's metrics) or what a DRA driver serves, with its CDI spec
+//! written first; a retired resource's endpoint and spec go. The backends and kubelet layers
+//! know nothing of each other; this is where they meet.
 //!
-//! [`BackendCalls`]: crate::model::calls::BackendCalls
+//! [`Port`]: crate::model::port::Port
 
 use std::sync::Arc;
 
@@ -70,8 +70,7 @@ impl Daemon {
             name: ready.name.clone(),
             backend: ready.backend.clone(),
             devices: ready.devices,
-            owners: ready.owners,
-            calls: ready.calls,
+            port: ready.port,
         };
         match dra.add(&driver, served).await {
             Ok(()) => {
@@ -88,9 +87,8 @@ pub fn handle(ready: ReadyResource, delivery: Delivery, metrics: Arc<dyn Kubelet
         name: ready.name,
         options: ready.options,
         devices: ready.devices,
-        ops: ready.calls,
+        port: ready.port,
         delivery,
-        owners: ready.owners,
         metrics: Some(metrics),
     }
 }

@@ -18,10 +18,9 @@ pub struct ServedResource {
     pub name: String,
     pub backend: String,
     pub devices: watch::Receiver<Arc<Resource>>,
-    /// Its backend's calls (the one port both APIs use).
-    pub calls: Arc<dyn crate::model::calls::BackendCalls>,
-    /// Who owns each device node: a claim's CDI spec is checked against it.
-    pub owners: crate::model::nodes::OwnersView,
+    /// Its backend's calls (the one port both APIs use; a claim's edits pass the node gate
+    /// there).
+    pub port: crate::model::port::Port,
 }
 
 /// A driver's resources, by name, and the pool built from their lists.

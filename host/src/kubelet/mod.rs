@@ -43,13 +43,11 @@ pub struct ResourceHandle {
     pub options: ResourceOptions,
     /// The current device list (with health); every change is streamed to kubelet.
     pub devices: watch::Receiver<Arc<Resource>>,
-    /// The backend's calls (the one port both APIs use); their errors become gRPC statuses in
-    /// the service.
-    pub ops: Arc<dyn crate::model::calls::BackendCalls>,
+    /// The backend's calls (the one port both APIs use; its answers have passed the node gate);
+    /// their errors become gRPC statuses in the service.
+    pub port: crate::model::port::Port,
     /// How Allocate answers reach the runtime (device specs, CDI).
     pub delivery: Delivery,
-    /// Who owns each device node on this machine: every Allocate answer passes its gate.
-    pub owners: crate::model::nodes::OwnersView,
     /// Where request counts and latencies go (none in unit tests).
     pub metrics: Option<Arc<dyn KubeletMetrics>>,
 }

@@ -257,7 +257,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
                 self.check_ids(&snap, &available, false)?;
                 self.check_ids(&snap, &must, false)?;
                 let answer = if self.handle.options.preferred_allocation {
-                    match self.handle.ops.preferred_allocation(available.clone(), must.clone(), size as u32).await {
+                    match self.handle.port.preferred_allocation(available.clone(), must.clone(), size as u32).await {
                         Ok(ids) => match preferred_problem(&ids, &available, &must, size) {
                             None => ids,
                             Some(why) => {
@@ -296,17 +296,10 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
             }
             let mut out = Vec::with_capacity(reqs.len());
             for c in reqs {
-                let extra =
-                    self.handle.ops.allocate(c.devices_ids.clone()).await.map_err(|e| status(&self.handle.name, e))?;
-                // The node gate, the same as a DRA claim's: no container gets a node of a device
-                // it was not allocated, of any backend, from the answer or the common edits.
-                let admitted = match self.handle.owners.load().admit_allocation(&snap, &c.devices_ids, extra) {
-                    Ok(a) => a,
-                    Err(why) => {
-                        tracing::error!(resource = %self.handle.name, owner = %why.owner.resource, "allocate answer refused: {why}");
-                        return Err(Status::internal(format!("{}: allocate answer refused: {why}", self.handle.name)));
-                    }
-                };
+                // Past the port's node gate, the same as a DRA claim's: no container gets a node
+                // of a device it was not allocated, of any backend.
+                let admitted =
+                    self.handle.port.allocate(&snap, &c.devices_ids).await.map_err(|e| status(&self.handle.name, e))?;
                 out.push(self.handle.delivery.answer(&snap, &c.devices_ids, &admitted));
             }
             Ok(Response::new(pb::AllocateResponse { container_responses: out }))
@@ -321,7 +314,7 @@ impl pb::device_plugin_server::DevicePlugin for DevicePluginService {
         self.timed("PreStartContainer", async {
             let ids = req.into_inner().devices_ids;
             self.check_ids(&self.snapshot(), &ids, false)?;
-            self.handle.ops.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
+            self.handle.port.pre_start(ids).await.map_err(|e| status(&self.handle.name, e))?;
             Ok(Response::new(pb::PreStartContainerResponse {}))
         })
         .await
@@ -377,9 +370,13 @@ mod tests {
             name: "a.io/b".into(),
             options: Default::default(),
             devices: rx,
-            ops: Arc::new(crate::model::calls::FixedCalls { fail: Some(CallError::BreakerOpen), ..Default::default() }),
+            port: crate::model::port::Port::new(
+                "b",
+                "a.io/b",
+                Arc::new(crate::model::calls::FixedCalls { fail: Some(CallError::BreakerOpen), ..Default::default() }),
+                Default::default(),
+            ),
             delivery: Default::default(),
-            owners: Default::default(),
             metrics: None,
         };
         DevicePluginService::new(handle, Arc::default(), CancellationToken::new())

@@ -6,6 +6,7 @@ pub mod dra;
 pub mod names;
 pub mod nodes;
 pub mod owns;
+pub mod port;
 
 use std::collections::BTreeMap;
 

@@ -364,10 +364,9 @@ impl Dra {
             let answer = match self.registered(driver).await {
                 Err(e) => Err(e),
                 Ok(()) => match self.kubelet.prepare(driver, &me).await {
-                    Ok(answers) => answers
-                        .get(&uid)
-                        .cloned()
-                        .ok_or_else(|| anyhow::anyhow!("{driver} gave no answer for {name}")),
+                    Ok(answers) => {
+                        answers.get(&uid).cloned().ok_or_else(|| anyhow::anyhow!("{driver} gave no answer for {name}"))
+                    }
                     Err(e) => Err(anyhow::anyhow!("{driver}: {}", e.message())),
                 },
             }

@@ -1,7 +1,8 @@
 //! Preparing a claim on this node, from values: the claim's [`Allocation`] (read by the service)
 //! → each allocated device of this driver mapped back to its backend's device → the backend's
 //! edits (`prepare`, or `allocate` per resource; checked against its grants like every
-//! answer) → a [`PreparedClaim`]: what kubelet is told, the claim's CDI spec
+//! answer, and against the node table in the port: [`crate::model::port::Port::prepare_claim`])
+//! → a [`PreparedClaim`]: what kubelet is told, the claim's CDI spec
 //! (`devplug-claim-<uid>-<driver>.json`, kind [`CLAIM_KIND`]) and its devices' status, written
 //! by [`ClaimPreparer::commit`] once the claim is recorded. The only calls out are the
 //! backend's; the spec holds each device's own edits and, at spec level, the resources' common
@@ -19,8 +20,8 @@ use crate::cdi::{Kind, SpecDir};
 use crate::dra::error::DraError;
 use crate::dra::pool_id::PoolId;
 use crate::dra::served::{Served, ServedResource};
-use crate::model::ContainerEdits;
 use crate::model::dra::ClaimDevice;
+use crate::model::port::ClaimPart;
 
 /// The CDI kind of every claim spec devplug writes.
 pub const CLAIM_KIND: &str = "devplug.io/claim";
@@ -120,84 +121,59 @@ impl ClaimPreparer for Preparer {
         let kind = CLAIM_CDI_KIND
             .as_ref()
             .map_err(|e| DraError::Spec { doing: "naming", source: crate::cdi::CdiError::Name(e.clone()) })?;
-        let mut common = ContainerEdits::default();
-        let mut out = Vec::new();
-        let mut status = Vec::new();
-        // A WIT 0.3.0 backend prepares the claim whole (one driver is one backend); otherwise,
-        // or when it says `unsupported`, each resource's `allocate` gives the edits.
-        let claim_devices: Vec<ClaimDevice> = groups
-            .iter()
-            .flat_map(|(resource, (_, picked))| {
-                picked.iter().map(|p| ClaimDevice {
-                    request: p.request.clone(),
-                    resource: resource.clone(),
-                    id: p.id.clone(),
-                })
-            })
-            .collect();
-        let whole = first
-            .calls
-            .prepare(claim.uid.clone(), claim_devices, config)
-            .instrument(tracing::debug_span!("dra.backend_call"))
-            .await
-            .map_err(|e| DraError::call(&first.backend, &first.name, e))?;
-        if let Some(edits) = &whole {
-            common.merge(edits);
-        }
-        // The node gate's view and what the claim holds, across its resources: its spec carries
-        // its own devices' nodes and nodes no device owns, never another device's, of any
-        // backend (the rule Allocate's answers follow too).
-        let owners = first.owners.load();
-        let backend = first.backend.clone();
-        let held: Vec<(String, String)> = groups
-            .iter()
-            .flat_map(|(resource, (_, picked))| picked.iter().map(move |p| (resource.clone(), p.id.clone())))
-            .collect();
-        let held: Vec<(&str, &str)> = held.iter().map(|(r, id)| (r.as_str(), id.as_str())).collect();
-        let label = format!("claim {}/{}", claim.namespace, claim.name);
-        let refused = |why: crate::model::nodes::Foreign| {
-            tracing::error!(backend = %backend, claim = %label, owner = %why.owner.resource, "prepare answer refused: {why}");
-            DraError::refused(&backend, format!("answer for {label} refused: {why}"))
-        };
-        let mut spec_devices = Vec::new();
-        for (resource, (served, picked)) in groups {
-            let ids: Vec<String> = picked.iter().map(|p| p.id.clone()).collect();
-            let list = served.devices.borrow().clone();
-            if whole.is_none() {
-                let extra = served
-                    .calls
-                    .allocate(ids.clone())
-                    .instrument(tracing::debug_span!("dra.backend_call"))
-                    .await
-                    .map_err(|e| DraError::call(&served.backend, &served.name, e))?;
-                common.merge(&extra);
-            }
-            common.merge(&list.common_edits);
-            for Picked { request, name, id, share_id } in picked {
-                let Some(d) = list.device(&id) else {
+        // Each resource's list once, as the claim is checked against it and gated.
+        let lists: Vec<Arc<crate::model::Resource>> =
+            groups.values().map(|(served, _)| served.devices.borrow().clone()).collect();
+        let mut parts = Vec::with_capacity(groups.len());
+        for ((resource, (served, picked)), list) in groups.iter().zip(&lists) {
+            let mut devices = Vec::with_capacity(picked.len());
+            for p in picked {
+                let Some(d) = list.device(&p.id) else {
                     return Err(DraError::claim(
                         &claim.namespace,
                         &claim.name,
-                        format!("device {name} ({resource} {id}) went away while the claim was prepared"),
+                        format!("device {} ({resource} {}) went away while the claim was prepared", p.name, p.id),
                     ));
                 };
+                let held = ClaimDevice { request: p.request.clone(), resource: resource.clone(), id: p.id.clone() };
+                devices.push((held, d));
+            }
+            parts.push(ClaimPart { port: &served.port, list, devices });
+        }
+        // A WIT 0.3.0 backend prepares the claim whole (one driver is one backend); otherwise,
+        // or when it says `unsupported`, each resource's `allocate` gives the edits. Either way
+        // through the port's node gate: the spec carries the claim's own devices' nodes and
+        // nodes no device owns, never another device's, of any backend.
+        let label = format!("claim {}/{}", claim.namespace, claim.name);
+        let gated = first
+            .port
+            .prepare_claim(&claim.uid, &label, &parts, config)
+            .instrument(tracing::debug_span!("dra.backend_call"))
+            .await
+            .map_err(|e| DraError::call(&e.backend, &e.resource, e.error))?;
+        let mut out = Vec::new();
+        let mut status = Vec::new();
+        let mut spec_devices = Vec::new();
+        for ((part, (_, picked)), admitted) in parts.iter().zip(groups.values()).zip(gated.devices) {
+            for ((Picked { request, name, share_id, .. }, (_, d)), admitted) in
+                picked.iter().zip(&part.devices).zip(admitted)
+            {
                 // A CDI device per share: one claim may hold two shares of a shared device. The
                 // UID and names come from the API server: the name passes the CDI name gate.
-                let cdi_name = crate::cdi::names::claim_device_name(&claim.uid, &name, share_id.as_deref())
+                let cdi_name = crate::cdi::names::claim_device_name(&claim.uid, name, share_id.as_deref())
                     .map_err(|e| DraError::claim(&claim.namespace, &claim.name, e.to_string()))?;
-                status.push(super::status::entry(self.id(), &name, share_id.as_deref(), d));
-                spec_devices.push((cdi_name.clone(), owners.admit(&label, &held, d.edits.clone()).map_err(&refused)?));
+                status.push(super::status::entry(self.id(), name, share_id.as_deref(), d));
                 out.push(PreparedDevice {
-                    request_names: vec![base_request(&request).to_owned()],
+                    request_names: vec![base_request(request).to_owned()],
                     pool_name: self.id().pool().to_owned(),
-                    device_name: name,
+                    device_name: name.clone(),
                     cdi_device_ids: vec![kind.qualified_name(cdi_name.as_str())],
-                    share_id,
+                    share_id: share_id.clone(),
                 });
+                spec_devices.push((cdi_name, admitted));
             }
         }
-        let common = owners.admit(&label, &held, common).map_err(&refused)?;
-        let spec = crate::cdi::spec::build_claim(kind, &spec_devices, &common);
+        let spec = crate::cdi::spec::build_claim(kind, &spec_devices, &gated.common);
         Ok(PreparedClaim { devices: out, spec: Some(spec), status })
     }
 
@@ -224,8 +200,8 @@ impl ClaimPreparer for Preparer {
         // The backend first: if it cannot undo its part, the claim stays prepared (and its spec
         // stays) so kubelet's retry finds it as it was.
         if let Some(r) = self.served.resources().first() {
-            r.calls
-                .unprepare(claim.uid.clone())
+            r.port
+                .unprepare(&claim.uid)
                 .instrument(tracing::debug_span!("dra.backend_call"))
                 .await
                 .map_err(|e| DraError::call(&r.backend, &r.name, e))?;
@@ -246,7 +222,7 @@ mod tests {
     use super::*;
     use crate::dra::error::ErrorClass;
     use crate::model::calls::{CallClass, CallError, FixedCalls};
-    use crate::model::{Device, DeviceNode, Health, Resource};
+    use crate::model::{ContainerEdits, Device, DeviceNode, Health, Resource};
 
     const DRIVER: &str = "gpu.devplug.io";
 
@@ -324,8 +300,7 @@ mod tests {
             name: "nvidia.com/gpu".into(),
             backend: "gpu".into(),
             devices,
-            calls: backend.clone(),
-            owners: owners.clone(),
+            port: crate::model::port::Port::new("gpu", "nvidia.com/gpu", backend.clone(), owners.clone()),
         });
         let preparer = Preparer {
             served,
