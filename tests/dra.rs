@@ -326,7 +326,7 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     let claim = ClaimRef { namespace: "ml".into(), uid: "uid-stuck".into(), name: "stuck".into() };
     let plugin = start();
     assert!(plugin.prepare(vec![claim.clone()]).await["uid-stuck"].is_ok());
-    assert_eq!(board.all()[0].state, "prepared");
+    assert_eq!(board.all()[0].state, devplug::dra::plugin::claims::ClaimState::Prepared);
     for _ in 0..3 {
         let e = plugin.unprepare(vec![claim.clone()]).await.remove("uid-stuck").unwrap().unwrap_err().to_string();
         assert!(e.contains("cannot let go"), "{e}");
@@ -337,8 +337,12 @@ async fn a_claim_that_cannot_be_unprepared_is_asked_once_shown_stuck_and_release
     let again = again.report();
     assert!(again.contains("devplug dra release --driver chaos.devplug.io uid-stuck"), "{again}");
     let shown = board.all();
-    assert_eq!((shown[0].state, shown[0].retries), ("stuck", Some(3)), "{shown:?}");
-    assert_eq!(board.counts("stuck")[driver], 1);
+    assert_eq!(
+        (shown[0].state, shown[0].retries),
+        (devplug::dra::plugin::claims::ClaimState::Stuck, Some(3)),
+        "{shown:?}"
+    );
+    assert_eq!(board.counts(devplug::dra::plugin::claims::ClaimState::Stuck)[driver], 1);
     // After a restart the backend is asked once more (and fails again).
     drop(plugin);
     let plugin = start();

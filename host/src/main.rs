@@ -214,7 +214,10 @@ async fn status(args: &StatusArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Format::Table => {
-            print!("{}", cli::status_table(&v));
+            let status = serde_json::from_value(v).map_err(|e| {
+                anyhow::anyhow!("devplug status: the daemon's /status did not read as a status document ({e}); `--format json` prints it as it came")
+            })?;
+            print!("{}", cli::status_table(&status));
             Ok(())
         }
     }

@@ -20,7 +20,8 @@ use crate::oci::settings::RegistrySettings;
 use crate::oci::signature::{self, SignatureState};
 
 /// One reference as `devplug status` shows it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct SourceStatus {
     pub backend: String,
     pub reference: String,

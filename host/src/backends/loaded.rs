@@ -65,12 +65,16 @@ pub struct Swapped {
     pub retired: Vec<Retired>,
 }
 
-/// One backend, for `devplug discover` and status.
-#[derive(Clone, Debug, serde::Serialize)]
+/// One backend, for `devplug discover` and status (read back by `devplug status`: every field
+/// has a default, for what an older devplug did not send).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct BackendSummary {
     pub name: String,
     /// Whether a version of it is loaded: `false` for a backend that failed to load and has
-    /// no version serving (its error is in `last_error`).
+    /// no version serving (its error is in `last_error`). An older devplug sent no `loaded`:
+    /// everything it listed was loaded.
+    #[serde(default = "yes")]
     pub loaded: bool,
     pub version: String,
     pub wit_version: String,
@@ -95,11 +99,16 @@ pub struct BackendSummary {
     pub warnings: Vec<String>,
 }
 
+fn yes() -> bool {
+    true
+}
+
 /// Refused accesses a summary names (the count is in [`StatsSnapshot::denied`]).
 pub const MAX_DENIED_SHOWN: usize = 32;
 
 /// One refused access and the grant line that would allow it.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Denied {
     /// The capability call (`sysfs.read`, `sysfs.list-dir`, `devfs.stat`).
     pub call: String,
@@ -127,7 +136,8 @@ impl Denied {
 }
 
 /// A copy of a backend instance's counters.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct StatsSnapshot {
     pub calls: u64,
     pub guest_errors: u64,

@@ -3,7 +3,11 @@
 //! [`clip`]: cut to a bounded length, control characters escaped, so nothing a backend says
 //! can move the terminal's cursor, ring its bell or rewrite the lines above.
 
+use crate::backends::BackendSummary;
+use crate::dra::plugin::claims::ClaimState;
 use crate::gate::{clip, clip_to};
+use crate::observe::status::Status;
+use crate::runtime::Tier;
 
 /// A JSON value as one clipped table cell.
 fn cell(x: &serde_json::Value) -> String {
@@ -16,60 +20,55 @@ fn cell(x: &serde_json::Value) -> String {
 
 /// Which code a backend runs: `optimized`, or `baseline` (with `, optimising` while its
 /// optimised compile is pending).
-fn code(b: &serde_json::Value) -> String {
-    let tier = cell(&b["compiler"]);
-    if b["optimizing"].as_bool() == Some(true) { format!("{tier}, optimising") } else { tier }
+fn code(b: &BackendSummary) -> String {
+    let tier = match b.compiler {
+        Tier::Optimized => "optimized",
+        Tier::Baseline => "baseline",
+    };
+    if b.optimizing { format!("{tier}, optimising") } else { tier.to_owned() }
 }
 
 /// A backend's LAST ERROR cell: its discover error, else that it withholds devices for a
 /// contest (told whole below the table).
-fn last_error(b: &serde_json::Value) -> String {
-    if let Some(e) = b["last_error"].as_str() {
+fn last_error(b: &BackendSummary) -> String {
+    if let Some(e) = &b.last_error {
         return clip(e).into_owned();
     }
-    match b["conflicts"].as_array().map_or(0, Vec::len) {
+    match b.conflicts.len() {
         0 => String::new(),
         1 => "device nodes shared with another backend's resource (see below)".to_owned(),
         n => format!("device nodes shared with {n} other resources (see below)"),
     }
 }
 
-/// One contest of `/status`'s `contests` as its line (the host's own words, rebuilt from the
-/// fields so an older or newer field set still reads).
-fn contest_line(c: &serde_json::Value) -> String {
-    match serde_json::from_value::<crate::model::contest::Contest>(c.clone()) {
-        Ok(c) => c.to_string(),
-        Err(_) => c.to_string(),
-    }
+/// A cell of outsider text: clipped and escaped.
+fn text(s: &str) -> String {
+    clip(s).into_owned()
 }
 
 /// `devplug status` as a table for people.
-pub fn status_table(v: &serde_json::Value) -> String {
+pub fn status_table(v: &Status) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let str_of = cell;
     let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "WITHHELD", "KUBELET"].map(str::to_owned).to_vec()];
-    for r in v["resources"].as_array().into_iter().flatten() {
-        // An older devplug does not count withheld devices.
-        let withheld = r["withheld"].as_u64().unwrap_or(0).to_string();
+    for r in &v.resources {
         rows.push(vec![
-            str_of(&r["name"]),
-            str_of(&r["healthy"]),
-            str_of(&r["unhealthy"]),
-            withheld,
-            str_of(&r["endpoint"]),
+            text(&r.name),
+            r.healthy.to_string(),
+            r.unhealthy.to_string(),
+            r.withheld.to_string(),
+            text(&r.endpoint),
         ]);
     }
     out.push_str(&table(&rows, &[false, true, true, true, false]));
-    let regs = v["registrations"].as_array().cloned().unwrap_or_default();
-    if !regs.is_empty() {
+    if !v.registrations.is_empty() {
         let mut rows = vec![["REGISTRATION", "MODE", "STATE", "SOCKET"].map(str::to_owned).to_vec()];
-        for r in &regs {
-            rows.push(vec![str_of(&r["subject"]), str_of(&r["mode"]), str_of(&r["state"]), str_of(&r["socket"])]);
+        for r in &v.registrations {
+            rows.push(vec![text(&r.subject), text(&r.mode), text(&r.state), text(&r.socket)]);
         }
         let _ = writeln!(out);
         out.push_str(&table(&rows, &[false, false, false, false]));
-        for why in regs.iter().filter_map(|r| r["overdue"].as_str()) {
+        for why in v.registrations.iter().filter_map(|r| r.overdue.as_deref()) {
             let _ = writeln!(out, "! {}", clip(why));
         }
     }
@@ -79,48 +78,40 @@ pub fn status_table(v: &serde_json::Value) -> String {
             .to_vec(),
     ];
     // Each contest once (it concerns two backends), whole: its remedy is the point of it.
-    let has_contests = v["contests"].is_array();
-    let mut denied_lines: Vec<String> = v["contests"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| format!("! {}", clip_to(&contest_line(c), 2048)))
-        .collect();
-    for b in v["backends"].as_array().into_iter().flatten() {
-        let digest: String = str_of(&b["digest"]).chars().take(12).collect();
-        // A backend that failed to load has no version serving (an older devplug sends no
-        // `loaded`: everything it lists is loaded).
-        let loaded = b["loaded"].as_bool() != Some(false);
-        let breaker = match (loaded, b["breaker_open"].as_bool() == Some(true)) {
+    let mut denied_lines: Vec<String> =
+        v.contests.iter().flatten().map(|c| format!("! {}", clip_to(&c.to_string(), 2048))).collect();
+    for b in &v.backends {
+        let digest: String = text(&b.digest).chars().take(12).collect();
+        let breaker = match (b.loaded, b.breaker_open) {
             (false, _) => "NOT LOADED",
             (true, true) => "OPEN",
             (true, false) => "closed",
         };
         rows.push(vec![
-            str_of(&b["name"]),
-            if loaded { str_of(&b["version"]) } else { "-".to_owned() },
+            text(&b.name),
+            if b.loaded { text(&b.version) } else { "-".to_owned() },
             digest,
-            if loaded { code(b) } else { "-".to_owned() },
+            if b.loaded { code(b) } else { "-".to_owned() },
             breaker.to_owned(),
-            str_of(&b["stats"]["traps"]),
-            str_of(&b["stats"]["timeouts"]),
-            str_of(&b["stats"]["denied"]),
+            b.stats.traps.to_string(),
+            b.stats.timeouts.to_string(),
+            b.stats.denied.to_string(),
             last_error(b),
         ]);
         // An older devplug lists contests per backend only, one line per node.
-        if !has_contests {
-            for c in b["conflicts"].as_array().into_iter().flatten().filter_map(|c| c.as_str()) {
-                denied_lines.push(format!("! {}: {}", clip(&str_of(&b["name"])), clip_to(c, 512)));
+        if v.contests.is_none() {
+            for c in &b.conflicts {
+                denied_lines.push(format!("! {}: {}", clip(&b.name), clip_to(c, 512)));
             }
         }
         // The first refusals of each backend, with the grant that would allow them.
-        for d in b["denied"].as_array().into_iter().flatten().take(3) {
+        for d in b.denied.iter().take(3) {
             denied_lines.push(format!(
                 "! {} was refused {} {}: {}",
-                clip(&str_of(&b["name"])),
-                clip(&str_of(&d["call"])),
-                clip(&str_of(&d["path"])),
-                clip(&str_of(&d["grant"]))
+                clip(&b.name),
+                clip(&d.call),
+                clip(&d.path),
+                clip(&d.grant)
             ));
         }
     }
@@ -129,69 +120,67 @@ pub fn status_table(v: &serde_json::Value) -> String {
     for line in denied_lines {
         let _ = writeln!(out, "{line}");
     }
-    let sources = v["sources"].as_array().cloned().unwrap_or_default();
-    if !sources.is_empty() {
+    if !v.sources.is_empty() {
         let mut rows = vec![
             ["BACKEND", "REFERENCE", "MANIFEST DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"]
                 .map(str::to_owned)
                 .to_vec(),
         ];
-        for s in &sources {
-            let digest: String = str_of(&s["digest"]).trim_start_matches("sha256:").chars().take(12).collect();
-            let error = [&s["swap_error"], &s["last_error"]]
-                .iter()
-                .find_map(|e| e.as_str())
-                .map(|e| clip(e).into_owned())
-                .unwrap_or_default();
+        for s in &v.sources {
+            let digest: String =
+                text(s.digest.as_deref().unwrap_or("?")).trim_start_matches("sha256:").chars().take(12).collect();
+            let error = s.swap_error.as_deref().or(s.last_error.as_deref()).map(text).unwrap_or_default();
             rows.push(vec![
-                str_of(&s["backend"]),
-                str_of(&s["reference"]),
+                text(&s.backend),
+                text(&s.reference),
                 digest,
-                str_of(&s["signature"]["state"]),
-                if s["from_cache"] == true { "cache" } else { "registry" }.to_owned(),
-                str_of(&s["checks"]),
+                s.signature.label().to_owned(),
+                if s.from_cache { "cache" } else { "registry" }.to_owned(),
+                s.checks.to_string(),
                 error,
             ]);
         }
         let _ = writeln!(out);
         out.push_str(&table(&rows, &[false, false, false, false, false, true, false]));
     }
-    let claims = v["claims"].as_array().cloned().unwrap_or_default();
-    if !claims.is_empty() {
+    if !v.claims.is_empty() {
         let mut rows = vec![["DRA DRIVER", "CLAIM", "UID", "STATE", "RETRIES", "ERROR"].map(str::to_owned).to_vec()];
-        for c in &claims {
+        for c in &v.claims {
             rows.push(vec![
-                str_of(&c["driver"]),
-                format!("{}/{}", str_of(&c["namespace"]), str_of(&c["name"])),
-                str_of(&c["uid"]),
-                str_of(&c["state"]),
-                c["retries"].as_u64().map_or_else(String::new, |n| n.to_string()),
-                c["error"].as_str().map(|e| clip(e).into_owned()).unwrap_or_default(),
+                text(&c.driver),
+                format!("{}/{}", text(&c.namespace), text(&c.name)),
+                text(&c.uid),
+                match c.state {
+                    ClaimState::Prepared => "prepared",
+                    ClaimState::Stuck => "stuck",
+                }
+                .to_owned(),
+                c.retries.map_or_else(String::new, |n| n.to_string()),
+                c.error.as_deref().map(text).unwrap_or_default(),
             ]);
         }
         let _ = writeln!(out);
         out.push_str(&table(&rows, &[false, false, false, false, true, false]));
-        if claims.iter().any(|c| c["state"] == "stuck") {
+        if v.claims.iter().any(|c| c.state == ClaimState::Stuck) {
             let _ = writeln!(
                 out,
                 "! stuck claims keep their devices: fix the backend and restart devplug, or `devplug dra release --driver DRIVER UID`"
             );
         }
     }
-    let allocs = v["allocations"].as_array().cloned().unwrap_or_default();
-    if allocs.is_empty() {
+    if v.allocations.is_empty() {
         let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
     } else {
         let _ = writeln!(out, "\n{:<40} {:<16} NAMESPACE/POD/CONTAINER", "RESOURCE", "DEVICE");
-        for a in allocs {
+        for a in &v.allocations {
             let _ = writeln!(
                 out,
                 "{:<40} {:<16} {}/{}/{}",
-                str_of(&a["resource"]),
-                str_of(&a["device"]),
-                str_of(&a["namespace"]),
-                str_of(&a["pod"]),
-                str_of(&a["container"])
+                text(&a.resource),
+                text(&a.device),
+                text(&a.namespace),
+                text(&a.pod),
+                text(&a.container)
             );
         }
     }
@@ -307,6 +296,11 @@ pub fn discover_table(v: &serde_json::Value) -> String {
 mod tests {
     use super::*;
 
+    /// `devplug status`'s table of `v`, read as the CLI reads `/status`.
+    fn status_of(v: &serde_json::Value) -> String {
+        status_table(&serde_json::from_value(v.clone()).expect("a /status document"))
+    }
+
     /// Issue 51: which code a backend serves from, and a pending optimised compile, show.
     #[test]
     fn the_status_table_says_which_code_serves() {
@@ -314,7 +308,7 @@ mod tests {
             { "name": "qat", "version": "1", "digest": "ab", "compiler": "baseline", "optimizing": true, "stats": {} },
             { "name": "gpu", "version": "1", "digest": "cd", "compiler": "optimized", "optimizing": false, "stats": {} },
         ]});
-        let t = status_table(&v);
+        let t = status_of(&v);
         assert!(t.lines().any(|l| l.starts_with("qat") && l.contains("baseline, optimising")), "{t}");
         assert!(t.lines().any(|l| l.starts_with("gpu") && l.contains("optimized") && !l.contains("optimising")), "{t}");
     }
@@ -347,14 +341,14 @@ mod tests {
                 "last_error": "connection refused", "swap_error": "not swapped in: init trapped",
             }],
         });
-        let t = status_table(&v);
+        let t = status_of(&v);
         let row = t.lines().find(|l| l.starts_with("acme")).unwrap();
         for want in ["r.io/acme:1", "0123456789ab", "verified", "cache", "7", "not swapped in"] {
             assert!(row.contains(want), "{want} missing: {row}");
         }
         let plain = serde_json::json!({ "resources": [], "backends": [], "allocations": [] });
-        assert!(!status_table(&plain).contains("DRA DRIVER"), "no claims, no table");
-        assert!(!status_table(&plain).contains("REFERENCE"), "no sources, no table");
+        assert!(!status_of(&plain).contains("DRA DRIVER"), "no claims, no table");
+        assert!(!status_of(&plain).contains("REFERENCE"), "no sources, no table");
     }
 
     /// What a hostile backend puts in its version and attributes reaches no terminal raw: no
@@ -377,13 +371,13 @@ mod tests {
             "errors": [evil],
         });
         for (what, text) in
-            [("status", status_table(&v)), ("devices", devices_table(&v)), ("discover", discover_table(&v))]
+            [("status", status_of(&v)), ("devices", devices_table(&v)), ("discover", discover_table(&v))]
         {
             assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{what}: {text:?}");
             assert!(text.len() < 8192, "{what}: {} bytes", text.len());
         }
-        assert!(status_table(&v).contains("stuck"), "the stuck claim shows");
-        assert!(status_table(&v).contains("! b was refused"), "a refusal shows with its grant");
+        assert!(status_of(&v).contains("stuck"), "the stuck claim shows");
+        assert!(status_of(&v).contains("! b was refused"), "a refusal shows with its grant");
         assert!(discover_table(&v).contains("refused: "), "and in discover's table");
     }
 }

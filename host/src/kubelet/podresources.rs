@@ -14,7 +14,8 @@ use super::uds;
 use crate::proto::podresources as pb;
 
 /// One device held by one container.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Assignment {
     pub resource: String,
     pub device: String,

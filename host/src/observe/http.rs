@@ -160,7 +160,7 @@ async fn metrics(State(h): State<Probes>) -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
 }
 
-async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
+async fn status(State(h): State<Probes>) -> Json<super::status::Status> {
     let states: std::collections::BTreeMap<String, String> =
         h.endpoints.states().await.into_iter().map(|(n, s)| (n, s.to_string())).collect();
     let summaries = h.loaded.summaries();
@@ -178,31 +178,31 @@ async fn status(State(h): State<Probes>) -> Json<serde_json::Value> {
             None => format!("{subject}: not started"),
         })
     };
-    let resources: Vec<serde_json::Value> = h
+    let resources: Vec<super::status::ResourceStatus> = h
         .loaded
         .snapshot()
         .iter()
         .map(|r| {
             let healthy = r.devices.iter().filter(|d| d.health == crate::model::Health::Healthy).count();
             let endpoint = states.get(&r.name).cloned().or_else(|| dra_endpoint(&r.name));
-            serde_json::json!({
-                "name": r.name,
-                "healthy": healthy,
-                "unhealthy": r.devices.len() - healthy,
-                "withheld": h.loaded.withheld(&r.name),
-                "endpoint": endpoint.unwrap_or_else(|| "NotServed".into()),
-            })
+            super::status::ResourceStatus {
+                name: r.name.clone(),
+                healthy,
+                unhealthy: r.devices.len() - healthy,
+                withheld: h.loaded.withheld(&r.name),
+                endpoint: endpoint.unwrap_or_else(|| "NotServed".into()),
+            }
         })
         .collect();
-    Json(serde_json::json!({
-        "resources": resources,
-        "backends": summaries,
-        "allocations": *h.pods.get(),
-        "sources": h.sources.all(),
-        "registrations": h.endpoints.board().json(),
-        "claims": h.claims.all(),
-        "contests": h.loaded.contests(),
-    }))
+    Json(super::status::Status {
+        resources,
+        backends: summaries,
+        allocations: h.pods.get().to_vec(),
+        sources: h.sources.all(),
+        registrations: h.endpoints.board().statuses(),
+        claims: h.claims.all(),
+        contests: Some(h.loaded.contests()),
+    })
 }
 
 /// Devices one `/status/devices` page holds by default, and at most.

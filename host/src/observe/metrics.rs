@@ -259,7 +259,7 @@ impl Metrics {
                 .set(1);
         }
         self.claims_stuck.clear();
-        for (driver, n) in claims.counts("stuck") {
+        for (driver, n) in claims.counts(crate::dra::plugin::claims::ClaimState::Stuck) {
             self.claims_stuck.get_or_create(&DriverLabel { driver }).set(n as i64);
         }
         // The board counts; the counter catches up to it (it only ever grows).

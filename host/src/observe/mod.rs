@@ -1,8 +1,9 @@
 //! Observability: log setup, metrics, and the HTTP endpoint with `/healthz`, `/readyz`,
-//! `/metrics` and `/status`.
+//! `/metrics` and `/status` (its document typed in `status.rs`).
 
 mod http;
 mod metrics;
+pub mod status;
 
 pub use http::{Heartbeat, Probes, STALLED_AFTER, Standby, serve, serve_status};
 pub use metrics::Metrics;

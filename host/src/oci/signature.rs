@@ -26,10 +26,11 @@ pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+js
 pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 
 /// What verification found.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "state", content = "detail")]
 pub enum SignatureState {
     /// No key configured: signatures are not asked for.
+    #[default]
     NotRequired,
     /// A signature by the configured key names this digest.
     Verified,

@@ -84,6 +84,22 @@ pub struct RegistrationState {
     pub registered: u64,
 }
 
+/// One registration as `/status` shows it (and `devplug status` reads it).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct RegistrationStatus {
+    pub subject: String,
+    /// [`Mode::as_str`].
+    pub mode: String,
+    pub socket: String,
+    pub state: String,
+    pub for_seconds: u64,
+    pub info_asked: u64,
+    pub registered: u64,
+    /// Why kubelet is late, once it is.
+    pub overdue: Option<String>,
+}
+
 impl RegistrationState {
     pub fn new(subject: String, mode: Mode, socket: PathBuf) -> Self {
         RegistrationState {
@@ -172,20 +188,18 @@ impl Board {
     }
 
     /// Every registration as `/status` shows it.
-    pub fn json(&self) -> Vec<serde_json::Value> {
+    pub fn statuses(&self) -> Vec<RegistrationStatus> {
         self.all()
             .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "subject": r.subject,
-                    "mode": r.mode.as_str(),
-                    "socket": r.socket.display().to_string(),
-                    "state": r.stage.to_string(),
-                    "for_seconds": r.since.elapsed().as_secs(),
-                    "info_asked": r.info_asked,
-                    "registered": r.registered,
-                    "overdue": r.overdue(self.patience),
-                })
+            .map(|r| RegistrationStatus {
+                subject: r.subject.clone(),
+                mode: r.mode.as_str().to_owned(),
+                socket: r.socket.display().to_string(),
+                state: r.stage.to_string(),
+                for_seconds: r.since.elapsed().as_secs(),
+                info_asked: r.info_asked,
+                registered: r.registered,
+                overdue: r.overdue(self.patience),
             })
             .collect()
     }

@@ -94,10 +94,11 @@ pub enum CacheOutcome {
 }
 
 /// Which compiler made a component's native code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
     /// Cranelift, optimising: the code every backend ends up running.
+    #[default]
     Optimized,
     /// Winch, single-pass: a large component's first load, until its optimised code is ready.
     Baseline,

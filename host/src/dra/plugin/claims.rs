@@ -14,15 +14,25 @@ use serde::Serialize;
 use super::checkpoint::ClaimRef;
 use crate::sync::Locked;
 
+/// Where a claim stands on this node.
+#[derive(Clone, Copy, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimState {
+    #[default]
+    Prepared,
+    /// Its backend's unprepare failed: it keeps its devices until released.
+    Stuck,
+}
+
 /// One claim's state.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+#[serde(default)]
 pub struct ClaimStatus {
     pub driver: String,
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// `prepared` or `stuck`.
-    pub state: &'static str,
+    pub state: ClaimState,
     /// Why it is stuck: the backend's error, clipped.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -56,7 +66,7 @@ impl ClaimBoard {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
-            state: "prepared",
+            state: ClaimState::Prepared,
             error: None,
             retries: None,
         };
@@ -67,7 +77,7 @@ impl ClaimBoard {
     pub fn stuck(&self, driver: &str, claim: &ClaimRef, error: &str) {
         self.prepared(driver, claim);
         if let Some(s) = self.claims.locked().get_mut(&(driver.to_owned(), claim.uid.clone())) {
-            s.state = "stuck";
+            s.state = ClaimState::Stuck;
             s.error = Some(crate::gate::clip(error).into_owned());
             s.retries = Some(0);
         }
@@ -76,7 +86,7 @@ impl ClaimBoard {
     /// The error claim `uid` is stuck with, counting one more retry; `None` if it is not stuck.
     pub fn retry(&self, driver: &str, uid: &str) -> Option<String> {
         let mut claims = self.claims.locked();
-        let s = claims.get_mut(&(driver.to_owned(), uid.to_owned())).filter(|s| s.state == "stuck")?;
+        let s = claims.get_mut(&(driver.to_owned(), uid.to_owned())).filter(|s| s.state == ClaimState::Stuck)?;
         *s.retries.get_or_insert(0) += 1;
         s.error.clone()
     }
@@ -91,7 +101,7 @@ impl ClaimBoard {
     }
 
     /// How many claims are in `state`, by driver.
-    pub fn counts(&self, state: &str) -> BTreeMap<String, usize> {
+    pub fn counts(&self, state: ClaimState) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
         for s in self.claims.locked().values().filter(|s| s.state == state) {
             *out.entry(s.driver.clone()).or_default() += 1;
