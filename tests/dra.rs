@@ -124,10 +124,12 @@ async fn first_party_devices_on_the_fixtures_make_valid_pools() {
             )
             .unwrap_or_else(|e| panic!("{machine}: {name}: {e}"));
             assert!(!pool.slices.is_empty());
+            // As the server reads them.
+            let wire: Vec<serde_json::Value> = pool.at(0).iter().map(|s| serde_json::to_value(s).unwrap()).collect();
             // Issue 35: every PCI device carries Kubernetes' standard attributes, its PCIe root
             // read from the fixture's sysfs links (as upstream's deviceattribute package reads it).
             let published: Vec<&serde_json::Value> =
-                pool.slices.iter().flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten()).collect();
+                wire.iter().flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten()).collect();
             let standard = published
                 .iter()
                 .filter(|d| {
@@ -138,7 +140,7 @@ async fn first_party_devices_on_the_fixtures_make_valid_pools() {
                 .count();
             assert_eq!(standard, pci, "{machine}: {name}: every PCI device has pciBusID and pcieRoot");
             pools += 1;
-            for (i, mut slice) in pool.slices.into_iter().enumerate() {
+            for (i, mut slice) in wire.into_iter().enumerate() {
                 slice["metadata"] = serde_json::json!({ "name": format!("{}-{}-{i}", machine.to_lowercase(), pools) });
                 slices.push((format!("{machine}: {name}"), slice));
             }

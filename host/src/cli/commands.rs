@@ -340,7 +340,9 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
         let pool = crate::dra::publish::pool_on(Some(&sysfs), &backend, &id, &resources)
             .map_err(|e| anyhow::anyhow!("driver {driver}: nothing of its pool would be published: {e}"))?;
         // As its first write would publish it.
-        items.extend(pool.at(1));
+        for slice in pool.at(1) {
+            items.push(serde_json::to_value(slice)?);
+        }
     }
     drop(loaded);
     Ok(crate::dra::publish::classes::list(items))

@@ -8,24 +8,35 @@
 //!
 //! A pool is built once per change of its device lists (see `dra::served`), at no generation:
 //! the writer stamps the generation when it writes, and compares what the server holds by the
-//! [`SPEC_HASH`] each slice carries, computed here once.
+//! [`SPEC_HASH`] each slice carries, computed here once. Slices are k8s-openapi's typed objects
+//! from here to the wire; the rules judge each as the JSON the server will read.
 
 use std::collections::BTreeMap;
 
-use serde_json::{Value, json};
-
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::resource::v1::{
+    Counter, CounterSet as ApiCounterSet, Device as ApiDevice, DeviceAttribute, DeviceCapacity,
+    DeviceCounterConsumption, DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::rules;
 use crate::dra::pool_id::PoolId;
 use crate::model::dra::{AttributeValue, CounterSet, attribute_name};
 use crate::model::{Device, Health, Resource};
 
-/// A counter set (or what a device draws from one) as the API writes it.
-fn counters_json(set: &CounterSet) -> Value {
-    let counters: serde_json::Map<String, Value> =
-        set.counters.iter().map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
-    json!({ "counterSet": set.name, "counters": counters })
+/// A counter set's (or a device's draw on one) amounts as the API writes them.
+fn counters(set: &CounterSet) -> BTreeMap<String, Counter> {
+    set.counters.iter().map(|(k, q)| (k.clone(), Counter { value: Quantity(q.clone()) })).collect()
+}
+
+/// An attribute of each type the host publishes.
+pub fn text(s: &str) -> DeviceAttribute {
+    DeviceAttribute { string: Some(s.to_owned()), ..Default::default() }
+}
+
+pub fn int(i: i64) -> DeviceAttribute {
+    DeviceAttribute { int: Some(i), ..Default::default() }
 }
 
 /// Bytes of device JSON one pool may publish, all its slices together: a backend's answers are
@@ -35,7 +46,7 @@ fn counters_json(set: &CounterSet) -> Value {
 pub const MAX_POOL_BYTES: usize = 8 << 20;
 
 /// How many bytes `v` is as JSON, without building the text.
-fn json_len(v: &Value) -> usize {
+fn json_len(v: &impl serde::Serialize) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
@@ -65,22 +76,21 @@ pub fn spec_hash(slice: &ResourceSlice) -> String {
     hex::encode(Sha256::digest(serde_json::to_vec(&spec).unwrap_or_default()))
 }
 
-/// A pool ready to publish: its slices at generation 0, the same as the API server's typed
-/// objects with their [`SPEC_HASH`]es, and by device name the device and resource each name
-/// stands for (the way back from what the scheduler allocated).
+/// A pool ready to publish: by name, its slices at generation 0 with their [`SPEC_HASH`]es,
+/// and by device name the device and resource each name stands for (the way back from what
+/// the scheduler allocated).
 #[derive(Debug)]
 pub struct Pool {
-    pub slices: Vec<Value>,
-    pub typed: std::collections::BTreeMap<String, (ResourceSlice, String)>,
+    pub slices: BTreeMap<String, (ResourceSlice, String)>,
     pub ids: BTreeMap<String, (String, String)>,
 }
 
 impl Pool {
-    /// The slices as written at `generation`.
-    pub fn at(&self, generation: i64) -> Vec<Value> {
-        let mut slices = self.slices.clone();
+    /// The slices as written at `generation`, in the writer's order.
+    pub fn at(&self, generation: i64) -> Vec<ResourceSlice> {
+        let mut slices: Vec<ResourceSlice> = self.slices.values().map(|(s, _)| s.clone()).collect();
         for s in &mut slices {
-            s["spec"]["pool"]["generation"] = json!(generation);
+            s.spec.pool.generation = generation;
         }
         slices
     }
@@ -139,35 +149,35 @@ fn replica_of(d: &Device) -> Option<&str> {
 /// One device of resource `r` as the API writes it, named `name`: discover's attributes as
 /// strings, a WIT 0.3.0 description's typed ones, the host's own (`resource`, `numa`, the
 /// standard names where there is room), capacities, counters, sharing and its taint.
-fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str) -> Value {
-    let mut attributes = serde_json::Map::new();
+fn pool_device(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: &str) -> ApiDevice {
+    let mut attributes = BTreeMap::new();
     for (k, v) in d
         .attributes
         .iter()
         .filter(|(k, _)| k != REPLICA_OF && k != crate::model::DRA_ONLY && k != crate::model::SHARED_NODE)
     {
-        attributes.insert(attribute_name(k), json!({ "string": v }));
+        attributes.insert(attribute_name(k), text(v));
     }
     if let Some(of) = replica_of(d) {
-        attributes.insert(REPLICA_OF_ATTRIBUTE.into(), json!({ "string": device_name(of) }));
+        attributes.insert(REPLICA_OF_ATTRIBUTE.into(), text(&device_name(of)));
     }
     // A WIT 0.3.0 backend's own description: typed values under its own names (a name
     // the API server refuses refuses the pool, naming the device and field).
     let described = r.described.get(&d.id);
     for (k, v) in described.iter().flat_map(|x| x.attributes.iter()) {
         let value = match v {
-            AttributeValue::Text(s) => json!({ "string": s }),
-            AttributeValue::Int(i) => json!({ "int": i }),
-            AttributeValue::Bool(b) => json!({ "bool": b }),
-            AttributeValue::Version(s) => json!({ "version": s }),
+            AttributeValue::Text(s) => text(s),
+            AttributeValue::Int(i) => int(*i),
+            AttributeValue::Bool(b) => DeviceAttribute { bool: Some(*b), ..Default::default() },
+            AttributeValue::Version(s) => DeviceAttribute { version: Some(s.clone()), ..Default::default() },
         };
         attributes.insert(k.clone(), value);
     }
     // The host's own attributes last, so nothing a backend says can replace them (its
     // answers naming them are refused before they get here: `vet`).
-    attributes.insert("resource".into(), json!({ "string": r.name }));
+    attributes.insert("resource".into(), text(&r.name));
     match d.numa_nodes.first() {
-        Some(numa) => attributes.insert("numa".into(), json!({ "int": numa })),
+        Some(numa) => attributes.insert("numa".into(), int(i64::from(*numa))),
         None => attributes.remove("numa"),
     };
     // Kubernetes' standard names, where the device has room for them (the server takes
@@ -178,37 +188,48 @@ fn device_json(sysfs: Option<&std::path::Path>, r: &Resource, d: &Device, name: 
             attributes.insert(k, v);
         }
     }
-    let mut device = json!({ "name": name, "attributes": attributes });
-    let capacity: serde_json::Map<String, Value> =
-        described.iter().flat_map(|x| x.capacity.iter()).map(|(k, q)| (k.clone(), json!({ "value": q }))).collect();
-    if let Some(x) = described {
-        if !x.consumes.is_empty() {
-            device["consumesCounters"] = x.consumes.iter().map(counters_json).collect();
-        }
-        if x.allow_multiple_allocations {
-            device["allowMultipleAllocations"] = json!(true);
+    let capacity: BTreeMap<String, DeviceCapacity> = described
+        .iter()
+        .flat_map(|x| x.capacity.iter())
+        .map(|(k, q)| (k.clone(), DeviceCapacity { value: Quantity(q.clone()), request_policy: None }))
+        .collect();
+    let consumes: Vec<DeviceCounterConsumption> = described
+        .iter()
+        .flat_map(|x| x.consumes.iter())
+        .map(|c| DeviceCounterConsumption { counter_set: c.name.clone(), counters: counters(c) })
+        .collect();
+    ApiDevice {
+        name: name.to_owned(),
+        attributes: Some(attributes),
+        capacity: (!capacity.is_empty()).then_some(capacity),
+        consumes_counters: (!consumes.is_empty()).then_some(consumes),
+        allow_multiple_allocations: described.is_some_and(|x| x.allow_multiple_allocations).then_some(true),
+        taints: (d.health == Health::Unhealthy).then(|| vec![unhealthy_taint(d)]),
+        ..Default::default()
+    }
+}
+
+/// The taint an Unhealthy device carries, its value the backend's reason as a label value.
+fn unhealthy_taint(d: &Device) -> DeviceTaint {
+    let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
+    // A label value keeps `[A-Za-z0-9_.-]`: every run of anything else becomes one `_`, so
+    // the words stay apart (`bound to 4xxxvf, not vfio-pci` → `bound_to_4xxxvf_not_vfio-pci`).
+    let mut value = String::new();
+    for c in why.chars() {
+        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+            value.push(c);
+        } else if !value.is_empty() && !value.ends_with(['_', '-', '.']) {
+            value.push('_');
         }
     }
-    if !capacity.is_empty() {
-        device["capacity"] = Value::Object(capacity);
+    let value: String = value.chars().take(63).collect();
+    let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
+    DeviceTaint {
+        key: UNHEALTHY_TAINT.to_owned(),
+        value: Some(value),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
     }
-    if d.health == Health::Unhealthy {
-        let why = d.attributes.iter().find(|(k, _)| k == "unhealthy").map_or("", |(_, v)| v.as_str());
-        // A label value keeps `[A-Za-z0-9_.-]`: every run of anything else becomes one `_`, so
-        // the words stay apart (`bound to 4xxxvf, not vfio-pci` → `bound_to_4xxxvf_not_vfio-pci`).
-        let mut value = String::new();
-        for c in why.chars() {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                value.push(c);
-            } else if !value.is_empty() && !value.ends_with(['_', '-', '.']) {
-                value.push('_');
-            }
-        }
-        let value: String = value.chars().take(63).collect();
-        let value = value.trim_matches(|c: char| !c.is_ascii_alphanumeric()).to_owned();
-        device["taints"] = json!([{ "key": UNHEALTHY_TAINT, "value": value, "effect": "NoSchedule" }]);
-    }
-    device
 }
 
 /// The slices of `backend`'s pool `id`, from the device lists of the `resources` it serves
@@ -236,7 +257,7 @@ pub fn pool_on(
             if let Some((other, _)) = ids.insert(name.clone(), (d.id.clone(), r.name.clone())) {
                 return Err(fail(&d.id, "name".into(), format!("its DRA name {name} is also {other}'s")));
             }
-            let device = device_json(sysfs, r, d, &name);
+            let device = pool_device(sysfs, r, d, &name);
             bytes += json_len(&device);
             if bytes > MAX_POOL_BYTES {
                 return Err(fail(
@@ -250,50 +271,51 @@ pub fn pool_on(
             devices.push((d.id.clone(), device));
         }
     }
-    let tainted = devices.iter().any(|(_, d)| !d["taints"].is_null() || !d["consumesCounters"].is_null());
+    let tainted = devices.iter().any(|(_, d)| d.taints.is_some() || d.consumes_counters.is_some());
     // Counter sets go in slices of their own (a slice has `sharedCounters` or `devices`).
-    let mut sets: Vec<Value> = Vec::new();
+    let mut sets: Vec<ApiCounterSet> = Vec::new();
     for set in resources.iter().flat_map(|r| r.counter_sets.iter()) {
-        let set = json!({ "name": set.name, "counters": counters_json(set)["counters"] });
-        if !sets.iter().any(|s| s["name"] == set["name"]) {
-            sets.push(set);
+        if !sets.iter().any(|s| s.name == set.name) {
+            sets.push(ApiCounterSet { name: set.name.clone(), counters: counters(set) });
         }
     }
     let per_slice = if tainted { rules::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { rules::MAX_DEVICES };
-    let chunks: Vec<&[(String, Value)]> =
+    let chunks: Vec<&[(String, ApiDevice)]> =
         if devices.is_empty() { vec![&devices[..]] } else { devices.chunks(per_slice).collect() };
     let count = chunks.len() + usize::from(!sets.is_empty());
-    let mut slices = Vec::with_capacity(count);
-    if !sets.is_empty() {
-        let slice = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": { "name": format!("{}-counters", device_name(&format!("{node}-{driver}"))) },
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": { "name": pool, "generation": generation, "resourceSliceCount": count },
-                "sharedCounters": sets,
+    let prefix = device_name(&format!("{node}-{driver}"));
+    let slice =
+        |name: String, devices: Option<Vec<ApiDevice>>, shared_counters: Option<Vec<ApiCounterSet>>| ResourceSlice {
+            metadata: ObjectMeta { name: Some(name), ..Default::default() },
+            spec: ResourceSliceSpec {
+                driver: driver.clone(),
+                node_name: Some(node.clone()),
+                pool: ResourcePool { name: pool.to_owned(), generation, resource_slice_count: count as i64 },
+                devices,
+                shared_counters,
+                ..Default::default()
             },
-        });
-        if let Some(p) = rules::problems(&slice).into_iter().next() {
+        };
+    // Each judged as the JSON the server will read.
+    let judged = |s: &ResourceSlice| match serde_json::to_value(s) {
+        Ok(v) => rules::problems(&v).into_iter().next(),
+        Err(e) => Some(rules::Problem { field: "spec".into(), message: format!("not serialisable: {e}") }),
+    };
+    let mut slices = BTreeMap::new();
+    let mut keep = |s: ResourceSlice| {
+        let hash = spec_hash(&s);
+        slices.insert(s.metadata.name.clone().unwrap_or_default(), (s, hash));
+    };
+    if !sets.is_empty() {
+        let s = slice(format!("{prefix}-counters"), None, Some(sets));
+        if let Some(p) = judged(&s) {
             return Err(fail("(counter sets)", p.field, p.message));
         }
-        slices.push(slice);
+        keep(s);
     }
     for (i, chunk) in chunks.into_iter().enumerate() {
-        let slice = json!({
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": { "name": format!("{}-{}", device_name(&format!("{node}-{driver}")), i) },
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": { "name": pool, "generation": generation, "resourceSliceCount": count },
-                "devices": chunk.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>(),
-            },
-        });
-        if let Some(p) = rules::problems(&slice).into_iter().next() {
+        let s = slice(format!("{prefix}-{i}"), Some(chunk.iter().map(|(_, d)| d.clone()).collect()), None);
+        if let Some(p) = judged(&s) {
             // Name the device the field is about, when it is about one.
             let device = p
                 .field
@@ -303,18 +325,9 @@ pub fn pool_on(
                 .map_or_else(|| "(the pool)".to_owned(), |(id, _)| id.clone());
             return Err(fail(&device, p.field, p.message));
         }
-        slices.push(slice);
+        keep(s);
     }
-    let typed = slices
-        .iter()
-        .map(|v| {
-            let s: ResourceSlice = serde_json::from_value(v.clone())
-                .map_err(|e| fail("(the pool)", "spec".into(), format!("not a ResourceSlice: {e}")))?;
-            let hash = spec_hash(&s);
-            Ok((s.metadata.name.clone().unwrap_or_default(), (s, hash)))
-        })
-        .collect::<Result<_, PoolError>>()?;
-    Ok(Pool { slices, typed, ids })
+    Ok(Pool { slices, ids })
 }
 
 #[cfg(test)]
@@ -323,6 +336,15 @@ mod tests {
 
     fn pool(backend: &str, id: &PoolId, resources: &[Resource]) -> Result<Pool, PoolError> {
         pool_on(None, backend, id, resources)
+    }
+
+    /// The slices as the server reads them, in the writer's order.
+    fn wire(slices: &[ResourceSlice]) -> Vec<serde_json::Value> {
+        slices.iter().map(|s| serde_json::to_value(s).unwrap()).collect()
+    }
+
+    fn json(p: &Pool) -> Vec<serde_json::Value> {
+        wire(&p.at(0))
     }
     use crate::model::{ContainerEdits, Device};
 
@@ -361,7 +383,8 @@ mod tests {
             &[resource("devplug.io/kvm", replicas), resource("devplug.io/tun", vec![lone])],
         )
         .unwrap();
-        let devices = p.slices[0]["spec"]["devices"].as_array().unwrap();
+        let slices = json(&p);
+        let devices = slices[0]["spec"]["devices"].as_array().unwrap();
         let names: Vec<&str> = devices.iter().map(|d| d["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["kvm-0", "kvm-1", "kvm-2", "tun"]);
         for kvm in &devices[..3] {
@@ -372,7 +395,7 @@ mod tests {
         }
         assert!(devices[3]["attributes"]["dra_only"].is_null() && devices[3]["attributes"]["replicaOf"].is_null());
         assert_eq!(p.ids["kvm-1"], ("kvm-1".to_owned(), "devplug.io/kvm".to_owned()));
-        assert!(rules::problems(&p.slices[0]).is_empty());
+        assert!(rules::problems(&slices[0]).is_empty());
     }
 
     /// Issue 33: what a pool publishes is bounded as a whole (8,192 devices × 32 legal
@@ -401,7 +424,8 @@ mod tests {
         };
         r.described.insert("d0".into(), typed);
         let p = pool("b", &id("b.devplug.io"), &[r]).unwrap();
-        let attrs = &p.slices[0]["spec"]["devices"][0]["attributes"];
+        let slices = json(&p);
+        let attrs = &slices[0]["spec"]["devices"][0]["attributes"];
         assert_eq!(attrs["resource"]["string"], "x.io/w", "{attrs}");
         assert!(attrs["numa"].is_null(), "no NUMA node known, none published: {attrs}");
     }
@@ -426,16 +450,14 @@ mod tests {
             .map(|i| device(&format!("0000:{:02x}:00.{}", i / 8, i % 8), Health::Healthy, &[("model", "A100")]))
             .collect();
         let p = pool("gpu", &id("gpu.devplug.io"), &[resource("nvidia.com/gpu", many)]).unwrap();
-        assert!(p.slices.iter().all(|s| s["spec"]["pool"]["generation"] == 0), "built at no generation");
-        let p = Pool { slices: p.at(3), ..p };
-        let sizes: Vec<usize> = p.slices.iter().map(|s| s["spec"]["devices"].as_array().unwrap().len()).collect();
+        assert!(p.slices.values().all(|(s, _)| s.spec.pool.generation == 0), "built at no generation");
+        let at3 = wire(&p.at(3));
+        let sizes: Vec<usize> = at3.iter().map(|s| s["spec"]["devices"].as_array().unwrap().len()).collect();
         assert_eq!(sizes, [128, 128, 44]);
         assert!(
-            p.slices
-                .iter()
-                .all(|s| s["spec"]["pool"]["resourceSliceCount"] == 3 && s["spec"]["pool"]["generation"] == 3)
+            at3.iter().all(|s| s["spec"]["pool"]["resourceSliceCount"] == 3 && s["spec"]["pool"]["generation"] == 3)
         );
-        let first = &p.slices[0]["spec"]["devices"][0];
+        let first = &at3[0]["spec"]["devices"][0];
         assert_eq!(first["attributes"]["resource"]["string"], "nvidia.com/gpu");
         assert_eq!(first["attributes"]["numa"]["int"], 1);
         assert_eq!(p.ids[first["name"].as_str().unwrap()].0, "0000:00:00.0", "the way back from a name");
@@ -444,7 +466,8 @@ mod tests {
         some[7] = device("d7", Health::Unhealthy, &[("unhealthy", "AER: 3 fatal errors")]);
         let p = pool("gpu", &id("gpu.devplug.io"), &[resource("nvidia.com/gpu", some)]).unwrap();
         assert_eq!(p.slices.len(), 2);
-        let taint = &p.slices[0]["spec"]["devices"][7]["taints"][0];
+        let slices = json(&p);
+        let taint = &slices[0]["spec"]["devices"][7]["taints"][0];
         assert_eq!(taint["key"], UNHEALTHY_TAINT);
         assert_eq!(taint["value"], "AER_3_fatal_errors", "words stay apart");
     }

@@ -18,7 +18,9 @@
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use k8s_openapi::api::resource::v1::DeviceAttribute;
+
+use super::pool::{int, text};
 
 use crate::gate::PciAddress;
 
@@ -74,19 +76,19 @@ pub fn pcie_switch(target: &str, bus_id: &PciAddress) -> Option<String> {
 /// The standard attributes of a device whose gated PCI address is `pci` and whose NUMA nodes
 /// are `numa`: name → typed value. `sysfs` is where the host reads PCIe roots (none: no
 /// `pcieRoot`).
-pub fn attributes(sysfs: Option<&Path>, pci: Option<&PciAddress>, numa: &[u32]) -> Vec<(String, Value)> {
+pub fn attributes(sysfs: Option<&Path>, pci: Option<&PciAddress>, numa: &[u32]) -> Vec<(String, DeviceAttribute)> {
     let mut out = Vec::new();
     if let Some(numa) = numa.first() {
-        out.push((format!("{PREFIX}numaNode"), json!({ "int": numa })));
+        out.push((format!("{PREFIX}numaNode"), int(i64::from(*numa))));
     }
     let Some(bus_id) = pci else { return out };
-    out.push((format!("{PREFIX}pciBusID"), json!({ "string": bus_id.as_str() })));
+    out.push((format!("{PREFIX}pciBusID"), text(bus_id.as_str())));
     if let Some(sysfs) = sysfs {
         match pci_path(sysfs, bus_id).and_then(|target| Ok((pcie_root(&target, bus_id)?, target))) {
             Ok((root, target)) => {
-                out.push((format!("{PREFIX}pcieRoot"), json!({ "string": root })));
+                out.push((format!("{PREFIX}pcieRoot"), text(&root)));
                 if let Some(switch) = pcie_switch(&target, bus_id) {
-                    out.push((PCIE_SWITCH.to_owned(), json!({ "string": switch })));
+                    out.push((PCIE_SWITCH.to_owned(), text(&switch)));
                 }
             }
             Err(why) => tracing::debug!("no pcieRoot for {}: {why}", bus_id.as_str()),
@@ -160,6 +162,6 @@ mod tests {
         assert_eq!(switch("0000:41:00.0"), None, "on a root port");
         assert_eq!(switch("0000:19:00.0"), None);
         let attrs = attributes(Some(sys), Some(&pci("0000:17:00.0")), &[]);
-        assert_eq!(attrs.last(), Some(&(PCIE_SWITCH.to_owned(), json!({ "string": "0000:15:00.0" }))));
+        assert_eq!(attrs.last(), Some(&(PCIE_SWITCH.to_owned(), text("0000:15:00.0"))));
     }
 }

@@ -98,7 +98,7 @@ impl PoolWriter {
         }
         let newest = current.values().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let generation = self.generation.max(newest) + 1;
-        let wanted = &pool.typed;
+        let wanted = &pool.slices;
         let mut out = Written { generation, ..Written::default() };
         // What this sync changed, to undo if a later slice of the generation is refused: the
         // name, the slice it replaced (none: created) and the resource version written.
@@ -334,9 +334,9 @@ impl PoolWriter {
 /// writing. What the server added or dropped when it stored them does not count.
 fn same_pool(current: &BTreeMap<String, ResourceSlice>, wanted: &Pool) -> bool {
     let generations: std::collections::BTreeSet<i64> = current.values().map(|s| s.spec.pool.generation).collect();
-    current.len() == wanted.typed.len()
+    current.len() == wanted.slices.len()
         && generations.len() <= 1
-        && wanted.typed.iter().all(|(name, (_, hash))| {
+        && wanted.slices.iter().all(|(name, (_, hash))| {
             current
                 .get(name)
                 .is_some_and(|c| c.metadata.annotations.as_ref().and_then(|a| a.get(SPEC_HASH)) == Some(hash))
@@ -352,11 +352,7 @@ mod tests {
     fn built(v: serde_json::Value) -> Pool {
         let s: ResourceSlice = serde_json::from_value(v.clone()).unwrap();
         let hash = spec_hash(&s);
-        Pool {
-            slices: vec![v],
-            typed: BTreeMap::from([(s.metadata.name.clone().unwrap(), (s, hash))]),
-            ids: BTreeMap::new(),
-        }
+        Pool { slices: BTreeMap::from([(s.metadata.name.clone().unwrap(), (s, hash))]), ids: BTreeMap::new() }
     }
 
     fn pool(counters: &str) -> Pool {
@@ -370,7 +366,7 @@ mod tests {
     /// `wanted` as the server stores it: annotated by devplug, then changed by the server.
     fn stored(wanted: &Pool, server: impl Fn(&mut ResourceSlice)) -> BTreeMap<String, ResourceSlice> {
         wanted
-            .typed
+            .slices
             .iter()
             .map(|(n, (s, hash))| {
                 let mut s = s.clone();
@@ -388,7 +384,7 @@ mod tests {
         assert!(!same_pool(&stored(&pool("8"), |_| {}), &pool("7")), "a changed counter set is written");
         assert!(!same_pool(&BTreeMap::new(), &pool("8")), "a missing slice is written");
         let unannotated: BTreeMap<String, ResourceSlice> =
-            pool("8").typed.into_iter().map(|(n, (s, _))| (n, s)).collect();
+            pool("8").slices.into_iter().map(|(n, (s, _))| (n, s)).collect();
         assert!(!same_pool(&unannotated, &pool("8")), "a slice devplug did not annotate is written once");
     }
 
