@@ -2,7 +2,7 @@
 //! fixture, proven with a real container engine (podman injecting each device by its CDI name),
 //! and never torn by a SIGKILL in the middle of a rewrite.
 
-mod support;
+use devplug_test_support as support;
 
 use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;

@@ -1,7 +1,7 @@
 //! The `devplug` binary as operators and vendors use it: `run` waiting for kubelet and exiting
 //! cleanly on SIGTERM, `discover` on fixtures and on this machine, `inspect`.
 
-mod support;
+use devplug_test_support as support;
 
 use std::time::Duration;
 

@@ -8,7 +8,7 @@
 //! shipped (their images are the test's builds under the names they give). Without the assets
 //! it says in one line that it did not run.
 
-mod support;
+use devplug_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! each release (`tests/compat/config-0.1.0.toml`, `manifest-0.1.0.toml`) keep loading, and what
 //! changed since is said with what to do (docs/compatibility.md).
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! README): what the server accepted passes, what it refused is refused, naming the same field
 //! first.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::PathBuf;
 

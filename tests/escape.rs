@@ -3,7 +3,7 @@
 //! stand-in. Each test asserts the attack is refused or contained, and that the host and the
 //! other backends carry on.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

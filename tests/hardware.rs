@@ -5,7 +5,7 @@
 //! `DEVPLUG_BLESS=1 cargo test --test hardware` rewrites the fixture trees from
 //! `support/hardware.rs` and the golden files from what the backends answer; review the diff.
 
-mod support;
+use devplug_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

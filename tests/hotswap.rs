@@ -2,7 +2,7 @@
 //! arrive, under steady Allocate load, with no failed or wrong answer; broken new versions that
 //! never displace a working one; a removed backend's resource retired and restored.
 
-mod support;
+use devplug_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

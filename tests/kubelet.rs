@@ -2,7 +2,7 @@
 //! stand-in over real Unix sockets — registration, ListAndWatch, Allocate, PreferredAllocation,
 //! PreStart, kubelet restarts in both registration modes, and the upstream wire format.
 
-mod support;
+use devplug_test_support as support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! (componentize-js), found by `devplug discover` on a fixture and answering Allocate through the
 //! kubelet stand-in.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -78,7 +78,7 @@ async fn python_and_javascript_backends_are_discovered_and_allocate_through_kube
 
 /// Run a project's own command in `dir`, with devplug and the suite's tools on PATH.
 fn project_cmd(dir: &Path, line: &str) {
-    let bin_dir = Path::new(support::binary::BIN).parent().unwrap().to_owned();
+    let bin_dir = support::binary::BIN.path().parent().unwrap().to_owned();
     let tools = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin")).unwrap();
     let path = format!("{}:{}:{}", bin_dir.display(), tools.display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new("sh")

@@ -2,7 +2,7 @@
 //! Prometheus text-format parser), `/readyz` following kubelet, pod attribution from the pod
 //! resources API (and working without it), `devplug status`, and a quiet log when idle.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! image volumes) accept, with right digests and media types and the backends at the image root;
 //! and every manifest under `deploy/` validates against the Kubernetes OpenAPI schema.
 
-mod support;
+use devplug_test_support as support;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

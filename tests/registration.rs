@@ -6,7 +6,7 @@
 //! and a failing `/readyz` naming the socket; `auto` falls back to `kubelet.sock` when the
 //! watcher never calls.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! from its cache with the registry down, and pulling through basic auth. A deliberately
 //! hostile registry (`support::hostile_registry`) tries to flood a pull.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! looping, memory-hungry and trapping backends are stopped and replaced by fresh instances; the
 //! breaker; the compile cache; bad `.wasm` files get a clear error.
 
-mod support;
+use devplug_test_support as support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -223,7 +223,7 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
 #[test]
 fn a_compile_bomb_is_stopped_by_the_kernel_at_its_budget() {
     use devplug::runtime::compile_worker::{self, CompileBudget, CompileError, DEFAULT_BUDGET, Job, Slot};
-    let (exe, slot) = (std::path::Path::new(BIN), Slot::default());
+    let (exe, slot) = (BIN.path(), Slot::default());
     let bomb = support::bomb::armed(chaos_bytes());
     let optimised = Job { tier: Tier::Optimized, serial: true, idle: true };
     let started = std::time::Instant::now();

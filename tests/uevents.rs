@@ -4,7 +4,7 @@
 //! Link changes, which are no uevents, arrive through rtnetlink: devplug in a network namespace of
 //! its own sees its loopback interface go up and down.
 
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

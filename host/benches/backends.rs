@@ -3,9 +3,7 @@
 //! generated machine with 8 GPUs and 256 VFs (target: under 20 ms). Sizes are printed once.
 //! Numbers are recorded in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/hardware.rs"]
-#[allow(dead_code)]
-mod hardware;
+use devplug_test_support::hardware;
 
 use std::path::Path;
 use std::sync::Arc;

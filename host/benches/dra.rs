@@ -5,8 +5,7 @@
 //! a real kernel uevent → the pool's new generation in the API server. Numbers go in
 //! docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -13,8 +13,7 @@
 //!
 //!     KUBEBUILDER_ASSETS=~/.cache/devplug-tools/kube-assets cargo bench --bench dra_upstream [-- --quick] [-- --no-hogs]
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};

@@ -12,8 +12,7 @@
 //! `cargo bench --bench fleet -- --nodes 20`. Numbers go in docs/BENCHMARKS.md with the
 //! arithmetic for 1,000 nodes.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -10,8 +10,7 @@
 //! attack (YAML aliases, a nested `all()`, a `cel.bind` chain, an unsatisfiable claim over
 //! 2,048 devices): time to the error and `try`'s peak RSS.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::Duration;

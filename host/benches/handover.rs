@@ -6,8 +6,7 @@
 //! has to compile them (the embedded ones are precompiled into the binary); it does so before
 //! it stands by. Numbers go in docs/BENCHMARKS.md ("Rolling-update handover").
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

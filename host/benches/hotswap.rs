@@ -4,8 +4,7 @@
 //! directory watch and its settling window, compile (or compile-cache hit), instantiate, `init`,
 //! `discover`, swap, publish. Numbers go in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

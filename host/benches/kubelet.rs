@@ -3,8 +3,7 @@
 //! backend call on the blocking pool, response), and the time from a kubelet restart (dir wiped,
 //! new `kubelet.sock`) to devplug's re-registration. Numbers go in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::time::{Duration, Instant};
 

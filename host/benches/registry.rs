@@ -11,8 +11,7 @@
 //!
 //! `--quick` runs fewer rounds. Numbers go in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,8 +2,7 @@
 //! backends on the DGX fixture, registered with the kubelet stand-in and idle, and where its
 //! resident memory goes, from `/proc/PID/smaps`. Numbers go in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::collections::BTreeMap;
 use std::path::Path;

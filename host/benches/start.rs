@@ -5,8 +5,7 @@
 //! compiled at every start without a cache, and loaded from a warm one with it. Numbers go in
 //! docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

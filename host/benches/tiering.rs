@@ -13,8 +13,7 @@
 //! `cargo bench --bench tiering`; `--python` uses the 18 MB Python example instead. Numbers go
 //! in docs/BENCHMARKS.md.
 
-#[path = "../../tests/support/mod.rs"]
-mod support;
+use devplug_test_support as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -6,7 +6,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_devplug");
+/// The `devplug` binary under test.
+pub const BIN: super::paths::Bin = super::paths::Bin;
 
 pub struct Devplug {
     child: Child,

@@ -2,7 +2,7 @@
 //! rendered to JSON objects, and what its DRA objects grant, for the API-server stand-in (RBAC
 //! rules and the slice policy's effect) and a real kube-apiserver (the objects themselves).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use devplug_standins::apiserver::authz::{Rule, SlicePolicy};
 use serde_json::Value;
@@ -21,7 +21,7 @@ pub fn tool(name: &str) -> PathBuf {
 }
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_owned()
+    super::paths::repo()
 }
 
 /// `helm template devplug deploy/helm/devplug --namespace devplug --set S…` as YAML text.

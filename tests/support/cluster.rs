@@ -618,7 +618,7 @@ impl Drop for Cluster {
         // A failed run's logs outlive the private directory (any run's, with
         // DEVPLUG_KEEP_CLUSTER_LOGS set).
         if std::thread::panicking() || std::env::var_os("DEVPLUG_KEEP_CLUSTER_LOGS").is_some() {
-            let keep = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cluster-logs");
+            let keep = super::paths::target_tmpdir().join("cluster-logs");
             let _ = std::fs::remove_dir_all(&keep);
             let copied = ["logs", "pod-logs"].iter().all(|d| {
                 Command::new("cp").arg("-r").arg(self.path(d)).arg(keep.join(d)).status().is_ok_and(|s| s.success())

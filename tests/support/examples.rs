@@ -1,13 +1,13 @@
 //! The example backends in other languages (`guests/examples`), built once by their own
 //! `build.sh` and kept in the target dir while their sources are unchanged.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace").to_owned()
+    super::paths::repo()
 }
 
 /// The examples built by `guests/examples/build.sh`, reused while their sources are unchanged
@@ -29,7 +29,7 @@ pub fn built() -> PathBuf {
     for e in std::fs::read_dir(repo().join("wit/since_v0.1.0")).unwrap().flatten() {
         h.update(std::fs::read(e.path()).unwrap());
     }
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("examples-{}", hex::encode(&h.finalize()[..8])));
+    let out = super::paths::target_tmpdir().join(format!("examples-{}", hex::encode(&h.finalize()[..8])));
     if out.join("py-serial.wasm").exists() && out.join("js-fusetun.wasm").exists() {
         return out;
     }

@@ -2,7 +2,7 @@
 
 /// The first ```` ```LANG ```` block after heading `section` of docs/writing-a-backend.md.
 pub fn block(section: &str, lang: &str) -> String {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-backend.md");
+    let path = super::paths::repo().join("docs/writing-a-backend.md");
     let guide = std::fs::read_to_string(&path).expect("the vendor guide");
     let at = guide.find(section).unwrap_or_else(|| panic!("no {section:?} in the guide"));
     let fence = format!("```{lang}\n");

@@ -27,6 +27,8 @@ fn which(program: &str) -> Option<PathBuf> {
 impl Podman {
     /// Set up podman or panic saying exactly what is missing: a test that needs a container
     /// engine must never pass without one.
+    // No `Default`: making one checks the tools and creates a private store.
+    #[allow(clippy::new_without_default)]
     pub fn new() -> Podman {
         for (bin, pkg) in [("podman", "podman"), ("runc", "runc"), ("busybox", "busybox-static")] {
             assert!(
@@ -135,7 +137,7 @@ pub struct SystemCdi {
 
 impl SystemCdi {
     pub fn take() -> SystemCdi {
-        let lock_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("system-cdi.lock");
+        let lock_path = super::paths::target_tmpdir().join("system-cdi.lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
