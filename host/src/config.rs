@@ -342,7 +342,7 @@ impl Config {
     }
 
     /// Whether devplug writes a CDI spec for `resource`.
-    pub fn writes_cdi(&self, resource: &str) -> bool {
+    pub(crate) fn writes_cdi(&self, resource: &str) -> bool {
         // A resource served through DRA hands its devices out through its claims' own specs: a
         // spec of the resource's would name devices no container is given that way.
         self.write_cdi
@@ -351,7 +351,7 @@ impl Config {
     }
 
     /// Allocate strategies for `resource`.
-    pub fn strategies(&self, resource: &str) -> Vec<Strategy> {
+    pub(crate) fn strategies(&self, resource: &str) -> Vec<Strategy> {
         self.resources.get(resource).and_then(|r| r.allocate.clone()).unwrap_or_else(|| self.allocate.clone())
     }
 
@@ -370,7 +370,7 @@ impl Config {
     }
 
     /// Every resource's `owns`, compiled: who keeps a device node two backends name.
-    pub fn decisions(&self) -> anyhow::Result<crate::model::owns::Decisions> {
+    pub(crate) fn decisions(&self) -> anyhow::Result<crate::model::owns::Decisions> {
         let mut rules = Vec::new();
         for (name, r) in self.resources.iter().filter(|(_, r)| !r.owns.is_empty()) {
             let mut set = globset::GlobSetBuilder::new();
@@ -406,7 +406,7 @@ impl Config {
     }
 
     /// The instance lock's path: `instance_lock`, else `devplug/instance.lock` in the plugins dir.
-    pub fn instance_lock(&self) -> PathBuf {
+    pub(crate) fn instance_lock(&self) -> PathBuf {
         self.instance_lock.clone().unwrap_or_else(|| self.dra_plugins_dir().join("devplug").join("instance.lock"))
     }
 
@@ -443,7 +443,7 @@ impl Config {
         }
     }
 
-    pub fn runtime_config(&self) -> crate::runtime::RuntimeConfig {
+    pub(crate) fn runtime_config(&self) -> crate::runtime::RuntimeConfig {
         crate::runtime::RuntimeConfig {
             discover_deadline: self.limits.discover_timeout,
             call_deadline: self.limits.call_timeout,

@@ -26,7 +26,7 @@ pub mod dra {
 
     /// What a DRA plugin lists in `PluginInfo.supported_versions`: the gRPC services it serves,
     /// newest first (kubelet 1.34+ picks `v1.DRAPlugin`, 1.32-1.33 `v1beta1.DRAPlugin`).
-    pub const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+    pub(crate) const SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 }
 
 /// Kubelet's DRA resource health API (KEP-4680), served on each DRA plugin's socket: `v1alpha1`
@@ -43,7 +43,7 @@ pub mod dra_health {
 
     /// What a DRA plugin adds to `PluginInfo.supported_versions` for the health services it
     /// serves (kubelet picks its DRAPlugin service from the same list and ignores these).
-    pub const SERVICES: [&str; 2] = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
+    pub(crate) const SERVICES: [&str; 2] = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"];
 }
 
 /// Plugin-watcher registration (`/pluginregistration.Registration`).

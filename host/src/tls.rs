@@ -5,7 +5,7 @@
 
 /// Make ring rustls' process-wide crypto provider, once; later calls (and a provider some other
 /// code installed first) leave it as it is.
-pub fn install_crypto() {
+pub(crate) fn install_crypto() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // Err only when a provider is already installed: that one serves.

@@ -183,7 +183,7 @@ impl Follower {
     }
 
     /// Look at every reference once; true when any offered version changed.
-    pub async fn check_all(&mut self) -> bool {
+    pub(crate) async fn check_all(&mut self) -> bool {
         let mut changed = false;
         for i in 0..self.entries.len() {
             let e = &self.entries[i];

@@ -104,7 +104,7 @@ fn yes() -> bool {
 }
 
 /// Refused accesses a summary names (the count is in [`StatsSnapshot::denied`]).
-pub const MAX_DENIED_SHOWN: usize = 32;
+pub(crate) const MAX_DENIED_SHOWN: usize = 32;
 
 /// One refused access and the grant line that would allow it.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -203,7 +203,7 @@ impl Loaded {
     }
 
     /// Settle contested device nodes by the config's `owns` (see [`crate::model::contest`]).
-    pub fn with_decisions(mut self, decisions: Decisions) -> Self {
+    pub(crate) fn with_decisions(mut self, decisions: Decisions) -> Self {
         self.decisions = decisions;
         self
     }
@@ -226,36 +226,36 @@ impl Loaded {
 
     /// Remember that `name` (from `origin`) failed to load with `error`, for status, until a
     /// version of it loads.
-    pub fn note_failed(&self, name: &str, origin: &str, error: &str) {
+    pub(crate) fn note_failed(&self, name: &str, origin: &str, error: &str) {
         let error = crate::gate::clip_to(error, 2048).into_owned();
         self.failed.locked().insert(name.to_owned(), (origin.to_owned(), error));
     }
 
     /// Record every backend call's latency in `metrics`.
     /// The resources this node serves through DRA (their backends are asked to `describe`).
-    pub fn with_dra_resources(mut self, names: Vec<String>) -> Self {
+    pub(crate) fn with_dra_resources(mut self, names: Vec<String>) -> Self {
         self.dra_resources = names;
         self
     }
 
     /// Treat every resource as served through DRA (a preview of what this node would publish).
-    pub fn with_all_dra(mut self) -> Self {
+    pub(crate) fn with_all_dra(mut self) -> Self {
         self.all_dra = true;
         self
     }
 
     /// Whether `resource` is served through DRA here.
-    pub fn serves_dra(&self, resource: &str) -> bool {
+    pub(crate) fn serves_dra(&self, resource: &str) -> bool {
         self.all_dra || self.dra_resources.iter().any(|r| r == resource)
     }
 
-    pub fn with_metrics(mut self, metrics: Arc<dyn BackendMetrics>) -> Self {
+    pub(crate) fn with_metrics(mut self, metrics: Arc<dyn BackendMetrics>) -> Self {
         self.metrics = metrics;
         self
     }
 
     /// Run `hook` on every resource's new device list before it reaches kubelet.
-    pub fn with_publish_hook(mut self, hook: PublishHook) -> Self {
+    pub(crate) fn with_publish_hook(mut self, hook: PublishHook) -> Self {
         self.publish_hook = Some(hook);
         self
     }
@@ -277,7 +277,7 @@ impl Loaded {
     }
 
     /// Drop compiled code [`Loaded::prepare`] made that no load took.
-    pub fn forget_prepared(&self) {
+    pub(crate) fn forget_prepared(&self) {
         self.runtime.forget_prepared();
     }
 
@@ -404,7 +404,7 @@ impl Loaded {
 
     /// Stop a backend: its resources stream an empty device list (kubelet has no deregister
     /// call) and are handed back to be stopped.
-    pub fn unload(&self, name: &str) -> Vec<Retired> {
+    pub(crate) fn unload(&self, name: &str) -> Vec<Retired> {
         self.backends.locked().remove(name);
         let mut resources = self.resources.locked();
         let names: Vec<String> = resources.iter().filter(|(_, r)| r.backend == name).map(|(n, _)| n.clone()).collect();
@@ -416,7 +416,7 @@ impl Loaded {
     }
 
     /// Loaded backends: name → (origin, source key).
-    pub fn origins(&self) -> BTreeMap<String, (Origin, String)> {
+    pub(crate) fn origins(&self) -> BTreeMap<String, (Origin, String)> {
         self.backends.locked().iter().map(|(n, s)| (n.clone(), (**s.origin.load()).clone())).collect()
     }
 
@@ -499,7 +499,7 @@ impl Loaded {
         self.resources.locked().values().map(|r| r.tx.borrow().clone()).collect()
     }
 
-    pub fn summaries(&self) -> Vec<BackendSummary> {
+    pub(crate) fn summaries(&self) -> Vec<BackendSummary> {
         // Copied before the other locks are taken (the polls take it under `resources`).
         let contests = self.contests();
         let resources = self.resources.locked();

@@ -24,7 +24,7 @@ pub struct Manifest {
 
 impl Manifest {
     /// What to tell the vendor and operator of a manifest without `[requests] resources`.
-    pub const MISSING_RESOURCES: &str = "the manifest has no `resources` under [requests] (manifests written before devplug 0.2.0): \
+    pub(crate) const MISSING_RESOURCES: &str = "the manifest has no `resources` under [requests] (manifests written before devplug 0.2.0): \
          since 0.2.0 a backend serves only the resource names its manifest requests and the operator grants. \
          Add the line `resources = [\"<your-domain>/*\"]` under [requests] of the manifest (the domain of the names \
          its init declares, e.g. \"example.com/*\"); until then it serves only the names the operator grants \
@@ -34,7 +34,7 @@ impl Manifest {
     /// grant of them is refused when the config loads, and `default_grant = "requested"` drops
     /// them, so the backend would learn it only at its first Allocate. (`*` stays: it asks for
     /// whatever keys the operator grants.)
-    pub fn never_granted(&self) -> Vec<String> {
+    pub(crate) fn never_granted(&self) -> Vec<String> {
         use crate::gate::EnvGrant;
         self.requests
             .env

@@ -59,7 +59,7 @@ impl Loaded {
     /// One `discover` for each loaded backend not in `busy`. Each runs on its own (blocking)
     /// and is handed back with [`finish_poll`](Self::finish_poll), so a backend that takes its
     /// whole deadline delays no other backend's poll.
-    pub fn start_polls(&self, busy: &HashSet<String>) -> Vec<PollJob> {
+    pub(crate) fn start_polls(&self, busy: &HashSet<String>) -> Vec<PollJob> {
         self.backends
             .locked()
             .iter()
@@ -69,20 +69,20 @@ impl Loaded {
     }
 
     /// The discover of backend `name` alone (a uevent asked for it).
-    pub fn poll_job(&self, name: &str) -> Option<PollJob> {
+    pub(crate) fn poll_job(&self, name: &str) -> Option<PollJob> {
         let backends = self.backends.locked();
         let s = backends.get(name)?;
         Some(PollJob { name: name.to_owned(), slot: s.clone(), inst: s.current.load_full() })
     }
 
     /// Backends subscribed to kernel uevents of `subsystem`.
-    pub fn subscribers(&self, subsystem: &str) -> Vec<String> {
+    pub(crate) fn subscribers(&self, subsystem: &str) -> Vec<String> {
         let backends = self.backends.locked();
         backends.iter().filter(|(_, s)| s.current.load().subscribes(subsystem)).map(|(n, _)| n.clone()).collect()
     }
 
     /// Publish a finished poll; returns resources to start serving.
-    pub fn finish_poll(&self, done: PollDone) -> Vec<ReadyResource> {
+    pub(crate) fn finish_poll(&self, done: PollDone) -> Vec<ReadyResource> {
         let PollDone { job, result, took } = done;
         self.metrics.backend_call(&job.name, "discover", took);
         let mut ready = Vec::new();
@@ -91,7 +91,7 @@ impl Loaded {
     }
 
     /// Run every backend's `discover`, all at once, and update the device lists.
-    pub async fn poll_once(&self) -> PollReport {
+    pub(crate) async fn poll_once(&self) -> PollReport {
         let jobs = self.start_polls(&HashSet::new());
         let runs = jobs.into_iter().map(|job| async move {
             let name = job.name.clone();

@@ -39,7 +39,7 @@ pub struct Reconciler {
 /// How long a loaded backend whose file went stays loaded, waiting for it to come back: a
 /// delete-then-create (an editor, `kubectl cp`, a copy tool) is a change, not a removal, however
 /// slow the machine is between the two (the directory watch settles bursts only 20 ms apart).
-pub const REMOVAL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const REMOVAL_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Reconciler {
     /// `refused`: the sources that failed at start (see [`super::load_all`]).
@@ -56,7 +56,7 @@ impl Reconciler {
     }
 
     /// Also reconcile against the registry versions `pulled` offers; refusals go to `statuses`.
-    pub fn with_registry_sources(
+    pub(crate) fn with_registry_sources(
         mut self,
         pulled: watch::Receiver<Vec<BackendSource>>,
         statuses: Arc<Statuses>,
@@ -67,7 +67,7 @@ impl Reconciler {
     }
 
     /// Look at the sources again and swap, load or unload what changed.
-    pub async fn reconcile(&mut self, catalog: &Catalog<'_>) -> Changes {
+    pub(crate) async fn reconcile(&mut self, catalog: &Catalog<'_>) -> Changes {
         let pulled = self.pulled.as_mut().map(|p| p.borrow_and_update().clone()).unwrap_or_default();
         let (sources, problems) = sources(catalog, &pulled);
         let now: HashSet<String> = problems.into_iter().collect();
@@ -110,7 +110,7 @@ impl Reconciler {
     }
 
     /// When a backend whose source went is due to be unloaded (the caller reconciles then).
-    pub fn next_removal(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn next_removal(&self) -> Option<tokio::time::Instant> {
         self.missing.values().min().map(|since| tokio::time::Instant::from_std(*since + REMOVAL_GRACE))
     }
 

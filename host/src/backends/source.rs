@@ -82,7 +82,7 @@ impl BackendSource {
     }
 
     /// Like [`from_file`](Self::from_file), with the manifest at `manifest` when given.
-    pub fn from_file_with(path: &Path, manifest: Option<&Path>) -> anyhow::Result<BackendSource> {
+    pub(crate) fn from_file_with(path: &Path, manifest: Option<&Path>) -> anyhow::Result<BackendSource> {
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         let manifest_path = manifest.map(Path::to_owned).unwrap_or_else(|| path.with_extension("toml"));
         let (manifest, text) = match std::fs::read_to_string(&manifest_path) {
@@ -115,7 +115,7 @@ impl BackendSource {
 impl BackendSource {
     /// Backend `name` as pulled from `reference`. Its manifest, when it carries one, must parse
     /// and may not name another backend (the operator's config and grant are keyed by `name`).
-    pub fn from_registry(name: &str, reference: &str, pulled: crate::oci::Pulled) -> anyhow::Result<BackendSource> {
+    pub(crate) fn from_registry(name: &str, reference: &str, pulled: crate::oci::Pulled) -> anyhow::Result<BackendSource> {
         let manifest = if pulled.manifest.is_empty() {
             Manifest::default()
         } else {

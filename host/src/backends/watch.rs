@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use crate::fswatch::FsWatch;
 
 /// Quiet time that ends a burst of events.
-pub const QUIET: Duration = Duration::from_millis(20);
+pub(crate) const QUIET: Duration = Duration::from_millis(20);
 /// Longest wait after the first event of a burst.
-pub const MAX_WAIT: Duration = Duration::from_millis(500);
+pub(crate) const MAX_WAIT: Duration = Duration::from_millis(500);
 
 /// Debounced "the backends directory changed" ticks.
 pub struct DirTicks {

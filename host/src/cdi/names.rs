@@ -50,7 +50,7 @@ impl Kind {
 }
 
 /// Every spec file devplug writes starts with this; files without it are never touched.
-pub const OWNED_PREFIX: &str = "devplug-";
+pub(crate) const OWNED_PREFIX: &str = "devplug-";
 
 fn vendor_or_class_problem(name: &str) -> Option<&'static str> {
     let b = name.as_bytes();
@@ -85,7 +85,7 @@ pub fn device_name(id: &str) -> String {
 /// a shared device `-<share ID>` after it (a claim may hold two shares of one device), each
 /// character CDI does not take in the share ID (the scheduler's, normally a UUID) as `_`; the
 /// whole through the CDI name gate.
-pub fn claim_device_name(uid: &str, device: &str, share: Option<&str>) -> Result<CdiName, crate::gate::Refused> {
+pub(crate) fn claim_device_name(uid: &str, device: &str, share: Option<&str>) -> Result<CdiName, crate::gate::Refused> {
     let name = match share {
         Some(share) => {
             let share: String =
@@ -179,7 +179,7 @@ impl<'a> Naming<'a> {
     }
 
     /// The name Allocate answers with for device `id` (its own ID's name if it is not listed).
-    pub fn name_of(&self, id: &str) -> String {
+    pub(crate) fn name_of(&self, id: &str) -> String {
         self.primary.get(id).cloned().unwrap_or_else(|| device_name(id))
     }
 

@@ -90,7 +90,7 @@ pub fn build(resource: &Resource, kind: &Kind) -> Spec {
 /// name past the CDI name gate), and
 /// at spec level what every container of the claim gets (the resources' common edits and the
 /// backend's answer). Each part comes past the node gate ([`Admitted`]), the only way here.
-pub fn build_claim(kind: &Kind, devices: &[(crate::gate::CdiName, Admitted)], common: &Admitted) -> Spec {
+pub(crate) fn build_claim(kind: &Kind, devices: &[(crate::gate::CdiName, Admitted)], common: &Admitted) -> Spec {
     let mut spec = Spec {
         cdi_version: String::new(),
         kind: kind.kind(),
@@ -160,7 +160,7 @@ fn mount(m: &model::Mount) -> Mount {
 /// `specs-go/version.go`): 0.4.0 for a mount `type`, 0.5.0 for a device name not starting
 /// with a letter or a node `hostPath`, 0.6.0 for a dot in the class. Annotations (also 0.6.0)
 /// are never written.
-pub fn min_version(spec: &Spec) -> &'static str {
+pub(crate) fn min_version(spec: &Spec) -> &'static str {
     let all_edits = || spec.devices.iter().map(|d| &d.container_edits).chain([&spec.container_edits]);
     let class_has_dot = spec.kind.split_once('/').is_some_and(|(_, c)| c.contains('.'));
     let name_not_letter = spec.devices.iter().any(|d| !d.name.chars().next().is_some_and(|c| c.is_ascii_alphabetic()));

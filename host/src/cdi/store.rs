@@ -131,7 +131,7 @@ impl SpecDir {
     }
 
     /// Remove every spec this process wrote (clean exit).
-    pub fn remove_all(&self) {
+    pub(crate) fn remove_all(&self) {
         let all: Vec<String> = self.written.locked().keys().cloned().collect();
         for r in all {
             self.remove(&r);
@@ -145,7 +145,7 @@ impl SpecDir {
     /// flushed: a claim's spec is written again whenever it may have been lost (a reboot changes
     /// the boot ID its record holds; a missing spec is noticed), so its record's one flush is
     /// enough.
-    pub fn write_claim_unflushed(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
+    pub(crate) fn write_claim_unflushed(&self, uid: &str, driver: &str, spec: &Spec) -> Result<PathBuf, CdiError> {
         let file = self.dir.join(claim_file(uid, driver)?);
         let mut bytes =
             serde_json::to_vec_pretty(spec).map_err(|e| CdiError::Io { path: file.clone(), source: e.into() })?;
@@ -156,13 +156,13 @@ impl SpecDir {
 
     /// Whether the spec of claim `uid`'s devices of `driver` is on disk (a reboot empties
     /// `/var/run/cdi`).
-    pub fn has_claim(&self, uid: &str, driver: &str) -> bool {
+    pub(crate) fn has_claim(&self, uid: &str, driver: &str) -> bool {
         claim_file(uid, driver).is_ok_and(|f| self.dir.join(f).is_file())
     }
 
     /// Remove the spec of a claim's devices of `driver`, and the one file an older devplug
     /// wrote for the claim (none there is fine: unprepare may be repeated).
-    pub fn remove_claim(&self, uid: &str, driver: &str) -> Result<(), CdiError> {
+    pub(crate) fn remove_claim(&self, uid: &str, driver: &str) -> Result<(), CdiError> {
         let file = self.dir.join(claim_file(uid, driver)?);
         for file in [file, self.dir.join(claim_file_before_0_4(uid))] {
             // Not flushed: a spec that comes back after a power cut belongs to a claim no

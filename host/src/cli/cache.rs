@@ -22,7 +22,7 @@ pub fn dir(explicit: Option<&Path>) -> Option<PathBuf> {
 
 /// `base` for a one-shot command: the shared cache (unless `no_cache`), and no background
 /// compile that the command would end before.
-pub fn one_shot(mut base: RuntimeConfig, explicit: Option<&Path>, no_cache: bool) -> RuntimeConfig {
+pub(crate) fn one_shot(mut base: RuntimeConfig, explicit: Option<&Path>, no_cache: bool) -> RuntimeConfig {
     base.cache_dir = if no_cache { None } else { dir(explicit).map(|d| crate::durable::StateDir::own_place(&d)) };
     base.optimize_in_background = false;
     base

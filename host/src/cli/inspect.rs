@@ -8,7 +8,7 @@ use crate::runtime::bindings::{exported_version, supports};
 use crate::runtime::{Runtime, RuntimeConfig};
 
 /// Check that `bytes` is a backend component of a WIT version this host loads; returns it.
-pub fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
+pub(crate) fn inspect_bytes(bytes: &[u8]) -> anyhow::Result<String> {
     let runtime = Runtime::new(super::cache::one_shot(RuntimeConfig::default(), None, false))?;
     let compiled = runtime.compile(bytes)?;
     let version = exported_version(compiled.component.engine(), &compiled.component)

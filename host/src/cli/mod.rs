@@ -152,7 +152,7 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    pub fn settings(&self) -> anyhow::Result<crate::oci::RegistrySettings> {
+    pub(crate) fn settings(&self) -> anyhow::Result<crate::oci::RegistrySettings> {
         let mut s = match &self.config {
             Some(p) => Config::from_file(p)?.registry,
             None => crate::oci::RegistrySettings::default(),
@@ -380,7 +380,7 @@ pub struct SourceArgs {
 impl SourceArgs {
     /// The config these commands read (`--config`, else defaults in which every backend gets
     /// what it requests).
-    pub fn load_config(&self) -> anyhow::Result<Config> {
+    pub(crate) fn load_config(&self) -> anyhow::Result<Config> {
         match &self.config {
             Some(p) => Config::from_file(p),
             None => Ok(Config { default_grant: crate::backends::DefaultGrant::Requested, ..Config::default() }),

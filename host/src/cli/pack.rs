@@ -116,7 +116,7 @@ fn sha256(b: &[u8]) -> String {
 
 /// The OCI architecture name of the machine packing (wasm is the same everywhere, but image
 /// volumes are pulled for the node's platform).
-pub fn host_arch() -> &'static str {
+pub(crate) fn host_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",

@@ -34,7 +34,7 @@ pub struct InstanceLock {
 /// a `0600` file in a `0700` directory of devplug's user, opened without following links, so
 /// no other local user can open it, let alone hold it (a `0644` lock let anyone keep a
 /// restarted devplug in standby for ever).
-pub fn try_acquire(path: &Path) -> anyhow::Result<Option<InstanceLock>> {
+pub(crate) fn try_acquire(path: &Path) -> anyhow::Result<Option<InstanceLock>> {
     let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
         anyhow::bail!("instance lock {}: not a file path", path.display());
     };
@@ -84,7 +84,7 @@ fn holder(path: &Path) -> String {
 /// `on_standby` is told when standing by starts and ends, and that the wait is overdue once it
 /// has lasted `patience` (then one ERROR names the holder: a standby that never takes over is
 /// not ready). `None` when `cancelled` came first.
-pub async fn acquire(
+pub(crate) async fn acquire(
     path: &Path,
     patience: Duration,
     cancelled: impl std::future::Future<Output = ()>,
@@ -138,10 +138,10 @@ pub use crate::observe::Standby;
 /// The longest a stopping devplug waits for a successor to finish preparing: below the chart's
 /// 30 s `terminationGracePeriodSeconds`, so kubelet never has to kill it, and a successor whose
 /// compile hangs costs at most this (the old one then hands over anyway).
-pub const SUCCESSOR_PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const SUCCESSOR_PATIENCE: Duration = Duration::from_secs(20);
 
 /// The preparing lock's path: `preparing.lock` beside the instance lock.
-pub fn preparing_path(instance_lock: &Path) -> std::path::PathBuf {
+pub(crate) fn preparing_path(instance_lock: &Path) -> std::path::PathBuf {
     instance_lock.with_file_name("preparing.lock")
 }
 
@@ -163,7 +163,7 @@ pub fn preparing(path: &Path) -> Preparing {
 
 /// Wait, at most `patience`, until no devplug holds the preparing lock at `path` (a successor
 /// has finished preparing, or there is none); says once that it waits, and if it gave up.
-pub async fn await_successor(path: &Path, patience: Duration) {
+pub(crate) async fn await_successor(path: &Path, patience: Duration) {
     let start = tokio::time::Instant::now();
     let mut said = false;
     loop {

@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tokio::time::{Duration, Instant};
 
 /// The least time between two uevent-triggered discovers of one backend.
-pub const UEVENT_GAP: Duration = Duration::from_millis(100);
+pub(crate) const UEVENT_GAP: Duration = Duration::from_millis(100);
 
 use crate::backends::{Loaded, PollDone, ReadyResource};
 
@@ -32,7 +32,7 @@ pub struct Polls {
 
 impl Polls {
     /// Start a discover of every backend not already running one.
-    pub fn start_round(&mut self, loaded: &Loaded) {
+    pub(crate) fn start_round(&mut self, loaded: &Loaded) {
         let jobs = loaded.start_polls(&self.busy);
         self.first_round.get_or_insert(jobs.len());
         let now = Instant::now();
@@ -68,12 +68,12 @@ impl Polls {
     }
 
     /// When the next deferred discover is due, if any.
-    pub fn next_due(&self) -> Option<Instant> {
+    pub(crate) fn next_due(&self) -> Option<Instant> {
         self.deferred.values().min().copied()
     }
 
     /// Start the deferred discovers that are due (one still running takes the `again` route).
-    pub fn start_due(&mut self, loaded: &Loaded) {
+    pub(crate) fn start_due(&mut self, loaded: &Loaded) {
         let now = Instant::now();
         let due: Vec<String> = self.deferred.iter().filter(|(_, t)| **t <= now).map(|(n, _)| n.clone()).collect();
         for name in due {
@@ -126,7 +126,7 @@ impl Polls {
     }
 
     /// Every backend has answered once (or there were none).
-    pub fn first_round_over(&self) -> bool {
+    pub(crate) fn first_round_over(&self) -> bool {
         self.first_round == Some(0)
     }
 }

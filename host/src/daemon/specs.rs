@@ -13,7 +13,7 @@ use crate::kubelet::{CdiTarget, Delivery};
 use crate::model::Resource;
 
 /// The CDI directory, or `None` (logged) when specs are off or the directory is unusable.
-pub fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
+pub(crate) fn open_cdi(cfg: &Config) -> Option<Arc<SpecDir>> {
     if !cfg.write_cdi {
         return None;
     }
@@ -62,7 +62,7 @@ pub fn write(specs: &SpecDir, cfg: &Config, r: &Resource) -> Option<Result<bool,
 
 /// After the first round of discovers: remove specs an earlier, killed devplug left for
 /// resources that no longer exist (or that the config no longer writes).
-pub fn sweep_once(specs: &SpecDir, loaded: &Loaded, cfg: &Config, first: &mut bool) {
+pub(crate) fn sweep_once(specs: &SpecDir, loaded: &Loaded, cfg: &Config, first: &mut bool) {
     if !std::mem::take(first) {
         return;
     }

@@ -25,7 +25,7 @@ pub fn tune_allocator() {
 
 /// Page out the binary's clean mappings and trim the heap. Best effort: failures are logged at
 /// debug level and change nothing else.
-pub fn after_start() {
+pub(crate) fn after_start() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory back to the kernel; it touches no live
     // allocation.

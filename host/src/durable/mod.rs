@@ -16,7 +16,7 @@ use std::path::Path;
 
 /// Replace `path` (in `dir`) with `bytes`, mode `mode`. The temp file is named
 /// `{temp_prefix}*.tmp`, so readers that glob for real files never pick it up.
-pub fn write_file(dir: &Path, path: &Path, bytes: &[u8], temp_prefix: &str, mode: u32) -> std::io::Result<()> {
+pub(crate) fn write_file(dir: &Path, path: &Path, bytes: &[u8], temp_prefix: &str, mode: u32) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new().prefix(temp_prefix).suffix(".tmp").tempfile_in(dir)?;
     tmp.write_all(bytes)?;
     tmp.as_file().set_permissions(fs::Permissions::from_mode(mode))?;
@@ -30,7 +30,7 @@ pub fn write_file(dir: &Path, path: &Path, bytes: &[u8], temp_prefix: &str, mode
 /// killed process leaves one of them, but a power cut may lose the write. For files devplug
 /// writes again whenever they may be gone (a claim's CDI spec: a reboot is noticed by its boot
 /// ID, a missing spec by its absence).
-pub fn write_file_unflushed(
+pub(crate) fn write_file_unflushed(
     dir: &Path,
     path: &Path,
     bytes: &[u8],
@@ -47,7 +47,7 @@ pub fn write_file_unflushed(
 /// The bytes of the regular file at `path`, at most `max` of them: a link, a FIFO, a device or
 /// a larger file is an error, never followed, waited on or read without end (a directory
 /// devplug writes into but does not own, such as a CDI spec dir, may hold anything).
-pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+pub(crate) fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file =
@@ -77,20 +77,20 @@ fn counted() {
 }
 
 /// `fsync` `file`, counted.
-pub fn sync_all(file: &fs::File) -> std::io::Result<()> {
+pub(crate) fn sync_all(file: &fs::File) -> std::io::Result<()> {
     counted();
     file.sync_all()
 }
 
 /// `fdatasync` `file`, counted.
-pub fn sync_data(file: &fs::File) -> std::io::Result<()> {
+pub(crate) fn sync_data(file: &fs::File) -> std::io::Result<()> {
     counted();
     file.sync_data()
 }
 
 /// Make a rename or unlink in `dir` durable. Best effort: some file systems refuse fsync on a
 /// directory.
-pub fn sync_dir(dir: &Path) {
+pub(crate) fn sync_dir(dir: &Path) {
     if let Ok(d) = fs::File::open(dir) {
         let _ = sync_all(&d);
     }

@@ -81,7 +81,7 @@ impl StateDir {
     /// `0700` sub-directory [`OWN_SUBDIR`] inside it, which [`StateDir::open`] then checks as it
     /// checks any state directory (so a sub-directory another user planted, or a link, is still
     /// refused). A link at `path` is returned as it is, to be refused by `open`.
-    pub fn own_place(path: &Path) -> PathBuf {
+    pub(crate) fn own_place(path: &Path) -> PathBuf {
         match nix::sys::stat::lstat(path) {
             Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR && own(&st).is_err() => {
                 path.join(OWN_SUBDIR)
@@ -125,7 +125,7 @@ impl StateDir {
     }
 
     /// The sub-directory `name`, created `0700` if missing, checked as [`StateDir::open`] checks.
-    pub fn subdir(&self, name: &str) -> std::io::Result<StateDir> {
+    pub(crate) fn subdir(&self, name: &str) -> std::io::Result<StateDir> {
         check_name(name)?;
         let path = self.shown(name);
         match mkdirat(&self.fd, name, Mode::from_bits_truncate(0o700)) {
@@ -173,7 +173,7 @@ impl StateDir {
     }
 
     /// `name` opened to read and append, created `0600` if missing; whether it was created.
-    pub fn open_append(&self, name: &str) -> std::io::Result<(File, bool)> {
+    pub(crate) fn open_append(&self, name: &str) -> std::io::Result<(File, bool)> {
         match self.open_file(name, OFlag::O_RDWR | OFlag::O_APPEND) {
             Ok(f) => Ok((f, false)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -186,7 +186,7 @@ impl StateDir {
     }
 
     /// `name` opened to read and write (not truncated), created `0600` if missing.
-    pub fn open_rw(&self, name: &str) -> std::io::Result<File> {
+    pub(crate) fn open_rw(&self, name: &str) -> std::io::Result<File> {
         match self.open_file(name, OFlag::O_RDWR) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 self.open_file(name, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)
@@ -265,7 +265,7 @@ impl StateDir {
     }
 
     /// Mark `name` used now (its modification time), for least-recently-used eviction.
-    pub fn mark_used(&self, name: &str) -> std::io::Result<()> {
+    pub(crate) fn mark_used(&self, name: &str) -> std::io::Result<()> {
         let f = self.open_file(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?;
         f.set_modified(std::time::SystemTime::now())
     }

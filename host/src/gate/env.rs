@@ -12,12 +12,12 @@
 use super::Refused;
 
 /// Longest env key devplug passes on.
-pub const MAX_KEY: usize = 256;
+pub(crate) const MAX_KEY: usize = 256;
 /// Shortest vendor prefix a glob grant may name, before its `_` (`AMD_*`, `NVIDIA_*`); also the
 /// shortest stem of a numbered grant (`QAT#`).
-pub const MIN_PREFIX: usize = 3;
+pub(crate) const MIN_PREFIX: usize = 3;
 /// Most digits a numbered grant's keys carry after their stem.
-pub const MAX_DIGITS: usize = 4;
+pub(crate) const MAX_DIGITS: usize = 4;
 
 /// An env key a container may be given: `[A-Za-z_][A-Za-z0-9_]*`, at most [`MAX_KEY`] bytes.
 /// The only key type a container's environment holds (`model::ContainerEdits::env`).

@@ -29,7 +29,7 @@ pub use names::{
     label_problem, label_value_problem, qualified_name_problem, subdomain_problem, subdomain_problem_unbounded,
 };
 pub use pci::{PciAddress, PciLookup, is_bus_id};
-pub use text::{CLIP, clip, clip_to};
+pub use text::{CLIP, MAX_WIRE_ERROR, clip, clip_to};
 
 /// A value a gate refused: what it was meant to be, the value (escaped and clipped), and the rule.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -52,7 +52,7 @@ impl Refused {
 
 /// A TOML error on one line, where it is and what is wrong (`toml`'s own text spans several
 /// lines with a drawing of the place, which a log line or the CLI's error shows as literal `\n`).
-pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
     let message = e.message().trim_end_matches('\n').replace('\n', "; ");
     match e.span() {
         Some(span) => {

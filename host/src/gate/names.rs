@@ -7,7 +7,7 @@
 use super::Refused;
 
 /// Longest network interface name the kernel takes: `IFNAMSIZ` (16) less its NUL.
-pub const MAX_IFNAME: usize = 15;
+pub(crate) const MAX_IFNAME: usize = 15;
 
 /// A kernel network interface name, by `dev_valid_name()` in `net/core/dev.c` (non-empty,
 /// shorter than `IFNAMSIZ`, not `.` or `..`, no `/`, `:` or whitespace), and printable ASCII on
@@ -75,7 +75,7 @@ api_name!(
 pub const MAX_ATTRIBUTE_NAME: usize = 32;
 
 /// Longest CDI device name devplug writes.
-pub const MAX_CDI_NAME: usize = 255;
+pub(crate) const MAX_CDI_NAME: usize = 255;
 
 /// A CDI device name as the CDI parser (`pkg/parser` in cncf-tags/container-device-interface)
 /// takes it: letters, digits, `_`, `-`, `.`, `:`, starting and ending with a letter or digit.

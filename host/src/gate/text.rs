@@ -24,13 +24,17 @@ use std::borrow::Cow;
 /// Characters of outsider text kept in logs, errors and status.
 pub const CLIP: usize = 256;
 
+/// Characters of an error kubelet gets from devplug and shows in a pod's events (a backend's
+/// and the API server's words among them), on both APIs.
+pub const MAX_WIRE_ERROR: usize = 1024;
+
 /// Characters of the text itself a clipped text keeps at least before it carries its
 /// length-and-hash suffix (shorter limits get a plain cut).
 const MIN_KEPT: usize = 8;
 
 /// Combining marks one base character keeps (Vietnamese and Indic text use two or three; Unicode's
 /// Stream-Safe Text Format allows 30 non-starters in a row, text a person can read far fewer).
-pub const MAX_MARKS: usize = 8;
+pub(crate) const MAX_MARKS: usize = 8;
 
 /// `Default_Ignorable_Code_Point` (DerivedCoreProperties.txt, Unicode 16: stable in practice,
 /// since the property is reserved ahead for whole blocks), plus U+2800 BRAILLE PATTERN BLANK,

@@ -33,7 +33,7 @@ pub enum Strategy {
 }
 
 impl Strategy {
-    pub fn is_cdi(self) -> bool {
+    pub(crate) fn is_cdi(self) -> bool {
         matches!(self, Strategy::CdiCri | Strategy::CdiAnnotations)
     }
 }

@@ -89,7 +89,7 @@ impl Endpoints {
     }
 
     /// Wait `patience` (instead of [`PATIENCE`]) for kubelet to complete a registration.
-    pub fn with_patience(mut self, patience: Duration) -> Self {
+    pub(crate) fn with_patience(mut self, patience: Duration) -> Self {
         self.board = Arc::new(Board::new(patience));
         self
     }

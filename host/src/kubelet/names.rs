@@ -4,7 +4,7 @@ use crate::model::names::name_chars;
 
 /// The socket file for a resource: `devplug-nvidia.com_gpu.sock`. Kubelet wants it inside the
 /// device-plugins dir and names it relative to that dir.
-pub fn socket_file_name(resource: &str) -> String {
+pub(crate) fn socket_file_name(resource: &str) -> String {
     format!("devplug-{}.sock", name_chars(resource))
 }
 

@@ -45,7 +45,7 @@ impl EndpointCtx {
     }
 
     /// Registrations from now on are of `mode` on `socket`.
-    pub fn registering_at(&self, mode: crate::plugin_socket::Mode, socket: &Path) {
+    pub(crate) fn registering_at(&self, mode: crate::plugin_socket::Mode, socket: &Path) {
         self.registration.send_modify(|r| {
             r.mode = mode;
             r.socket = socket.to_owned();

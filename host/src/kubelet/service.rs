@@ -22,7 +22,7 @@ use crate::proto::deviceplugin as pb;
 /// The least time between two lists sent on one ListAndWatch stream: a burst of changes (health
 /// flipping with every uevent) reaches kubelet as at most one list per gap, the newest; a change
 /// after a quiet spell goes out at once.
-pub const MIN_SEND_GAP: std::time::Duration = std::time::Duration::from_millis(100);
+pub(crate) const MIN_SEND_GAP: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Tracks the ListAndWatch streams of one serving generation, to notice kubelet letting go.
 #[derive(Default)]
@@ -33,7 +33,7 @@ pub struct StreamTracker {
 
 impl StreamTracker {
     /// Resolves when the last open stream closes (never, if none was ever opened).
-    pub async fn all_closed(&self) {
+    pub(crate) async fn all_closed(&self) {
         self.all_closed.notified().await
     }
 }
@@ -117,9 +117,6 @@ impl DevicePluginService {
     }
 }
 
-/// Characters of an error kubelet shows in a pod's events (a backend's words among them).
-pub const MAX_ERROR_TEXT: usize = 1024;
-
 /// A backend's failure as kubelet gets it, its text through the text gate (escaped, clipped):
 /// the backend's own error or a refused answer is `Internal` (the pod fails with its message);
 /// a backend that cannot answer (trap, timeout, memory cap, open breaker) is `Unavailable`,
@@ -130,7 +127,7 @@ fn status(resource: &str, e: CallError) -> Status {
         CallError::Guest(m) => m,
         other => other.to_string(),
     };
-    let text = crate::gate::clip_to(&format!("{resource}: {m}"), MAX_ERROR_TEXT).into_owned();
+    let text = crate::gate::clip_to(&format!("{resource}: {m}"), crate::gate::MAX_WIRE_ERROR).into_owned();
     match class {
         CallClass::Answer | CallClass::Refused => Status::internal(text),
         CallClass::Fault | CallClass::BreakerOpen => Status::unavailable(text),
@@ -138,7 +135,7 @@ fn status(resource: &str, e: CallError) -> Status {
 }
 
 /// The device list as kubelet wants it.
-pub fn to_proto_devices(r: &Resource) -> Vec<pb::Device> {
+pub(crate) fn to_proto_devices(r: &Resource) -> Vec<pb::Device> {
     r.devices
         .iter()
         .map(|d| pb::Device {

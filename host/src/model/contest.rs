@@ -35,7 +35,7 @@ impl Contest {
     }
 
     /// Whether `backend` is one of the two sides.
-    pub fn involves(&self, backend: &str) -> bool {
+    pub(crate) fn involves(&self, backend: &str) -> bool {
         self.backends.iter().any(|b| b == backend)
     }
 

@@ -49,7 +49,7 @@ pub use crate::gate::MAX_ATTRIBUTE_NAME;
 
 /// A `discover` attribute key as a DRA attribute name: a C identifier of at most 32 bytes
 /// (`unhealthy`, `cdi_name`, `pci_addr`).
-pub fn attribute_name(key: &str) -> String {
+pub(crate) fn attribute_name(key: &str) -> String {
     let mut s: String = key.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
     if !s.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
         s.insert(0, '_');
@@ -61,7 +61,7 @@ pub fn attribute_name(key: &str) -> String {
 /// Attributes the host writes on every device it publishes: the device-plugin resource name
 /// (DeviceClasses select on it) and the NUMA node (the scheduler aligns on it). A backend's
 /// attribute of the same name would replace them, so it is refused.
-pub const HOST_ATTRIBUTES: &[&str] = &["resource", "numa"];
+pub(crate) const HOST_ATTRIBUTES: &[&str] = &["resource", "numa"];
 
 /// Domains whose attribute names belong to devplug or to Kubernetes' standard attributes
 /// (`resource.kubernetes.io/pcieRoot`): the host writes those, never a backend.
@@ -69,7 +69,7 @@ const RESERVED_DOMAINS: &[&str] = &["devplug.io", "kubernetes.io", "k8s.io"];
 
 /// Why a backend may not publish attribute `key` (a `discover` key, or a `describe` name, which
 /// may be `domain/name`), if it may not.
-pub fn reserved_attribute(key: &str) -> Option<String> {
+pub(crate) fn reserved_attribute(key: &str) -> Option<String> {
     let (domain, name) = match key.rsplit_once('/') {
         Some((d, n)) => (Some(d), n),
         None => (None, key),

@@ -19,7 +19,7 @@ pub fn env_entry(key: &str, value: &str) -> Option<(EnvKey, EnvValue)> {
 }
 
 /// An answer's env entries past the env gate, and why the first one it refused was refused.
-pub fn gated_env(entries: impl IntoIterator<Item = (String, String)>) -> (Vec<(EnvKey, EnvValue)>, Option<String>) {
+pub(crate) fn gated_env(entries: impl IntoIterator<Item = (String, String)>) -> (Vec<(EnvKey, EnvValue)>, Option<String>) {
     let mut malformed = None;
     let mut env = Vec::new();
     for (k, v) in entries {
@@ -181,10 +181,10 @@ impl Vetted {
 
 /// The attribute a device declares that its nodes may also be handed out by another backend's
 /// resource (every device naming the node must declare it: [`nodes`]).
-pub const SHARED_NODE: &str = "shared-node";
+pub(crate) const SHARED_NODE: &str = "shared-node";
 
 /// The attribute a backend sets on a device it lists for DRA only (the SDK's `Device::dra_only`).
-pub const DRA_ONLY: &str = "dra-only";
+pub(crate) const DRA_ONLY: &str = "dra-only";
 
 impl Device {
     /// Whether the backend listed this device for DRA only: the Device Plugin API never sees it.
@@ -220,7 +220,7 @@ impl Resource {
 
     /// What kubelet sees of this resource: ID → (health, NUMA nodes). Used to decide whether a
     /// new discover result is worth a ListAndWatch update.
-    pub fn kubelet_view(&self) -> BTreeMap<&str, (Health, &[u32])> {
+    pub(crate) fn kubelet_view(&self) -> BTreeMap<&str, (Health, &[u32])> {
         self.devices.iter().map(|d| (d.id.as_str(), (d.health, d.numa_nodes.as_slice()))).collect()
     }
 }
@@ -234,10 +234,10 @@ pub struct BackendInfo {
 }
 
 /// Kubelet's limit on device ID length.
-pub const MAX_DEVICE_ID: usize = 63;
+pub(crate) const MAX_DEVICE_ID: usize = 63;
 
 /// Why a device ID from a backend cannot go to kubelet, if it cannot.
-pub fn device_id_problem(id: &str) -> Option<String> {
+pub(crate) fn device_id_problem(id: &str) -> Option<String> {
     if id.is_empty() {
         return Some("empty device ID".into());
     }

@@ -6,7 +6,7 @@
 /// Kubelet accepts `domain/name` where the domain is a DNS subdomain outside `kubernetes.io`
 /// and `requests.<name>` is a valid qualified name (name part: at most 63 characters,
 /// alphanumeric at both ends, `-_.` inside).
-pub fn resource_name_problem(name: &str) -> Option<String> {
+pub(crate) fn resource_name_problem(name: &str) -> Option<String> {
     let Some((domain, short)) = name.split_once('/') else {
         return Some(format!("{name:?} has no domain: use an extended resource name like example.com/{name}"));
     };
@@ -43,13 +43,13 @@ pub fn resource_name_problem(name: &str) -> Option<String> {
 }
 
 /// A character kubelet allows in the name part of a qualified name: `[A-Za-z0-9._-]`.
-pub fn is_name_char(c: char) -> bool {
+pub(crate) fn is_name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || "-_.".contains(c)
 }
 
 /// `s` with every character outside `[A-Za-z0-9._-]` replaced by `_` (`nvidia.com/gpu` →
 /// `nvidia.com_gpu`), for file names and keys derived from resource names.
-pub fn name_chars(s: &str) -> String {
+pub(crate) fn name_chars(s: &str) -> String {
     s.chars().map(|c| if is_name_char(c) { c } else { '_' }).collect()
 }
 

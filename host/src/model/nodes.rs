@@ -187,7 +187,7 @@ impl NodeOwners {
 
     /// The table of `lists` under the operator's `decisions`: a node exactly one resource's
     /// `owns` covers (at the path that resource names it by) is that resource's.
-    pub fn build_decided<'a>(
+    pub(crate) fn build_decided<'a>(
         lists: impl IntoIterator<Item = (&'a str, &'a Resource)>,
         decisions: &Decisions,
     ) -> NodeOwners {
@@ -250,7 +250,7 @@ impl NodeOwners {
     /// shared) or that another backend's resource hands to all its containers; and each node
     /// its common edits hand every container that another backend's device names as its own
     /// (then every device of the resource is refused: each would carry the node).
-    pub fn conflicts(&self, backend: &str, resource: &Resource) -> Vec<Conflict> {
+    pub(crate) fn conflicts(&self, backend: &str, resource: &Resource) -> Vec<Conflict> {
         let mut out: BTreeMap<String, Conflict> = BTreeMap::new();
         let mut add = |n: &DeviceNode, holder: (&str, &str, &str), device: &str, decided: bool| {
             let path = n.host_path();
@@ -321,7 +321,7 @@ impl NodeOwners {
     /// What one container holding devices `ids` of `resource` gets: the resource's common
     /// edits, each device's own and the backend's `answer` for the set, merged as the classic
     /// answer merges them, and checked whole by [`admit`](Self::admit)'s rule.
-    pub fn admit_allocation(
+    pub(crate) fn admit_allocation(
         &self,
         resource: &Resource,
         ids: &[String],
@@ -344,7 +344,7 @@ impl NodeOwners {
     /// else is another device's (shared or not: sharing lets several devices name one node, it
     /// does not give the node to containers holding none of them), or contested between two
     /// backends, and refused.
-    pub fn admit(&self, resource: &str, held: &Held<'_>, edits: ContainerEdits) -> Result<Admitted, Foreign> {
+    pub(crate) fn admit(&self, resource: &str, held: &Held<'_>, edits: ContainerEdits) -> Result<Admitted, Foreign> {
         self.check(resource, held, &edits)?;
         Ok(Admitted { answer: edits.clone(), edits })
     }

@@ -94,7 +94,7 @@ impl Port {
     /// claim through this port (one driver is one backend), or, when it leaves them to
     /// `allocate`, each part's `allocate`; then each part's common edits, and every device's
     /// own. Each is gated against everything the claim holds, across its parts.
-    pub async fn prepare_claim(
+    pub(crate) async fn prepare_claim(
         &self,
         uid: &str,
         label: &str,

@@ -46,7 +46,7 @@ pub struct Probes {
 
 impl Probes {
     /// Permits for [`Probes::device_pages`].
-    pub fn device_pages() -> Arc<tokio::sync::Semaphore> {
+    pub(crate) fn device_pages() -> Arc<tokio::sync::Semaphore> {
         Arc::new(tokio::sync::Semaphore::new(DEVICE_PAGES_AT_ONCE))
     }
 }
@@ -68,7 +68,7 @@ impl Heartbeat {
         Heartbeat { start: std::time::Instant::now(), last_ms: Default::default(), stalled_after }
     }
 
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.last_ms.store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
@@ -206,8 +206,8 @@ async fn status(State(h): State<Probes>) -> Json<super::status::Status> {
 }
 
 /// Devices one `/status/devices` page holds by default, and at most.
-pub const DEVICES_PAGE: usize = 500;
-pub const MAX_DEVICES_PAGE: usize = 2000;
+pub(crate) const DEVICES_PAGE: usize = 500;
+pub(crate) const MAX_DEVICES_PAGE: usize = 2000;
 /// `/status/devices` pages built at once; more are answered 503 at once (each page is bounded,
 /// so this bounds the memory the listener can be made to use).
 const DEVICE_PAGES_AT_ONCE: usize = 2;

@@ -26,17 +26,17 @@ use super::fetch::{FetchError, Fetcher};
 
 /// The config media type of a Wasm OCI artifact (the CNCF TAG Runtime layout that `oci-wasm`,
 /// wkg and wasmCloud write; `devplug push` writes it through `oci-wasm`, in the vendor build).
-pub const WASM_MANIFEST_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
+pub(crate) const WASM_MANIFEST_CONFIG_MEDIA_TYPE: &str = "application/vnd.wasm.config.v0+json";
 /// The media type of a Wasm OCI artifact's one layer: the component itself.
-pub const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
+pub(crate) const WASM_LAYER_MEDIA_TYPE: &str = "application/wasm";
 
 /// The manifest annotation carrying the backend's `NAME.toml`, base64 (standard alphabet).
-pub const MANIFEST_ANNOTATION: &str = "io.devplug.backend.manifest";
+pub(crate) const MANIFEST_ANNOTATION: &str = "io.devplug.backend.manifest";
 /// The annotation naming the backend.
-pub const NAME_ANNOTATION: &str = "io.devplug.backend.name";
+pub(crate) const NAME_ANNOTATION: &str = "io.devplug.backend.name";
 
 /// The largest layer devplug pulls (the Python example backend is 18 MB).
-pub const MAX_LAYER: i64 = 64 << 20;
+pub(crate) const MAX_LAYER: i64 = 64 << 20;
 
 /// A backend as pulled.
 #[derive(Clone, Debug)]
@@ -71,7 +71,7 @@ pub async fn resolve(fetcher: &Fetcher, auth: &RegistryAuth, reference: &Referen
 
 /// Whether `err` says some content did not match its digest: the artifact's fault, not the
 /// network's, so worth remembering rather than retrying.
-pub fn is_digest_mismatch(err: &anyhow::Error) -> bool {
+pub(crate) fn is_digest_mismatch(err: &anyhow::Error) -> bool {
     err.chain().any(|c| {
         matches!(c.downcast_ref::<OciDistributionError>(), Some(OciDistributionError::DigestError(_)))
             || matches!(c.downcast_ref::<FetchError>(), Some(FetchError::DigestMismatch { .. }))
@@ -178,7 +178,7 @@ async fn blob(
 }
 
 /// Blob `layer`, refused past `max` bytes and checked against the descriptor's digest.
-pub async fn capped_blob(
+pub(crate) async fn capped_blob(
     fetcher: &Fetcher,
     auth: &RegistryAuth,
     reference: &Reference,
@@ -190,7 +190,7 @@ pub async fn capped_blob(
 
 /// Bytes all of an image's layers may unpack to, together (a 249 KiB gzip layer unpacks to
 /// 256 MiB: six of them took devplug to 1.5 GiB).
-pub const MAX_UNPACKED: u64 = 4 * MAX_LAYER as u64;
+pub(crate) const MAX_UNPACKED: u64 = 4 * MAX_LAYER as u64;
 /// Other `.wasm` names an image's root holds, kept (names only) for the error that lists them.
 const MAX_OTHER_NAMES: usize = 32;
 

@@ -73,7 +73,7 @@ impl Cache {
         Ok(())
     }
 
-    pub fn load_digest(&self, digest: &str) -> Option<Pulled> {
+    pub(crate) fn load_digest(&self, digest: &str) -> Option<Pulled> {
         let dir = self.blob_dir(digest).ok()?;
         let text = |name: &str| dir.read(name).ok().flatten().and_then(|b| String::from_utf8(b).ok());
         let sum = text("component.sha256")?;

@@ -24,9 +24,9 @@ use crate::sync::Locked;
 
 /// The largest manifest or index devplug reads: the distribution spec asks registries and
 /// clients to support manifests of at least 4 MB, and devplug's are a few KiB.
-pub const MAX_MANIFEST: usize = 4 << 20;
+pub(crate) const MAX_MANIFEST: usize = 4 << 20;
 /// The largest token answer devplug reads (a JWT is a few KiB).
-pub const MAX_TOKEN: usize = 256 << 10;
+pub(crate) const MAX_TOKEN: usize = 256 << 10;
 /// The largest error body kept for a message.
 const MAX_ERROR_BODY: usize = 4 << 10;
 

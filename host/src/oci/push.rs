@@ -27,7 +27,7 @@ pub struct Staged {
 /// publishes nothing anyone follows). The manifest is the one `oci-wasm` writes (config
 /// `application/vnd.wasm.config.v0+json`, one `application/wasm` layer) with devplug's
 /// annotations.
-pub async fn push_untagged(
+pub(crate) async fn push_untagged(
     client: &Client,
     auth: &RegistryAuth,
     reference: &Reference,

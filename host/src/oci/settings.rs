@@ -81,7 +81,7 @@ impl RegistrySettings {
     }
 
     /// The reader every pull, resolve and signature check goes through (byte-capped bodies).
-    pub fn fetcher(&self) -> anyhow::Result<super::fetch::Fetcher> {
+    pub(crate) fn fetcher(&self) -> anyhow::Result<super::fetch::Fetcher> {
         let ca = match &self.ca_file {
             Some(ca) => Some(std::fs::read(ca).map_err(|e| anyhow::anyhow!("registry.ca_file {}: {e}", ca.display()))?),
             None => None,
@@ -90,7 +90,7 @@ impl RegistrySettings {
     }
 
     /// The credentials for `reference`'s registry from the auth file, else anonymous.
-    pub fn auth_for(&self, reference: &Reference) -> anyhow::Result<RegistryAuth> {
+    pub(crate) fn auth_for(&self, reference: &Reference) -> anyhow::Result<RegistryAuth> {
         let Some(file) = &self.auth_file else { return Ok(RegistryAuth::Anonymous) };
         let auths = read_auth_file(file)?;
         let registry = reference.resolve_registry();

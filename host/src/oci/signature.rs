@@ -21,9 +21,9 @@ use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
 use serde::Serialize;
 
 /// The media type of a simple-signing payload layer.
-pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+pub(crate) const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 /// The layer annotation holding the base64 signature.
-pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
+pub(crate) const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 
 /// What verification found.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -64,14 +64,14 @@ impl std::fmt::Display for SignatureState {
     }
 }
 
-pub fn load_public_key(path: &Path) -> anyhow::Result<VerifyingKey> {
+pub(crate) fn load_public_key(path: &Path) -> anyhow::Result<VerifyingKey> {
     let pem = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("public key {}: {e}", path.display()))?;
     VerifyingKey::from_public_key_pem(&pem).map_err(|e| {
         anyhow::anyhow!("public key {}: not an ECDSA P-256 PEM public key (cosign.pub): {e}", path.display())
     })
 }
 
-pub fn load_private_key(path: &Path) -> anyhow::Result<SigningKey> {
+pub(crate) fn load_private_key(path: &Path) -> anyhow::Result<SigningKey> {
     let pem = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("private key {}: {e}", path.display()))?;
     SigningKey::from_pkcs8_pem(&pem).map_err(|e| {
         anyhow::anyhow!(
@@ -82,7 +82,7 @@ pub fn load_private_key(path: &Path) -> anyhow::Result<SigningKey> {
 }
 
 /// The tag cosign stores the signatures of `digest` under.
-pub fn signature_tag(digest: &str) -> String {
+pub(crate) fn signature_tag(digest: &str) -> String {
     format!("{}.sig", digest.replace(':', "-"))
 }
 

@@ -29,14 +29,14 @@ use crate::sync::Locked;
 /// The request bytes all plugin sockets' clients may have the host hold at once: 16 MiB, room
 /// for fourteen of kubelet's largest requests under way together (it makes one call at a time per
 /// plugin).
-pub const REQUEST_BYTES: usize = 16 << 20;
+pub(crate) const REQUEST_BYTES: usize = 16 << 20;
 
 /// A connection with no request under way this long is closed (grpc-go dials again on the next
 /// call; kubelet's Device Plugin connection always holds its ListAndWatch).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The process's one budget of request bytes.
-pub static BYTES: LazyLock<Arc<ByteBudget>> = LazyLock::new(|| ByteBudget::new(REQUEST_BYTES));
+pub(crate) static BYTES: LazyLock<Arc<ByteBudget>> = LazyLock::new(|| ByteBudget::new(REQUEST_BYTES));
 
 /// Request bytes held for bodies under way, and who holds them.
 pub struct ByteBudget {
@@ -182,7 +182,7 @@ impl Conn {
     }
 
     /// How long it has had no request under way with its body in (`None`: it has one).
-    pub fn quiet_for(&self) -> Option<Duration> {
+    pub(crate) fn quiet_for(&self) -> Option<Duration> {
         let served = self.in_flight.load(Ordering::Acquire).saturating_sub(self.unfinished.load(Ordering::Acquire));
         (served == 0).then(|| Duration::from_millis(now_ms().saturating_sub(self.quiet_since.load(Ordering::Acquire))))
     }
@@ -213,7 +213,7 @@ pub struct Connections {
 
 impl Connections {
     /// A new connection's standing.
-    pub fn admit(&self) -> Arc<Conn> {
+    pub(crate) fn admit(&self) -> Arc<Conn> {
         let conn = Conn::new();
         let mut live = self.live.locked();
         live.retain(|c| c.strong_count() > 0);
@@ -222,7 +222,7 @@ impl Connections {
     }
 
     /// Tell the connection quiet longest to close; whether there was one.
-    pub fn close_quietest(&self) -> bool {
+    pub(crate) fn close_quietest(&self) -> bool {
         let live = self.live.locked();
         let quietest = live
             .iter()

@@ -49,23 +49,23 @@ const PRIORITY: u8 = 0x20;
 /// The largest header block (all fragments of one HEADERS + CONTINUATIONs) and the largest
 /// decoded header list (RFC 7541 sizes: name + value + 32 per field) accepted. Kubelet's are
 /// about 150 bytes; tonic refuses lists over 16 KiB anyway.
-pub const MAX_BLOCK: usize = 64 * 1024;
+pub(crate) const MAX_BLOCK: usize = 64 * 1024;
 /// Frames one header block may span (a HEADERS and its CONTINUATIONs), and the bytes those
 /// frames may take on the wire, their 9-byte headers included: a block of empty CONTINUATION
 /// frames carries no payload, so a payload cap alone let one connection grow devplug past 1 GiB.
 /// Kubelet's blocks are one frame.
-pub const MAX_BLOCK_FRAMES: usize = 64;
-pub const MAX_BLOCK_WIRE: usize = MAX_BLOCK + MAX_BLOCK_FRAMES * FRAME_HEADER;
+pub(crate) const MAX_BLOCK_FRAMES: usize = 64;
+pub(crate) const MAX_BLOCK_WIRE: usize = MAX_BLOCK + MAX_BLOCK_FRAMES * FRAME_HEADER;
 /// Frames written to h2 stay within the smallest SETTINGS_MAX_FRAME_SIZE a peer may use.
 const MAX_FRAME: usize = 16_384;
 /// The dynamic table a decoder starts with (SETTINGS_HEADER_TABLE_SIZE's default; tonic's h2
 /// does not change it, so no client may grow its table past it).
 const CLIENT_TABLE: usize = 4_096;
 /// What stands in for an authority h2 would refuse.
-pub const LOCALHOST: &[u8] = b"localhost";
+pub(crate) const LOCALHOST: &[u8] = b"localhost";
 
 /// Whether h2 accepts `value` as `:authority`.
-pub fn acceptable(value: &[u8]) -> bool {
+pub(crate) fn acceptable(value: &[u8]) -> bool {
     tonic::codegen::http::uri::Authority::try_from(value).is_ok()
 }
 
@@ -348,7 +348,7 @@ impl Rewriter {
 /// sends its first request with the connection (grpc-go connects when a call is made) and each
 /// block in one write; 2,000 connections each holding a half-sent block grew devplug by 380 MiB
 /// and were never let go.
-pub const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const HEADER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// An accepted plugin connection with its read half passed through a [`Rewriter`], ended when it
 /// owes a header block past [`HEADER_DEADLINE`], when it has been idle for

@@ -114,7 +114,7 @@ impl RegistrationState {
     }
 
     /// Move to `stage` (a repeated stage keeps its `since`).
-    pub fn enter(&mut self, stage: Stage) {
+    pub(crate) fn enter(&mut self, stage: Stage) {
         if self.stage != stage {
             self.stage = stage;
             self.since = Instant::now();
@@ -123,7 +123,7 @@ impl RegistrationState {
 
     /// Why kubelet has not completed this registration although `after` has passed since the
     /// socket was served, if so: the socket, the mode, and what to check.
-    pub fn overdue(&self, after: Duration) -> Option<String> {
+    pub(crate) fn overdue(&self, after: Duration) -> Option<String> {
         if !matches!(self.stage, Stage::Serving | Stage::InfoAsked) || self.since.elapsed() < after {
             return None;
         }
@@ -154,7 +154,7 @@ impl RegistrationState {
 
 /// Log one ERROR when `state` stays unregistered for `after` after it was served or GetInfo was
 /// asked (once per such stage, however often the state is touched), until the sender is gone.
-pub async fn alarm(mut state: watch::Receiver<RegistrationState>, after: Duration) {
+pub(crate) async fn alarm(mut state: watch::Receiver<RegistrationState>, after: Duration) {
     let mut told: Option<Instant> = None;
     loop {
         let since = {
@@ -234,7 +234,7 @@ impl Registration {
         Registration { info, state, on_registered: None }
     }
 
-    pub fn on_registered(mut self, f: impl Fn(u64) + Send + Sync + 'static) -> Self {
+    pub(crate) fn on_registered(mut self, f: impl Fn(u64) + Send + Sync + 'static) -> Self {
         self.on_registered = Some(Arc::new(f));
         self
     }

@@ -38,17 +38,17 @@ pub const MAX_STREAMS: u32 = 4;
 /// at devplug's caps (8,192 devices, 63-byte IDs) about 1.1 MiB; this is that with headroom.
 /// tonic reads the length prefix and refuses a longer message before buffering its body
 /// (`OUT_OF_RANGE`, "decoded message length too large"); its default was 4 MiB on every socket.
-pub const MAX_DEVICE_PLUGIN_REQUEST: usize = 2 << 20;
+pub(crate) const MAX_DEVICE_PLUGIN_REQUEST: usize = 2 << 20;
 /// The largest request message a DRA socket decodes. Kubelet sends one pod's claims per
 /// `NodePrepareResources`/`NodeUnprepareResources`, each about 360 bytes at the longest names
 /// (a 36-byte UID, a 253-byte name, a 63-byte namespace): 64 KiB holds 180 of them.
-pub const MAX_DRA_REQUEST: usize = 64 << 10;
+pub(crate) const MAX_DRA_REQUEST: usize = 64 << 10;
 /// The largest request message the plugin-watcher `Registration` service decodes: kubelet sends
 /// an empty `InfoRequest` and a `RegistrationStatus` with its error text.
-pub const MAX_REGISTRATION_REQUEST: usize = 16 << 10;
+pub(crate) const MAX_REGISTRATION_REQUEST: usize = 16 << 10;
 /// The longest a request may take from its headers to its answer (kubelet's own deadlines are
 /// shorter: 45 s for a prepare); a streaming call (ListAndWatch) answers at once and streams on.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long an accept error (EMFILE) is waited out before the next accept.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// The least time between two ERRORs about refused connections on one socket.

@@ -172,7 +172,7 @@ impl Rule {
     /// Whether every entry name of directory `rel` may be shown: it may be listed, and one side
     /// says `rel/` (the manifest asks for its names, or the operator grants them so). Otherwise
     /// a listing shows the entries granted whole.
-    pub fn lists_all(&self, rel: &str) -> bool {
+    pub(crate) fn lists_all(&self, rel: &str) -> bool {
         self.admits(rel, Access::Names) && (self.requested_names.is_match(rel) || self.granted_names.is_match(rel))
     }
 
@@ -195,7 +195,7 @@ impl Rule {
     }
 
     /// Whether the backend asked for `rel` for `access`.
-    pub fn requested_for(&self, rel: &str, access: Access) -> bool {
+    pub(crate) fn requested_for(&self, rel: &str, access: Access) -> bool {
         self.requested(rel) || (access == Access::Names && self.requested_names.is_match(rel))
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use super::Tier;
 
 /// The first argument that makes `devplug` a compile worker (not a subcommand: never in `--help`).
-pub const WORKER_ARG: &str = "__compile-worker";
+pub(crate) const WORKER_ARG: &str = "__compile-worker";
 
 /// The most of the worker's own complaint (stderr) the host keeps.
 const STDERR_KEPT: u64 = 16 << 10;
@@ -51,7 +51,7 @@ pub const DEFAULT_BUDGET: CompileBudget =
 
 impl CompileBudget {
     /// The CPU seconds a compile of `len` bytes may use.
-    pub fn cpu_secs(&self, len: usize) -> u64 {
+    pub(crate) fn cpu_secs(&self, len: usize) -> u64 {
         let mib = (len as u64).div_ceil(1 << 20);
         self.cpu_base_secs.saturating_add(self.cpu_secs_per_mib.saturating_mul(mib))
     }
@@ -92,7 +92,7 @@ pub enum CompileError {
 
 impl CompileError {
     /// A bound the compile met (as opposed to a component the compiler refused).
-    pub fn over_budget(&self) -> bool {
+    pub(crate) fn over_budget(&self) -> bool {
         matches!(self, CompileError::Memory { .. } | CompileError::Cpu { .. })
     }
 }

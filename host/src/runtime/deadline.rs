@@ -11,7 +11,7 @@ use wasmtime::Engine;
 use crate::sync::Locked;
 
 /// How often the epoch advances: the granularity of every deadline.
-pub const EPOCH_TICK: Duration = Duration::from_millis(5);
+pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(5);
 
 /// A one-thread tokio runtime of the engine's own: guest calls are futures (so they can be cut
 /// off), but they run on the caller's thread, never on the daemon's async workers; this runtime

@@ -214,14 +214,14 @@ impl Runtime {
     }
 
     /// Drop what was prepared and not loaded (a backend removed while standing by).
-    pub fn forget_prepared(&self) {
+    pub(crate) fn forget_prepared(&self) {
         self.prepared.locked().clear();
     }
 
     /// Run a guest call on this thread until it finishes or `deadline` (plus a little slack)
     /// passes; `None` when it was cut off. Blocking: the caller is a blocking thread, the CLI's
     /// main thread, or async code inside `block_in_place`.
-    pub fn run_until<T>(&self, deadline: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
+    pub(crate) fn run_until<T>(&self, deadline: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
         let handle = self.timers.0.as_ref()?.handle();
         let _ticking = self.in_flight.enter();
         let cutoff = Cutoff { at: std::time::Instant::now() + deadline + CUTOFF_SLACK, cutoffs: self.cutoffs.clone() };
@@ -240,7 +240,7 @@ impl Runtime {
     }
 
     /// The linkers of the engine `component` was compiled for.
-    pub fn linkers_for(&self, component: &Component) -> &super::bindings::Linkers {
+    pub(crate) fn linkers_for(&self, component: &Component) -> &super::bindings::Linkers {
         match &self.baseline {
             Some(b) if Engine::same(component.engine(), &b.engine) => &b.linkers,
             _ => &self.optimized.linkers,
@@ -370,7 +370,7 @@ impl Runtime {
     /// the job first writes the baseline code there (a restart before the optimised code is
     /// ready loads it), then the optimised code, which replaces it. `None` when this runtime does
     /// no background compiles (one-shot commands) or this version went over its budget before.
-    pub fn optimize_later(
+    pub(crate) fn optimize_later(
         &self,
         backend: &str,
         digest: &str,
@@ -497,7 +497,7 @@ fn invalid(msg: String) -> LoadError {
 }
 
 /// Tell garbage, core modules and components apart before handing bytes to cranelift.
-pub fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
+pub(crate) fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         return Err(LoadError::NotWasm);
     }
@@ -509,7 +509,7 @@ pub fn check_header(bytes: &[u8]) -> Result<(), LoadError> {
 }
 
 /// Hex sha256 of a component: its identity in logs, metrics and the cache.
-pub fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 

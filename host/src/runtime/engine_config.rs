@@ -4,7 +4,7 @@
 
 /// The engine configuration: the component model, epoch interruption for deadlines, and
 /// optimised code.
-pub fn engine_config() -> wasmtime::Config {
+pub(crate) fn engine_config() -> wasmtime::Config {
     let mut c = wasmtime::Config::new();
     c.wasm_component_model(true);
     c.epoch_interruption(true);
@@ -17,7 +17,7 @@ pub fn engine_config() -> wasmtime::Config {
 /// two cores instead of 11, into code that runs slower. `None` where Winch does not compile
 /// (not x86_64): every component is then compiled optimised.
 #[allow(dead_code)] // build.rs, which includes this file, precompiles optimised code only
-pub fn baseline_engine_config() -> Option<wasmtime::Config> {
+pub(crate) fn baseline_engine_config() -> Option<wasmtime::Config> {
     if !cfg!(target_arch = "x86_64") {
         return None;
     }
@@ -30,12 +30,12 @@ pub fn baseline_engine_config() -> Option<wasmtime::Config> {
 /// CPU since about 2009), so a binary built on one machine runs its precompiled code on any other.
 /// A CPU without them makes the artifact fail the engine's compatibility check, and the host
 /// compiles instead.
-pub const X86_64_BASELINE: &[&str] = &["has_sse3", "has_ssse3", "has_sse41", "has_sse42", "has_popcnt"];
+pub(crate) const X86_64_BASELINE: &[&str] = &["has_sse3", "has_ssse3", "has_sse41", "has_sse42", "has_popcnt"];
 
 /// [`engine_config`] for precompiling for `triple` at the portable baseline, not the build
 /// machine's own CPU.
 #[allow(dead_code)] // used by build.rs, which includes this file
-pub fn portable_engine_config(triple: &str) -> wasmtime::Result<wasmtime::Config> {
+pub(crate) fn portable_engine_config(triple: &str) -> wasmtime::Result<wasmtime::Config> {
     let mut c = engine_config();
     c.target(triple)?;
     if triple.starts_with("x86_64") {

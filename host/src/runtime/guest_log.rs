@@ -36,7 +36,7 @@ impl Default for LogBudget {
 
 impl LogBudget {
     /// Whether one more line of `backend` may be logged now.
-    pub fn admit(&self, backend: &str) -> bool {
+    pub(crate) fn admit(&self, backend: &str) -> bool {
         let mut b = self.bucket.locked();
         let (tokens, last, unreported) = &mut *b;
         let now = Instant::now();

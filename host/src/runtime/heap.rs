@@ -6,7 +6,7 @@
 
 /// Return the allocator's free memory to the kernel. Cheap next to a compile (it walks the
 /// arenas once); call it after one, never on a hot path.
-pub fn release_freed() {
+pub(crate) fn release_freed() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only releases free memory back to the kernel; it touches no live
     // allocation.

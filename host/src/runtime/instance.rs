@@ -29,7 +29,7 @@ use crate::model::{BackendInfo, ContainerEdits, Resource};
 
 /// Recent calls the breaker looks at: a backend that faults every other call trips it as
 /// surely as one that faults every time.
-pub const FAULT_WINDOW: usize = 10;
+pub(crate) const FAULT_WINDOW: usize = 10;
 
 /// A guest call: a future borrowing the instance's bindings and store.
 type GuestCall<'a, T> = Pin<Box<dyn Future<Output = wasmtime::Result<GuestResult<T>>> + Send + 'a>>;
@@ -243,14 +243,14 @@ impl BackendInstance {
     }
 
     /// Whether a kernel uevent of `subsystem` should make this backend discover again.
-    pub fn subscribes(&self, subsystem: &str) -> bool {
+    pub(crate) fn subscribes(&self, subsystem: &str) -> bool {
         self.sandbox.uevents.allows(subsystem)
     }
 
     /// Whether one more log record about this backend may be written now: everything the host
     /// logs because of what a backend did (its own lines, refusals, health flips) draws on one
     /// budget, so a backend cannot flood the host's log through any of them.
-    pub fn may_log(&self) -> bool {
+    pub(crate) fn may_log(&self) -> bool {
         self.sandbox.log.admit(&self.name)
     }
 
@@ -459,7 +459,7 @@ impl BackendInstance {
     }
 
     /// Whether the backend has the `dra` calls (WIT 0.3.0 and later).
-    pub fn has_dra(&self) -> bool {
+    pub(crate) fn has_dra(&self) -> bool {
         super::bindings::has_dra(self.version)
     }
 

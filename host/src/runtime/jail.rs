@@ -33,7 +33,7 @@ const MAX_LINKS: usize = 40;
 /// Lookups retried when `openat2` reports a concurrent rename (EAGAIN).
 const MAX_EAGAIN_RETRIES: u32 = 64;
 /// Largest attribute a backend may read.
-pub const MAX_READ: u64 = 64 * 1024;
+pub(crate) const MAX_READ: u64 = 64 * 1024;
 
 /// Failure of a capability call, mirrored into the WIT `fs-error`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -146,7 +146,7 @@ impl Jail {
     }
 
     /// Let `c MAJOR:MINOR` / `b MAJOR:MINOR` files stand for device nodes (fixture trees only).
-    pub fn with_fixture_nodes(mut self, on: bool) -> Self {
+    pub(crate) fn with_fixture_nodes(mut self, on: bool) -> Self {
         self.fixture_nodes = on;
         self
     }
@@ -344,7 +344,7 @@ impl Jail {
 
     /// The entries listings left out since the last call (up to [`MAX_HIDDEN`] of them), and
     /// how many there were in all.
-    pub fn take_hidden(&self) -> (Vec<String>, usize) {
+    pub(crate) fn take_hidden(&self) -> (Vec<String>, usize) {
         std::mem::take(&mut *self.hidden.locked())
     }
 
@@ -496,7 +496,7 @@ fn dir_names(rel: &str, fd: OwnedFd) -> Result<Vec<String>, FsError> {
 
 /// Entries one listing may have: a directory larger than this is refused rather than copied
 /// (sysfs's largest, `bus/pci/devices` of a big machine, has a few thousand).
-pub const MAX_LIST_ENTRIES: usize = 65_536;
+pub(crate) const MAX_LIST_ENTRIES: usize = 65_536;
 
 /// The names of a listing, refused past [`MAX_LIST_ENTRIES`] before the host holds them all.
 fn capped_listing(rel: &str, names: impl Iterator<Item = String>) -> Result<Vec<String>, FsError> {

@@ -47,7 +47,7 @@ fn is_root_complex(s: &str) -> bool {
 
 /// A PCI function's name as a pattern: matches any `dddd:bb:dd.f` and no control file or class
 /// directory beside it (`bind`, `net`, `driver`).
-pub const PCI_FUNCTION: &str = "????:??:??.?";
+pub(crate) const PCI_FUNCTION: &str = "????:??:??.?";
 
 /// `path` with the parts that differ between machines as wildcards, each as narrow as the
 /// instances it stands for: a root complex and the chain of bridges and functions below it
@@ -57,7 +57,7 @@ pub const PCI_FUNCTION: &str = "????:??:??.?";
 /// (`bus/pci/devices/0000:3b:00.0`) becomes `????:??:??.?`; numbered instances (`card1`,
 /// `mlx5_0`, `virtfn3`, `gpu0`, `amdgpu_xcp.12`) `NAME[0-9]*`, and a component that is only a
 /// number (`topology/nodes/12`) `[0-9]*`. A trailing `/` (a directory's names) stays.
-pub fn general(path: &str) -> String {
+pub(crate) fn general(path: &str) -> String {
     let mut out: Vec<String> = Vec::new();
     let mut parts = path.split('/').peekable();
     while let Some(c) = parts.next() {
@@ -98,7 +98,7 @@ pub fn general(path: &str) -> String {
 
 /// `name` as a glob that matches only itself: a path component named `*`, `x[1]` or `{a,b}`
 /// (a backend chose it) must not become a wildcard in the manifest it is learned into.
-pub fn escape_glob(name: &str) -> String {
+pub(crate) fn escape_glob(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '{' | '}' | '\\') {
@@ -111,7 +111,7 @@ pub fn escape_glob(name: &str) -> String {
 
 /// Whether `pattern` is a wildcard at the root of a tree (`*`, `**`, `*/x`, `**/vendor`): a
 /// learned request never is, whatever a backend touched.
-pub fn at_root(pattern: &str) -> bool {
+pub(crate) fn at_root(pattern: &str) -> bool {
     let first = pattern.split('/').next().unwrap_or_default();
     first.is_empty() || first.chars().all(|c| c == '*')
 }

@@ -53,7 +53,7 @@ impl Meter {
 
     /// [`Meter::new`], drawing on the backend's `pool` too: what the backend's other calls
     /// under way hold counts against this one.
-    pub fn drawing_on(limit: usize, took: Duration, pool: Arc<HostWork>) -> Self {
+    pub(crate) fn drawing_on(limit: usize, took: Duration, pool: Arc<HostWork>) -> Self {
         Meter { pool: Some(pool), ..Meter::new(limit, took) }
     }
 
@@ -86,7 +86,7 @@ impl Meter {
     }
 
     /// `bytes` more held or handed back for this call.
-    pub fn charge(&mut self, bytes: usize) {
+    pub(crate) fn charge(&mut self, bytes: usize) {
         self.spent = self.spent.saturating_add(bytes);
         if let Some(pool) = &self.pool {
             pool.held.fetch_add(bytes, Ordering::Relaxed);

@@ -24,7 +24,7 @@ const THREAD: &str = "devplug-optimize";
 
 /// Components waiting for their optimised code, at most; past it the oldest waiting one keeps
 /// its baseline code (said in a WARN) until it loads again.
-pub const MAX_QUEUED: usize = 8;
+pub(crate) const MAX_QUEUED: usize = 8;
 
 /// Where and under what budget the optimised code is compiled (see
 /// [`super::compile_worker`]).
@@ -134,12 +134,12 @@ impl Optimizer {
     }
 
     /// Whether `digest`'s optimised compile went over its budget in this process.
-    pub fn gave_up(&self, digest: &str) -> bool {
+    pub(crate) fn gave_up(&self, digest: &str) -> bool {
         self.gave_up.locked().contains(digest)
     }
 
     /// Block until every job queued so far has finished (tests, benchmarks, a clean exit).
-    pub fn wait_idle(&self) {
+    pub(crate) fn wait_idle(&self) {
         let mut q = self.queue.locked();
         while q.started && (q.running.is_some() || !q.jobs.is_empty()) {
             q = self.changed.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);

@@ -78,7 +78,7 @@ impl RefusalLog {
 
     /// Whether `what` (already clipped) is new for this backend: a refused answer repeated on
     /// every poll is logged once.
-    pub fn first_time(&self, what: &str) -> bool {
+    pub(crate) fn first_time(&self, what: &str) -> bool {
         let mut seen = self.seen.locked();
         seen.len() < MAX_REMEMBERED && seen.insert(format!("answer {what}"))
     }
@@ -211,7 +211,7 @@ impl HostState {
 
 impl HostState {
     /// The guest's last stderr lines in the current call (see [`begin_call`](Self::begin_call)), joined.
-    pub fn last_words(&self) -> String {
+    pub(crate) fn last_words(&self) -> String {
         self.words.locked().joined()
     }
 
@@ -223,7 +223,7 @@ impl HostState {
 
     /// A guest call starts that may run for `deadline`: its meter is set to what the memory cap
     /// leaves the backend now, its stderr tail and memory-cap flag are cleared.
-    pub fn begin_call(&mut self, deadline: std::time::Duration) {
+    pub(crate) fn begin_call(&mut self, deadline: std::time::Duration) {
         let left = self.limiter.max.saturating_sub(self.limiter.used);
         self.meter = Meter::drawing_on(left, deadline, self.sandbox.host_work.clone());
         self.limiter.hit = false;
@@ -232,7 +232,7 @@ impl HostState {
 
     /// The guest call ended: what it resolved is not trusted by the next one (see
     /// [`OpenDirs`]), and its meter is spent.
-    pub fn end_call(&mut self) {
+    pub(crate) fn end_call(&mut self) {
         self.open_dirs.clear();
         let ended = std::mem::replace(&mut self.meter, Meter::new(0, std::time::Duration::ZERO));
         let held = ended.spent();

@@ -55,7 +55,7 @@ struct Saved {
 }
 
 /// This machine's boot: `/proc/sys/kernel/random/boot_id` (empty where it cannot be read).
-pub fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default()
 }
 
@@ -63,7 +63,7 @@ const FORMAT: u32 = 1;
 /// The checkpoint's snapshot file name in its directory.
 pub const FILE: &str = "dra-claims.json";
 /// The journal of changes since the snapshot.
-pub const JOURNAL: &str = "dra-claims.journal";
+pub(crate) const JOURNAL: &str = "dra-claims.journal";
 /// The journal is folded into the snapshot (at a removal) once it holds more records than this,
 /// or four times the claims prepared, whichever is more.
 const COMPACT_AT: usize = 256;

@@ -86,7 +86,7 @@ pub struct StatusRefused {
 }
 
 /// The field manager a driver applies claim status as.
-pub fn field_manager(driver: &str) -> String {
+pub(crate) fn field_manager(driver: &str) -> String {
     let mut m = format!("devplug-{driver}");
     m.truncate(128);
     m

@@ -111,7 +111,7 @@ impl ClaimBoard {
 }
 
 /// The directory of release markers, inside the driver's state directory.
-pub const RELEASE_DIR: &str = "release";
+pub(crate) const RELEASE_DIR: &str = "release";
 
 /// Ask the driver whose state is in `driver_dir` to release claim `uid`: if it is stuck (its
 /// backend's unprepare failed), its kept CDI spec and checkpoint entry are dropped at kubelet's

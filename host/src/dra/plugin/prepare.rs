@@ -24,7 +24,7 @@ use crate::model::dra::ClaimDevice;
 use crate::model::port::ClaimPart;
 
 /// The CDI kind of every claim spec devplug writes.
-pub const CLAIM_KIND: &str = "devplug.io/claim";
+pub(crate) const CLAIM_KIND: &str = "devplug.io/claim";
 
 /// [`CLAIM_KIND`] as a CDI kind, parsed once (a constant: its test is `the_claim_kind_is_a_cdi_kind`).
 static CLAIM_CDI_KIND: std::sync::LazyLock<Result<Kind, String>> =

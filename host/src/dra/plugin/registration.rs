@@ -12,7 +12,7 @@ use crate::proto::pluginregistration as pr;
 use crate::proto::{dra, dra_health};
 
 /// The registration socket of `driver` in `registry_dir`.
-pub fn registration_socket(registry_dir: &Path, driver: &str) -> PathBuf {
+pub(crate) fn registration_socket(registry_dir: &Path, driver: &str) -> PathBuf {
     registry_dir.join(format!("{driver}-reg.sock"))
 }
 

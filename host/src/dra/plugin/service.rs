@@ -396,13 +396,10 @@ macro_rules! version {
     };
 }
 
-/// Characters of an error kubelet shows in a pod's events.
-pub const MAX_ERROR_TEXT: usize = 1024;
-
 /// A claim's error as kubelet gets it: the API server's and the backend's words in it pass the
 /// text gate (escaped, clipped) here, where the text is written.
 fn kubelet_text(e: &DraError) -> String {
-    crate::gate::clip_to(&e.report(), MAX_ERROR_TEXT).into_owned()
+    crate::gate::clip_to(&e.report(), crate::gate::MAX_WIRE_ERROR).into_owned()
 }
 
 version!(V1, v1);

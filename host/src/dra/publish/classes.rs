@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 /// Where every class devplug names lives: DeviceClasses are cluster-wide, and a vendor's own DRA
 /// driver installs classes named after its domain (`gpu.nvidia.com`, `gpu.intel.com`), so
 /// devplug's must never take one of those names.
-pub const CLASS_DOMAIN: &str = "devplug.io";
+pub(crate) const CLASS_DOMAIN: &str = "devplug.io";
 
 /// The class's name: `vendor.io/class` → `class.vendor.io.devplug.io` (`devplug.io/fuse` →
 /// `fuse.devplug.io`): a DNS subdomain, as the API wants, always in [`CLASS_DOMAIN`], so never
@@ -38,7 +38,7 @@ pub fn class_name(resource: &str) -> String {
 }
 
 /// The name devplug 0.2 gave `resource`'s class (`class.vendor.io`), for the migration note.
-pub fn class_name_before_0_3(resource: &str) -> String {
+pub(crate) fn class_name_before_0_3(resource: &str) -> String {
     let (vendor, class) = resource.split_once('/').unwrap_or((CLASS_DOMAIN, resource));
     let name = format!("{class}.{vendor}").to_ascii_lowercase();
     let name: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect();

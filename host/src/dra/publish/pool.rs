@@ -43,7 +43,7 @@ pub fn int(i: i64) -> DeviceAttribute {
 /// capped at 8 MiB each (`runtime::vet`), and what devplug builds and writes to the API server
 /// from them is capped the same way, so one backend cannot make the host hold, hash and send
 /// tens of megabytes per sync.
-pub const MAX_POOL_BYTES: usize = 8 << 20;
+pub(crate) const MAX_POOL_BYTES: usize = 8 << 20;
 
 /// How many bytes `v` is as JSON, without building the text.
 fn json_len(v: &impl serde::Serialize) -> usize {
@@ -63,13 +63,13 @@ fn json_len(v: &impl serde::Serialize) -> usize {
 }
 
 /// The taint an Unhealthy device carries.
-pub const UNHEALTHY_TAINT: &str = "devplug.io/unhealthy";
+pub(crate) const UNHEALTHY_TAINT: &str = "devplug.io/unhealthy";
 
 /// The annotation with the SHA-256 of the spec devplug built for a slice (generation left out).
-pub const SPEC_HASH: &str = "devplug.io/spec-sha256";
+pub(crate) const SPEC_HASH: &str = "devplug.io/spec-sha256";
 
 /// The hash [`SPEC_HASH`] carries for `slice`: its spec as devplug serialises it, at generation 0.
-pub fn spec_hash(slice: &ResourceSlice) -> String {
+pub(crate) fn spec_hash(slice: &ResourceSlice) -> String {
     use sha2::{Digest, Sha256};
     let mut spec = slice.spec.clone();
     spec.pool.generation = 0;
@@ -128,17 +128,17 @@ pub fn device_name(id: &str) -> String {
 
 /// The attribute replicas of a time-sliced or shared device carry, naming that device (the
 /// SDK's `Sharing::expand`, the generic backend's `count` shares).
-pub const REPLICA_OF: &str = "replica-of";
+pub(crate) const REPLICA_OF: &str = "replica-of";
 
 /// The attribute a replica is published with: the DRA name of the device it shares, so a claim
 /// can ask for replicas of distinct devices (`distinctAttribute`) or of one (`matchAttribute`).
-pub const REPLICA_OF_ATTRIBUTE: &str = "replicaOf";
+pub(crate) const REPLICA_OF_ATTRIBUTE: &str = "replicaOf";
 
 /// The pool device `d` is published as. Every replica is a device of its own, as in the Device
 /// Plugin API: the scheduler counts devices, so a pod asking `devplug.io/fuse: 2` through the
 /// DeviceClass's `extendedResourceName` (KEP-5004) gets two replicas, which kube-scheduler 1.36
 /// cannot do with one shared device (it never picks a device twice for one request).
-pub fn pool_device_name(d: &Device) -> String {
+pub(crate) fn pool_device_name(d: &Device) -> String {
     device_name(&d.id)
 }
 

@@ -12,17 +12,17 @@ use serde_json::Value;
 
 /// Devices in one slice; 64 when any device has taints or consumes counters.
 pub const MAX_DEVICES: usize = 128;
-pub const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
+pub(crate) const MAX_DEVICES_WITH_TAINTS_OR_COUNTERS: usize = 64;
 /// Attributes and capacities of one device, together.
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// The name part of an attribute or capacity name (a C identifier).
 /// A string or version attribute's value.
-pub const MAX_ATTRIBUTE_VALUE: usize = 64;
+pub(crate) const MAX_ATTRIBUTE_VALUE: usize = 64;
 /// Counter sets in one slice (`ResourceSliceSpec.sharedCounters`: "The maximum number of counter
 /// sets is 8", the recorded 1.36 OpenAPI).
 pub const MAX_COUNTER_SETS: usize = 8;
 /// Counters in one set, and counters in one consumption ("The maximum number of counters is 32").
-pub const MAX_COUNTERS: usize = 32;
+pub(crate) const MAX_COUNTERS: usize = 32;
 /// Counter sets one device consumes from ("The maximum number of device counter consumptions per
 /// device is 2").
 pub const MAX_CONSUMPTIONS: usize = 2;

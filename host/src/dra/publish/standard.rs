@@ -25,19 +25,19 @@ use super::pool::{int, text};
 use crate::gate::PciAddress;
 
 /// The prefix of Kubernetes' standard attribute names.
-pub const PREFIX: &str = "resource.kubernetes.io/";
+pub(crate) const PREFIX: &str = "resource.kubernetes.io/";
 
 /// Where the kernel puts PCI device `bus_id` under sysfs `sysfs`: the target of its
 /// `bus/pci/devices/<bus ID>` link, `…/devices/pci<domain>:<bus>/<bridge>/…/<bus ID>`, read once
 /// for both [`pcie_root`] and [`pcie_switch`].
-pub fn pci_path(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
+pub(crate) fn pci_path(sysfs: &Path, bus_id: &PciAddress) -> Result<String, String> {
     let link = sysfs.join("bus/pci/devices").join(bus_id.as_str());
     let target = std::fs::read_link(&link).map_err(|e| format!("{}: {e}", link.display()))?;
     Ok(target.to_string_lossy().into_owned())
 }
 
 /// The PCIe root complex (`pci0000:3a`) of PCI device `bus_id` whose [`pci_path`] is `target`.
-pub fn pcie_root(target: &str, bus_id: &PciAddress) -> Result<String, String> {
+pub(crate) fn pcie_root(target: &str, bus_id: &PciAddress) -> Result<String, String> {
     let bus_id = bus_id.as_str();
     let rest = target.trim_start_matches("../");
     let root = rest
@@ -52,7 +52,7 @@ pub fn pcie_root(target: &str, bus_id: &PciAddress) -> Result<String, String> {
 }
 
 /// devplug's attribute for the PCIe switch a device sits under.
-pub const PCIE_SWITCH: &str = "devplug.io/pcieSwitch";
+pub(crate) const PCIE_SWITCH: &str = "devplug.io/pcieSwitch";
 
 /// The upstream port (`0000:15:00.0`) of the PCIe switch PCI device `bus_id` sits directly
 /// under, from its [`pci_path`] `target`: a switch is an upstream port with downstream ports
@@ -60,7 +60,7 @@ pub const PCIE_SWITCH: &str = "devplug.io/pcieSwitch";
 /// (root port, switch upstream port, switch downstream port), and its parent's parent is the
 /// switch's upstream port. `None` for a device with no switch above it (on a root port, or
 /// behind a lone bridge): that is no switch to share.
-pub fn pcie_switch(target: &str, bus_id: &PciAddress) -> Option<String> {
+pub(crate) fn pcie_switch(target: &str, bus_id: &PciAddress) -> Option<String> {
     let rest = target.trim_start_matches("../");
     let mut parts = rest.strip_prefix("devices/")?.split('/');
     parts.next().filter(|root| root.starts_with("pci"))?;

@@ -27,7 +27,7 @@ use super::view::PoolView;
 use crate::dra::pool_id::PoolId;
 
 /// The label every slice devplug publishes carries.
-pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devplug");
+pub(crate) const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "devplug");
 /// One driver's pool on one node, as the API server holds it.
 pub struct PoolWriter {
     slices: Api<ResourceSlice>,
@@ -301,7 +301,7 @@ impl PoolWriter {
     }
 
     /// Delete every slice of this pool (devplug stops serving the driver).
-    pub async fn remove_all(&self) -> anyhow::Result<usize> {
+    pub(crate) async fn remove_all(&self) -> anyhow::Result<usize> {
         let current = self.current().await?;
         for name in current.keys() {
             self.delete(name).await?;

@@ -4,7 +4,7 @@
 use super::wit::{BackendError, ContainerEdits, Health, Info, Resource};
 use crate::model;
 
-pub fn backend_error(e: BackendError) -> String {
+pub(crate) fn backend_error(e: BackendError) -> String {
     match e {
         BackendError::InvalidConfig(s) => format!("invalid config: {s}"),
         BackendError::UnknownDevice(s) => format!("unknown device: {s}"),

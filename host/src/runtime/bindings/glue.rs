@@ -13,7 +13,7 @@ macro_rules! version_glue {
         use $crate::runtime::state::HostState;
 
         /// Link this version's imports.
-        pub fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> wasmtime::Result<()> {
+        pub(crate) fn add_to_linker(linker: &mut wasmtime::component::Linker<HostState>) -> wasmtime::Result<()> {
             DevplugBackend::add_to_linker::<HostState, wasmtime::component::HasSelf<HostState>>(linker, |s| s)
         }
 

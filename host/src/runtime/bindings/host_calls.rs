@@ -19,7 +19,7 @@ const MAX_LOG_MESSAGE: usize = 1024;
 /// returned to it.
 pub type Answer<T> = wasmtime::Result<Result<T, FsError>>;
 
-pub fn fs_error(e: jail::FsError) -> FsError {
+pub(crate) fn fs_error(e: jail::FsError) -> FsError {
     match e {
         jail::FsError::NotFound => FsError::NotFound,
         jail::FsError::Denied(s) => FsError::Denied(clip(&s).into_owned()),
@@ -143,11 +143,11 @@ impl HostState {
         }
     }
 
-    pub fn dev_stat(&mut self, path: &str) -> Answer<NodeStat> {
+    pub(crate) fn dev_stat(&mut self, path: &str) -> Answer<NodeStat> {
         self.checked("devfs.stat", path, |s| s.sandbox.dev.stat_node(path))
     }
 
-    pub fn dev_glob(&mut self, pattern: &str) -> Answer<Vec<(String, NodeStat)>> {
+    pub(crate) fn dev_glob(&mut self, pattern: &str) -> Answer<Vec<(String, NodeStat)>> {
         let paths = match self.checked("devfs.glob", pattern, |s| s.sandbox.dev.glob(pattern, GLOB_BUDGET))? {
             Ok(p) => p,
             Err(e) => return Ok(Err(e)),

@@ -109,7 +109,7 @@ impl Linkers {
 }
 
 /// The `devplug:backend` version a component exports, read from its type, e.g. `0.1.0`.
-pub fn exported_version(engine: &Engine, component: &Component) -> Option<String> {
+pub(crate) fn exported_version(engine: &Engine, component: &Component) -> Option<String> {
     component
         .component_type()
         .exports(engine)
@@ -117,12 +117,12 @@ pub fn exported_version(engine: &Engine, component: &Component) -> Option<String
 }
 
 /// Whether this host loads components built against WIT `version` (semver: any 0.1.x, 0.2.x).
-pub fn supports(version: &str) -> bool {
+pub(crate) fn supports(version: &str) -> bool {
     module_for(version).is_some()
 }
 
 /// Whether a backend built against WIT `version` has the `dra` calls (its row says).
-pub fn has_dra(version: &str) -> bool {
+pub(crate) fn has_dra(version: &str) -> bool {
     module_for(version).is_some_and(|i| VERSIONS[i].dra)
 }
 

@@ -121,7 +121,7 @@ impl Jail {
     }
 
     /// [`Jail::read_link`] of every path, answers in order.
-    pub fn read_link_many(
+    pub(crate) fn read_link_many(
         &self,
         paths: &[String],
         dirs: &mut OpenDirs,
@@ -132,7 +132,7 @@ impl Jail {
 
     /// [`Jail::stat_node`] of every path, answers in order: a device's nodes in one pass, each
     /// directory (`/dev/infiniband`, `/dev/vfio`) opened once.
-    pub fn stat_nodes(
+    pub(crate) fn stat_nodes(
         &self,
         paths: &[String],
         dirs: &mut OpenDirs,
@@ -142,7 +142,7 @@ impl Jail {
     }
 
     /// [`Jail::list`] of every path, answers in order.
-    pub fn list_many(
+    pub(crate) fn list_many(
         &self,
         paths: &[String],
         dirs: &mut OpenDirs,

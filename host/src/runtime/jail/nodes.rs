@@ -29,7 +29,7 @@ pub struct NodeStat {
 impl Jail {
     /// Type and device numbers of `rel`, following links inside the root. Real nodes are read
     /// from their metadata; with fixture nodes on, a `c MAJOR:MINOR` file counts as a node.
-    pub fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
+    pub(crate) fn stat_node(&self, rel: &str) -> Result<NodeStat, FsError> {
         use std::os::unix::fs::MetadataExt;
         // Stat the descriptor the check opened: no second lookup by name that a rename could
         // redirect.

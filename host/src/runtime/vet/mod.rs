@@ -35,23 +35,23 @@ use crate::gate::clip;
 use crate::model::{ContainerEdits, DeviceNode, NodeNumbers, Resource};
 
 /// Resources one backend may serve.
-pub const MAX_RESOURCES: usize = 64;
+pub(crate) const MAX_RESOURCES: usize = 64;
 /// Devices one resource may have.
 pub const MAX_DEVICES: usize = 8192;
 /// Entries in one set of edits (nodes, mounts, env and annotations each).
-pub const MAX_EDIT_ENTRIES: usize = 256;
+pub(crate) const MAX_EDIT_ENTRIES: usize = 256;
 /// Attributes of one device.
-pub const MAX_ATTRIBUTES: usize = 64;
+pub(crate) const MAX_ATTRIBUTES: usize = 64;
 /// Longest string anywhere in an answer.
-pub const MAX_STRING: usize = 4096;
+pub(crate) const MAX_STRING: usize = 4096;
 /// All the strings of one answer together.
-pub const MAX_ANSWER_BYTES: usize = 8 << 20;
+pub(crate) const MAX_ANSWER_BYTES: usize = 8 << 20;
 
 /// The discover attribute a backend names a device's PCI address in (standard `pciBusID`,
 /// `pcieRoot` are derived from it).
-pub const PCI_ATTRIBUTE: &str = "pci";
+pub(crate) const PCI_ATTRIBUTE: &str = "pci";
 /// The discover attribute a NIC backend names a device's network interface in (claim status).
-pub const NETDEV_ATTRIBUTE: &str = "netdev";
+pub(crate) const NETDEV_ATTRIBUTE: &str = "netdev";
 
 /// A backend's sysfs jail as the PCI address gate asks it: granted means the backend could read
 /// `bus/pci/devices/<id>` under both names (the link and where it resolves); present means the
