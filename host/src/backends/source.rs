@@ -115,7 +115,11 @@ impl BackendSource {
 impl BackendSource {
     /// Backend `name` as pulled from `reference`. Its manifest, when it carries one, must parse
     /// and may not name another backend (the operator's config and grant are keyed by `name`).
-    pub(crate) fn from_registry(name: &str, reference: &str, pulled: crate::oci::Pulled) -> anyhow::Result<BackendSource> {
+    pub(crate) fn from_registry(
+        name: &str,
+        reference: &str,
+        pulled: crate::oci::Pulled,
+    ) -> anyhow::Result<BackendSource> {
         let manifest = if pulled.manifest.is_empty() {
             Manifest::default()
         } else {

@@ -19,7 +19,9 @@ pub fn env_entry(key: &str, value: &str) -> Option<(EnvKey, EnvValue)> {
 }
 
 /// An answer's env entries past the env gate, and why the first one it refused was refused.
-pub(crate) fn gated_env(entries: impl IntoIterator<Item = (String, String)>) -> (Vec<(EnvKey, EnvValue)>, Option<String>) {
+pub(crate) fn gated_env(
+    entries: impl IntoIterator<Item = (String, String)>,
+) -> (Vec<(EnvKey, EnvValue)>, Option<String>) {
     let mut malformed = None;
     let mut env = Vec::new();
     for (k, v) in entries {
