@@ -4,9 +4,12 @@
 //! can move the terminal's cursor, ring its bell or rewrite the lines above.
 
 use crate::backends::BackendSummary;
+use crate::backends::SourceStatus;
 use crate::dra::plugin::claims::ClaimState;
+use crate::dra::plugin::claims::ClaimStatus;
 use crate::gate::{clip, clip_to};
-use crate::observe::status::Status;
+use crate::kubelet::podresources::Assignment;
+use crate::observe::status::{RegistrationStatus, ResourceStatus, Status};
 use crate::runtime::Tier;
 
 /// A JSON value as one clipped table cell.
@@ -46,12 +49,25 @@ fn text(s: &str) -> String {
     clip(s).into_owned()
 }
 
-/// `devplug status` as a table for people.
+/// `devplug status` as a table for people: one section per part of the document, each only
+/// when it has rows (the allocations say when none are known).
 pub fn status_table(v: &Status) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
+    let mut out = resources_table(&v.resources);
+    for section in
+        [registrations_table(&v.registrations), backends_table(v), sources_table(&v.sources), claims_table(&v.claims)]
+            .into_iter()
+            .flatten()
+    {
+        out.push('\n');
+        out.push_str(&section);
+    }
+    out.push_str(&allocations_table(&v.allocations));
+    out
+}
+
+fn resources_table(resources: &[ResourceStatus]) -> String {
     let mut rows = vec![["RESOURCE", "HEALTHY", "UNHEALTHY", "WITHHELD", "KUBELET"].map(str::to_owned).to_vec()];
-    for r in &v.resources {
+    for r in resources {
         rows.push(vec![
             text(&r.name),
             r.healthy.to_string(),
@@ -60,25 +76,36 @@ pub fn status_table(v: &Status) -> String {
             text(&r.endpoint),
         ]);
     }
-    out.push_str(&table(&rows, &[false, true, true, true, false]));
-    if !v.registrations.is_empty() {
-        let mut rows = vec![["REGISTRATION", "MODE", "STATE", "SOCKET"].map(str::to_owned).to_vec()];
-        for r in &v.registrations {
-            rows.push(vec![text(&r.subject), text(&r.mode), text(&r.state), text(&r.socket)]);
-        }
-        let _ = writeln!(out);
-        out.push_str(&table(&rows, &[false, false, false, false]));
-        for why in v.registrations.iter().filter_map(|r| r.overdue.as_deref()) {
-            let _ = writeln!(out, "! {}", clip(why));
-        }
+    table(&rows, &[false, true, true, true, false])
+}
+
+/// Each registration, and why kubelet is late where it is.
+fn registrations_table(registrations: &[RegistrationStatus]) -> Option<String> {
+    use std::fmt::Write;
+    if registrations.is_empty() {
+        return None;
     }
+    let mut rows = vec![["REGISTRATION", "MODE", "STATE", "SOCKET"].map(str::to_owned).to_vec()];
+    for r in registrations {
+        rows.push(vec![text(&r.subject), text(&r.mode), text(&r.state), text(&r.socket)]);
+    }
+    let mut out = table(&rows, &[false, false, false, false]);
+    for why in registrations.iter().filter_map(|r| r.overdue.as_deref()) {
+        let _ = writeln!(out, "! {}", clip(why));
+    }
+    Some(out)
+}
+
+/// Every backend, then each contest once (it concerns two backends, and its remedy is the
+/// point of it, so it is never clipped short) and each backend's first refusals.
+fn backends_table(v: &Status) -> Option<String> {
+    use std::fmt::Write;
     let mut rows = vec![
         ["BACKEND", "VERSION", "COMPONENT SHA256", "CODE", "BREAKER", "TRAPS", "TIMEOUTS", "DENIED", "LAST ERROR"]
             .map(str::to_owned)
             .to_vec(),
     ];
-    // Each contest once (it concerns two backends), whole: its remedy is the point of it.
-    let mut denied_lines: Vec<String> =
+    let mut lines: Vec<String> =
         v.contests.iter().flatten().map(|c| format!("! {}", clip_to(&c.to_string(), 2048))).collect();
     for b in &v.backends {
         let digest: String = text(&b.digest).chars().take(12).collect();
@@ -101,12 +128,12 @@ pub fn status_table(v: &Status) -> String {
         // An older devplug lists contests per backend only, one line per node.
         if v.contests.is_none() {
             for c in &b.conflicts {
-                denied_lines.push(format!("! {}: {}", clip(&b.name), clip_to(c, 512)));
+                lines.push(format!("! {}: {}", clip(&b.name), clip_to(c, 512)));
             }
         }
         // The first refusals of each backend, with the grant that would allow them.
         for d in b.denied.iter().take(3) {
-            denied_lines.push(format!(
+            lines.push(format!(
                 "! {} was refused {} {}: {}",
                 clip(&b.name),
                 clip(&d.call),
@@ -115,74 +142,91 @@ pub fn status_table(v: &Status) -> String {
             ));
         }
     }
-    let _ = writeln!(out);
-    out.push_str(&table(&rows, &[false, false, false, false, false, true, true, true, false]));
-    for line in denied_lines {
+    let mut out = table(&rows, &[false, false, false, false, false, true, true, true, false]);
+    for line in lines {
         let _ = writeln!(out, "{line}");
     }
-    if !v.sources.is_empty() {
-        let mut rows = vec![
-            ["BACKEND", "REFERENCE", "MANIFEST DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"]
-                .map(str::to_owned)
-                .to_vec(),
-        ];
-        for s in &v.sources {
-            let digest: String =
-                text(s.digest.as_deref().unwrap_or("?")).trim_start_matches("sha256:").chars().take(12).collect();
-            let error = s.swap_error.as_deref().or(s.last_error.as_deref()).map(text).unwrap_or_default();
-            rows.push(vec![
-                text(&s.backend),
-                text(&s.reference),
-                digest,
-                s.signature.label().to_owned(),
-                if s.from_cache { "cache" } else { "registry" }.to_owned(),
-                s.checks.to_string(),
-                error,
-            ]);
-        }
-        let _ = writeln!(out);
-        out.push_str(&table(&rows, &[false, false, false, false, false, true, false]));
+    Some(out)
+}
+
+/// Each backend followed from a registry, with the error that matters (a refused swap before
+/// a failed look).
+fn sources_table(sources: &[SourceStatus]) -> Option<String> {
+    if sources.is_empty() {
+        return None;
     }
-    if !v.claims.is_empty() {
-        let mut rows = vec![["DRA DRIVER", "CLAIM", "UID", "STATE", "RETRIES", "ERROR"].map(str::to_owned).to_vec()];
-        for c in &v.claims {
-            rows.push(vec![
-                text(&c.driver),
-                format!("{}/{}", text(&c.namespace), text(&c.name)),
-                text(&c.uid),
-                match c.state {
-                    ClaimState::Prepared => "prepared",
-                    ClaimState::Stuck => "stuck",
-                }
-                .to_owned(),
-                c.retries.map_or_else(String::new, |n| n.to_string()),
-                c.error.as_deref().map(text).unwrap_or_default(),
-            ]);
-        }
-        let _ = writeln!(out);
-        out.push_str(&table(&rows, &[false, false, false, false, true, false]));
-        if v.claims.iter().any(|c| c.state == ClaimState::Stuck) {
-            let _ = writeln!(
-                out,
-                "! stuck claims keep their devices: fix the backend and restart devplug, or `devplug dra release --driver DRIVER UID`"
-            );
-        }
+    let mut rows = vec![
+        ["BACKEND", "REFERENCE", "MANIFEST DIGEST", "SIGNATURE", "FROM", "CHECKS", "LAST ERROR"]
+            .map(str::to_owned)
+            .to_vec(),
+    ];
+    for s in sources {
+        let digest: String =
+            text(s.digest.as_deref().unwrap_or("?")).trim_start_matches("sha256:").chars().take(12).collect();
+        let error = s.swap_error.as_deref().or(s.last_error.as_deref()).map(text).unwrap_or_default();
+        rows.push(vec![
+            text(&s.backend),
+            text(&s.reference),
+            digest,
+            s.signature.label().to_owned(),
+            if s.from_cache { "cache" } else { "registry" }.to_owned(),
+            s.checks.to_string(),
+            error,
+        ]);
     }
-    if v.allocations.is_empty() {
+    Some(table(&rows, &[false, false, false, false, false, true, false]))
+}
+
+/// Each claim this node holds, and what to do about stuck ones.
+fn claims_table(claims: &[ClaimStatus]) -> Option<String> {
+    use std::fmt::Write;
+    if claims.is_empty() {
+        return None;
+    }
+    let mut rows = vec![["DRA DRIVER", "CLAIM", "UID", "STATE", "RETRIES", "ERROR"].map(str::to_owned).to_vec()];
+    for c in claims {
+        rows.push(vec![
+            text(&c.driver),
+            format!("{}/{}", text(&c.namespace), text(&c.name)),
+            text(&c.uid),
+            match c.state {
+                ClaimState::Prepared => "prepared",
+                ClaimState::Stuck => "stuck",
+            }
+            .to_owned(),
+            c.retries.map_or_else(String::new, |n| n.to_string()),
+            c.error.as_deref().map(text).unwrap_or_default(),
+        ]);
+    }
+    let mut out = table(&rows, &[false, false, false, false, true, false]);
+    if claims.iter().any(|c| c.state == ClaimState::Stuck) {
+        let _ = writeln!(
+            out,
+            "! stuck claims keep their devices: fix the backend and restart devplug, or `devplug dra release --driver DRIVER UID`"
+        );
+    }
+    Some(out)
+}
+
+/// Which container holds which device, or that none is known.
+fn allocations_table(allocations: &[Assignment]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if allocations.is_empty() {
         let _ = writeln!(out, "\nno allocations known (pod resources API off, or nothing allocated)");
-    } else {
-        let _ = writeln!(out, "\n{:<40} {:<16} NAMESPACE/POD/CONTAINER", "RESOURCE", "DEVICE");
-        for a in &v.allocations {
-            let _ = writeln!(
-                out,
-                "{:<40} {:<16} {}/{}/{}",
-                text(&a.resource),
-                text(&a.device),
-                text(&a.namespace),
-                text(&a.pod),
-                text(&a.container)
-            );
-        }
+        return out;
+    }
+    let _ = writeln!(out, "\n{:<40} {:<16} NAMESPACE/POD/CONTAINER", "RESOURCE", "DEVICE");
+    for a in allocations {
+        let _ = writeln!(
+            out,
+            "{:<40} {:<16} {}/{}/{}",
+            text(&a.resource),
+            text(&a.device),
+            text(&a.namespace),
+            text(&a.pod),
+            text(&a.container)
+        );
     }
     out
 }
