@@ -205,14 +205,19 @@ fn pack(args: &PackArgs) -> anyhow::Result<()> {
 }
 
 async fn status(args: &StatusArgs) -> anyhow::Result<()> {
-    let v =
-        if args.devices { cli::all_devices(&args.addr).await? } else { cli::http_json(&args.addr, "/status").await? };
+    if args.devices {
+        let resources = cli::all_devices(&args.addr).await?;
+        return match args.format {
+            Format::Json => print_json(&serde_json::json!({ "resources": resources })),
+            Format::Table => {
+                print!("{}", cli::devices_table(&resources));
+                Ok(())
+            }
+        };
+    }
+    let v = cli::http_json(&args.addr, "/status").await?;
     match args.format {
         Format::Json => print_json(&v),
-        Format::Table if args.devices => {
-            print!("{}", cli::devices_table(&v));
-            Ok(())
-        }
         Format::Table => {
             let status = serde_json::from_value(v).map_err(|e| {
                 anyhow::anyhow!("devplug status: the daemon's /status did not read as a status document ({e}); `--format json` prints it as it came")

@@ -1,5 +1,7 @@
 //! A minimal HTTP/1 client for devplug's own listener (`devplug status`).
 
+use crate::observe::status::{DevicesPage, ResourceDevices};
+
 /// GET `path` from devplug at `addr` (a Unix socket path, or a host:port); (status code, body).
 pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use http_body_util::BodyExt;
@@ -46,7 +48,7 @@ pub async fn http_json(addr: &str, path: &str) -> anyhow::Result<serde_json::Val
 /// A `/status/devices` page; a busy answer (503: pages being built for other readers) is asked
 /// again with a growing pause, for up to half a minute, so `devplug status --devices` completes
 /// however many others read.
-async fn busy_page(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> {
+async fn busy_page(addr: &str, path: &str) -> anyhow::Result<DevicesPage> {
     let mut pause = std::time::Duration::from_millis(20);
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
@@ -57,32 +59,27 @@ async fn busy_page(addr: &str, path: &str) -> anyhow::Result<serde_json::Value> 
             continue;
         }
         anyhow::ensure!(code == 200, "devplug at {addr} answered {code} to {path}: {}", crate::gate::clip(&body));
-        return Ok(serde_json::from_str(&body)?);
+        return serde_json::from_str(&body)
+            .map_err(|e| anyhow::anyhow!("devplug at {addr}: its {path} did not read as a device page ({e})"));
     }
 }
 
-/// Every page of `/status/devices`, joined into one answer of the same shape (a resource split
-/// across pages is one entry again).
-pub async fn all_devices(addr: &str) -> anyhow::Result<serde_json::Value> {
-    let mut resources: Vec<serde_json::Value> = Vec::new();
-    let mut offset = 0u64;
+/// Every page of `/status/devices`, joined (a resource split across pages is one entry again).
+pub async fn all_devices(addr: &str) -> anyhow::Result<Vec<ResourceDevices>> {
+    let mut resources: Vec<ResourceDevices> = Vec::new();
+    let mut offset = 0usize;
     loop {
         let page = busy_page(addr, &format!("/status/devices?offset={offset}")).await?;
-        for r in page["resources"].as_array().into_iter().flatten() {
+        for r in page.resources {
             match resources.last_mut() {
-                Some(last) if last["name"] == r["name"] => {
-                    let more = r["devices"].as_array().cloned().unwrap_or_default();
-                    if let Some(devices) = last["devices"].as_array_mut() {
-                        devices.extend(more);
-                    }
-                }
-                _ => resources.push(r.clone()),
+                Some(last) if last.name == r.name => last.devices.extend(r.devices),
+                _ => resources.push(r),
             }
         }
-        match page["next"].as_u64() {
+        match page.next {
             Some(next) if next > offset => offset = next,
             _ => break,
         }
     }
-    Ok(serde_json::json!({ "resources": resources }))
+    Ok(resources)
 }

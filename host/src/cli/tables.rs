@@ -9,7 +9,7 @@ use crate::dra::plugin::claims::ClaimState;
 use crate::dra::plugin::claims::ClaimStatus;
 use crate::gate::{clip, clip_to};
 use crate::kubelet::podresources::Assignment;
-use crate::observe::status::{RegistrationStatus, ResourceStatus, Status};
+use crate::observe::status::{RegistrationStatus, ResourceDevices, ResourceStatus, Status};
 use crate::runtime::Tier;
 
 /// A JSON value as one clipped table cell.
@@ -232,23 +232,21 @@ fn allocations_table(allocations: &[Assignment]) -> String {
 }
 
 /// `devplug status --devices` as a table: one row per device.
-pub fn devices_table(v: &serde_json::Value) -> String {
-    let str_of = cell;
+pub fn devices_table(resources: &[ResourceDevices]) -> String {
     let mut rows = vec![
         ["RESOURCE", "DEVICE", "HEALTH", "NUMA", "NODES (HOST:CONTAINER)", "ATTRIBUTES"].map(str::to_owned).to_vec(),
     ];
-    for r in v["resources"].as_array().into_iter().flatten() {
-        for d in r["devices"].as_array().into_iter().flatten() {
-            let list =
-                |x: &serde_json::Value| x.as_array().into_iter().flatten().map(str_of).collect::<Vec<_>>().join(",");
-            let attrs: Vec<String> =
-                d["attributes"].as_object().into_iter().flatten().map(|(k, v)| format!("{k}={}", str_of(v))).collect();
+    for r in resources {
+        for d in &r.devices {
+            let numa: Vec<String> = d.numa_nodes.iter().map(u32::to_string).collect();
+            let nodes: Vec<String> = d.nodes.iter().map(|n| text(n)).collect();
+            let attrs: Vec<String> = d.attributes.iter().map(|(k, v)| format!("{}={}", text(k), text(v))).collect();
             rows.push(vec![
-                str_of(&r["name"]),
-                str_of(&d["id"]),
-                str_of(&d["health"]),
-                list(&d["numa_nodes"]),
-                list(&d["nodes"]),
+                text(&r.name),
+                text(&d.id),
+                text(&d.health),
+                numa.join(","),
+                nodes.join(","),
                 attrs.join(" "),
             ]);
         }
@@ -414,9 +412,14 @@ mod tests {
             "registrations": [{ "subject": evil, "mode": "m", "state": "s", "socket": "/x", "overdue": evil }],
             "errors": [evil],
         });
-        for (what, text) in
-            [("status", status_of(&v)), ("devices", devices_table(&v)), ("discover", discover_table(&v))]
-        {
+        for (what, text) in [
+            ("status", status_of(&v)),
+            (
+                "devices",
+                devices_table(&serde_json::from_value::<Vec<ResourceDevices>>(v["resources"].clone()).unwrap()),
+            ),
+            ("discover", discover_table(&v)),
+        ] {
             assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{what}: {text:?}");
             assert!(text.len() < 8192, "{what}: {} bytes", text.len());
         }

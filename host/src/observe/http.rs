@@ -250,31 +250,24 @@ async fn status_devices(State(h): State<Probes>, Query(page): Query<Page>) -> ax
             skip -= r.devices.len();
             continue;
         }
-        let devices: Vec<serde_json::Value> = r.devices[skip..]
+        let devices: Vec<super::status::DeviceStatus> = r.devices[skip..]
             .iter()
             .take(left)
-            .map(|d| {
-                let nodes: Vec<String> =
-                    d.edits.device_nodes.iter().map(|n| format!("{}:{}", n.host_path(), n.container_path)).collect();
-                serde_json::json!({
-                    "id": d.id,
-                    "health": d.health.as_str(),
-                    "numa_nodes": d.numa_nodes,
-                    "attributes": d.attributes.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
-                    "nodes": nodes,
-                })
+            .map(|d| super::status::DeviceStatus {
+                id: d.id.clone(),
+                health: d.health.as_str().to_owned(),
+                numa_nodes: d.numa_nodes.clone(),
+                attributes: d.attributes.iter().cloned().collect(),
+                nodes: d.edits.device_nodes.iter().map(|n| format!("{}:{}", n.host_path(), n.container_path)).collect(),
             })
             .collect();
         skip = 0;
         left -= devices.len();
-        resources.push(serde_json::json!({ "name": r.name, "devices": devices }));
+        resources.push(super::status::ResourceDevices { name: r.name.clone(), devices });
     }
     let end = page.offset.saturating_add(limit - left);
-    let mut body = serde_json::json!({ "resources": resources, "offset": page.offset, "total": total });
-    if end < total {
-        body["next"] = serde_json::json!(end);
-    }
-    Json(body).into_response()
+    let next = (end < total).then_some(end);
+    Json(super::status::DevicesPage { resources, offset: page.offset, total, next }).into_response()
 }
 
 /// The routes that carry identities (pods, namespaces, claims and their UIDs): for the

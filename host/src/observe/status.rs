@@ -45,6 +45,40 @@ pub struct ResourceStatus {
     pub endpoint: String,
 }
 
+/// One page of `/status/devices`: resources in order, each with its devices on this page.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DevicesPage {
+    pub resources: Vec<ResourceDevices>,
+    pub offset: usize,
+    /// Devices on the node, all pages together.
+    pub total: usize,
+    /// The offset of the next page; none on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<usize>,
+}
+
+/// A resource's devices (on one page, or all of them once `devplug status` joined the pages).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ResourceDevices {
+    pub name: String,
+    pub devices: Vec<DeviceStatus>,
+}
+
+/// One device as devplug serves it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceStatus {
+    pub id: String,
+    pub health: String,
+    pub numa_nodes: Vec<u32>,
+    /// Its backend's attributes (a `cdi-name` among them).
+    pub attributes: std::collections::BTreeMap<String, String>,
+    /// The device nodes a container gets, `HOST:CONTAINER`.
+    pub nodes: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
