@@ -3089,7 +3089,7 @@ async fn extended_resource_requests_above_one_are_scheduled_on_shared_devices() 
     let kubeconfig = n.dir.path().join("kubeconfig-real");
     real.write_kubeconfig(&kubeconfig);
     n.cfg.dra.kubeconfig = Some(kubeconfig);
-    let class = devplug::dra::publish::classes::device_class(&n.resource, DRIVER);
+    let class = serde_json::to_value(devplug::dra::publish::classes::device_class(&n.resource, DRIVER)).unwrap();
     let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(&class)).await;
     assert_eq!(code, 201, "{answer}");
     let extended = class["spec"]["extendedResourceName"].as_str().unwrap().to_owned();
@@ -3329,10 +3329,8 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
         devplug::dra::publish::classes::device_class("nvidia.com/gpu", gpu),
         devplug::dra::publish::classes::device_class("nvidia.com/cx7", nic),
     ];
-    let classes: std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::DeviceClass> = class_docs
-        .iter()
-        .map(|c| (c["metadata"]["name"].as_str().unwrap().to_owned(), serde_json::from_value(c.clone()).unwrap()))
-        .collect();
+    let classes: std::collections::BTreeMap<String, k8s_openapi::api::resource::v1::DeviceClass> =
+        class_docs.iter().map(|c| (c.metadata.name.clone().unwrap(), c.clone())).collect();
     let (gpus, nics) = ("gpu.nvidia.com.devplug.io", "cx7.nvidia.com.devplug.io");
     let pair = json!({ "requests": [
         { "name": "gpu", "exactly": { "deviceClassName": gpus, "selectors": [
@@ -3392,7 +3390,8 @@ async fn the_allocator_of_try_allocates_as_the_real_kube_scheduler() {
     real.create_node(NODE).await;
     real.make_node_ready(NODE).await;
     for c in &class_docs {
-        let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(c)).await;
+        let c = serde_json::to_value(c).unwrap();
+        let (code, answer) = real.send("POST", "/apis/resource.k8s.io/v1/deviceclasses", Some(&c)).await;
         assert_eq!(code, 201, "{answer}");
     }
     for s in &slices {

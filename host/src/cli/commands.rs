@@ -321,7 +321,7 @@ pub async fn dra_slices(args: SlicesArgs) -> anyhow::Result<serde_json::Value> {
     let mut classes = Vec::new();
     for r in ready.iter().filter(|r| wanted.as_ref().is_none_or(|w| w.contains(&r.name))) {
         let driver = cfg.dra_driver(&r.backend);
-        classes.push(crate::dra::publish::classes::device_class(&r.name, &driver));
+        classes.push(serde_json::to_value(crate::dra::publish::classes::device_class(&r.name, &driver))?);
         let resource = r.devices.borrow().as_ref().clone();
         by_driver.entry(driver).or_insert_with(|| (r.backend.clone(), Vec::new())).1.push(resource);
     }
@@ -378,7 +378,8 @@ pub async fn device_classes(args: DeviceClassesArgs) -> anyhow::Result<serde_jso
                 "resource {name} is configured api = \"dra\", but no loaded backend declares it (see `devplug discover`)"
             );
         };
-        classes.push(crate::dra::publish::classes::device_class(name, &cfg.dra_driver(&backend)));
+        classes
+            .push(serde_json::to_value(crate::dra::publish::classes::device_class(name, &cfg.dra_driver(&backend)))?);
         let (now, before) =
             (crate::dra::publish::classes::class_name(name), crate::dra::publish::classes::class_name_before_0_3(name));
         if now != before {

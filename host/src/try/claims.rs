@@ -185,10 +185,8 @@ impl Dra {
             let driver = slice["spec"]["driver"].as_str().unwrap_or("");
             for d in slice["spec"]["devices"].as_array().into_iter().flatten() {
                 if let Some(resource) = d["attributes"]["resource"]["string"].as_str() {
-                    let class = devplug::dra::publish::classes::device_class(resource, driver);
-                    if let Ok(c) = serde_json::from_value::<DeviceClass>(class) {
-                        classes.insert(c.metadata.name.clone().unwrap_or_default(), c);
-                    }
+                    let c = devplug::dra::publish::classes::device_class(resource, driver);
+                    classes.insert(c.metadata.name.clone().unwrap_or_default(), c);
                 }
             }
         }

@@ -3,6 +3,10 @@
 //! resource as its `extendedResourceName` (KEP-5004), so a pod that asks `devplug.io/fuse: 1`
 //! keeps working after the resource moves from the Device Plugin API to DRA.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{CELDeviceSelector, DeviceClass, DeviceClassSpec, DeviceSelector};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 /// Where every class devplug names lives: DeviceClasses are cluster-wide, and a vendor's own DRA
@@ -46,26 +50,29 @@ pub(crate) fn class_name_before_0_3(resource: &str) -> String {
 }
 
 /// The DeviceClass of `resource`, served by `driver`.
-pub fn device_class(resource: &str, driver: &str) -> Value {
+pub fn device_class(resource: &str, driver: &str) -> DeviceClass {
     // Attribute names without a domain are the driver's: `device.attributes[DRIVER].resource`.
     let expression = format!("device.driver == {driver:?} && device.attributes[{driver:?}].resource == {resource:?}");
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {
-            "name": class_name(resource),
-            "labels": { super::writer::MANAGED_BY.0: super::writer::MANAGED_BY.1 },
+    DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(class_name(resource)),
+            labels: Some(BTreeMap::from([(
+                super::writer::MANAGED_BY.0.to_owned(),
+                super::writer::MANAGED_BY.1.to_owned(),
+            )])),
+            ..Default::default()
         },
-        "spec": {
-            "selectors": [{ "cel": { "expression": expression } }],
-            "extendedResourceName": resource,
+        spec: DeviceClassSpec {
+            selectors: Some(vec![DeviceSelector { cel: Some(CELDeviceSelector { expression }) }]),
+            extended_resource_name: Some(resource.to_owned()),
+            ..Default::default()
         },
-    })
+    }
 }
 
-/// Several classes as one `v1` List, which `kubectl apply -f -` takes.
-pub fn list(classes: Vec<Value>) -> Value {
-    json!({ "apiVersion": "v1", "kind": "List", "items": classes })
+/// Several objects (classes, slices) as one `v1` List, which `kubectl apply -f -` takes.
+pub fn list(items: Vec<Value>) -> Value {
+    json!({ "apiVersion": "v1", "kind": "List", "items": items })
 }
 
 #[cfg(test)]
@@ -84,7 +91,8 @@ mod tests {
             assert!(super::super::rules::subdomain_problem(&name).is_none(), "{r}: {name}");
             assert!(name.ends_with(".devplug.io"), "{name}");
         }
-        let c = device_class("devplug.io/fuse", "generic.devplug.io");
+        let c = serde_json::to_value(device_class("devplug.io/fuse", "generic.devplug.io")).unwrap();
+        assert_eq!((c["apiVersion"].as_str(), c["kind"].as_str()), (Some("resource.k8s.io/v1"), Some("DeviceClass")));
         assert_eq!(c["spec"]["extendedResourceName"], "devplug.io/fuse");
         assert_eq!(
             c["spec"]["selectors"][0]["cel"]["expression"],
