@@ -2,8 +2,24 @@
 
 use crate::observe::status::{DevicesPage, ResourceDevices};
 
-/// GET `path` from devplug at `addr` (a Unix socket path, or a host:port); (status code, body).
+/// Bytes of one answer the CLI reads: a `/status` document or one device page (at most
+/// 2,000 devices) is far below it; whatever answers on the address, however much it sends, is
+/// read no further.
+pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+
+/// How long one answer may take, connection included: a listener that stops mid-answer does
+/// not hang `devplug status`.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// GET `path` from devplug at `addr` (a Unix socket path, or a host:port); (status code, body),
+/// the body at most [`MAX_ANSWER_BYTES`], the whole within [`ANSWER_TIMEOUT`].
 pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    tokio::time::timeout(ANSWER_TIMEOUT, get(addr, path))
+        .await
+        .map_err(|_| anyhow::anyhow!("devplug at {addr} did not answer {path} within {}s", ANSWER_TIMEOUT.as_secs()))?
+}
+
+async fn get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use http_body_util::BodyExt;
     let connect = std::time::Duration::from_secs(5);
     let unix = addr.starts_with('/') || addr.starts_with('.');
@@ -30,7 +46,12 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
         .body(http_body_util::Empty::<bytes::Bytes>::new())?;
     let resp = sender.send_request(req).await?;
     let code = resp.status().as_u16();
-    let body = resp.into_body().collect().await?.to_bytes();
+    let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES).collect().await.map_err(|e| {
+        anyhow::anyhow!(
+            "devplug at {addr}: its answer to {path} was refused: {e} (more than {MAX_ANSWER_BYTES} bytes?)"
+        )
+    })?;
+    let body = body.to_bytes();
     Ok((code, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -82,4 +103,34 @@ pub async fn all_devices(addr: &str) -> anyhow::Result<Vec<ResourceDevices>> {
         }
     }
     Ok(resources)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever answers on the address: an endless body is cut at the bound with the host's
+    /// words first, not read into memory.
+    #[tokio::test]
+    async fn an_answer_past_the_bound_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("status.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", MAX_ANSWER_BYTES * 2);
+            s.write_all(head.as_bytes()).await.unwrap();
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..(MAX_ANSWER_BYTES >> 20) * 2 {
+                if s.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let e = http_get(sock.to_str().unwrap(), "/status").await.unwrap_err().to_string();
+        assert!(e.starts_with("devplug at ") && e.contains("was refused"), "{e}");
+    }
 }
