@@ -166,7 +166,7 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
             let values = rendered.path().join("registry-values.yaml");
             std::fs::write(
                 &values,
-                "registry:\n  sources:\n    acme: registry.example.com/acme/devplug-backend:1.2\n  grants:\n    acme: '{ dev = [\"acme*\"], resources = [\"acme.com/*\"] }'\n  pullSecret: regcred\n  publicKey: |\n    -----BEGIN PUBLIC KEY-----\n    MFkw\n    -----END PUBLIC KEY-----\n  plainHTTP: [\"mirror.local:5000\"]\n",
+                "registry:\n  sources:\n    acme: registry.example.com/acme/devplug-backend:1.2\n  grants:\n    acme: '{ dev = [\"acme*\"], resources = [\"acme.com/*\"] }'\n  pullSecret: regcred\n  publicKey: |\n    -----BEGIN PUBLIC KEY-----\n    MFkw\n    -----END PUBLIC KEY-----\n  operatorKey: |\n    -----BEGIN PUBLIC KEY-----\n    MFko\n    -----END PUBLIC KEY-----\n  plainHTTP: [\"mirror.local:5000\"]\n",
             )
             .unwrap();
             cmd.arg("--values").arg(&values);
@@ -223,6 +223,8 @@ fn deploy_manifests_and_the_rendered_chart_validate_against_the_kubernetes_schem
                 assert_eq!(cfg["registry"]["public_key"].as_str(), Some("/etc/devplug/cosign.pub"));
                 assert_eq!(cfg["registry"]["plain_http"][0].as_str(), Some("mirror.local:5000"));
                 assert!(block_scalar(&yaml, "cosign.pub").contains("BEGIN PUBLIC KEY"));
+                assert_eq!(cfg["registry"]["operator_key"].as_str(), Some("/etc/devplug/operator.pub"));
+                assert!(block_scalar(&yaml, "operator.pub").contains("MFko"), "the operator's key is its own file");
                 assert!(
                     yaml.contains("secretName: regcred") && yaml.contains("path: /var/lib/devplug/cache"),
                     "{yaml}"

@@ -600,3 +600,147 @@ async fn a_registry_outage_is_logged_once_and_counted() {
     assert!(s["last_error"].as_str().is_some(), "{s}");
     assert_eq!(count(&d, "registry check failed"), 1, "{}", d.log());
 }
+
+/// `devplug precompile` of `reference` with `key` (the vendor's signature checked with
+/// `vendor`): its JSON answer, or its error.
+fn precompile(
+    reg: &Registry,
+    reference: &str,
+    key: &Path,
+    vendor: &Path,
+    extra: &[&str],
+) -> Result<serde_json::Value, String> {
+    let mut args = vec!["precompile", reference, "--plain-http", &reg.addr];
+    let (k, v) = (key.display().to_string(), vendor.display().to_string());
+    args.extend(["--key", &k, "--public-key", &v]);
+    args.extend(extra);
+    let (ok, out, err) = devplug(&args);
+    if ok { Ok(out) } else { Err(err) }
+}
+
+/// Issue 61 (1): native code compiled once for the cluster, attached to the version in the
+/// registry and signed with the operator's key, is what a node with that key loads (nothing
+/// compiled on the node). Every other kind of native artifact is refused, or does not load,
+/// with one line saying why, and the node compiles the version itself and serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_signed_native_code_is_loaded_and_every_other_artifact_falls_back_to_compiling() {
+    let reg = Registry::start(false);
+    let raw = reg.raw();
+    let work = tempfile::tempdir().unwrap();
+    let (vendor_key, vendor_pub) = openssl_keypair(work.path(), "vendor");
+    let (op_key, op_pub) = openssl_keypair(work.path(), "operator");
+    let (other_key, _) = openssl_keypair(work.path(), "other");
+    let (stable, staging) = (reg.reference("chaos", "stable"), reg.reference("chaos", "staging"));
+    let vendor_signed = ["--sign-key", vendor_key.to_str().unwrap()];
+
+    // The backends' key is never the operator's: refused before anything is compiled.
+    push(&reg, &staging, &version(work.path(), 1, "ok"), &vendor_signed);
+    let err = precompile(&reg, &staging, &vendor_key, &vendor_pub, &[]).unwrap_err();
+    assert!(err.contains("the backends' signing key"), "{err}");
+    // An unsigned version is not compiled when the vendor's key is asked for.
+    let unsigned = reg.reference("chaos", "unsigned");
+    push(&reg, &unsigned, &version(work.path(), 9, "ok"), &[]);
+    let err = precompile(&reg, &unsigned, &op_key, &vendor_pub, &[]).unwrap_err();
+    assert!(err.contains("missing") && err.contains("not compiled"), "{err}");
+
+    // Compiled once, attached, signed, then the followed tag promoted to it.
+    let out = precompile(&reg, &staging, &op_key, &vendor_pub, &["--promote", "stable"]).unwrap();
+    let v1 = out["digest"].as_str().unwrap().to_owned();
+    assert_eq!(out["promoted"], stable);
+    let native_tag = out["native"]["tag"].as_str().unwrap().to_owned();
+    let fp16 = native_tag.rsplit_once(".native-").unwrap().1.to_owned();
+    assert_eq!(native_tag, format!("{}/devplug/chaos:{}.native-{fp16}", reg.addr, v1.replace(':', "-")));
+    let (artifact, _) = raw.manifest(&native_tag).await;
+    assert_eq!(artifact["artifactType"], "application/vnd.devplug.native.v1");
+    assert_eq!(artifact["subject"]["digest"], v1, "attached to the version: {artifact}");
+
+    let m = Machine::generic_box();
+    let kdir = work.path().join("k");
+    let kubelet = Kubelet::start(&kdir).await;
+    let policy = format!("public_key = \"{}\"\noperator_key = \"{}\"\n", vendor_pub.display(), op_pub.display());
+    let d = run(&kdir, work.path(), &m, &reg, &stable, &policy);
+    kubelet.wait_registered(WIDGET, 1, T).await.unwrap_or_else(|e| panic!("{e}\n{}", d.log()));
+    kubelet.wait_devices(WIDGET, T, |l| l.len() == 5).await.unwrap();
+    let addr = metrics_addr(&d);
+    let s = wait_status(&addr, "the signed version", |s| s["digest"] == v1).await;
+    assert_eq!(s["native"], "signed", "{s}");
+    let loaded =
+        d.log().lines().find(|l| l.contains("backend loaded") && l.contains("chaos")).unwrap_or_default().to_owned();
+    assert!(loaded.contains("cache=Signed"), "loaded from the signed code, not compiled: {loaded}\n{}", d.log());
+
+    // Each hostile case: version k pushed to staging, its native artifact made so, then the
+    // followed tag moved to it; the node serves it compiled, and says why once.
+    let tag_of = |digest: &str| format!("{}/devplug/chaos:{}.native-{fp16}", reg.addr, digest.replace(':', "-"));
+    let sign = |reference: &str, key: &Path| {
+        let (ok, _, err) = devplug(&["sign", reference, "--key", key.to_str().unwrap(), "--plain-http", &reg.addr]);
+        assert!(ok, "{err}");
+    };
+    let staged = |k: u32| push(&reg, &staging, &version(work.path(), k, "ok"), &vendor_signed);
+    let mut cases: Vec<(u32, &str, String)> = Vec::new();
+
+    // Missing: never precompiled.
+    cases.push((2, "missing", staged(2)));
+    // Signed by another key.
+    let d3 = staged(3);
+    precompile(&reg, &staging, &other_key, &vendor_pub, &[]).unwrap();
+    cases.push((3, "another key", d3));
+    // For another digest: version 1's good artifact, copied under version 4's tag.
+    let d4 = staged(4);
+    raw.put_manifest(&tag_of(&d4), &artifact).await;
+    cases.push((4, "another digest", d4));
+    // For another engine: a good artifact re-annotated, and signed by the operator's key.
+    let d5 = staged(5);
+    precompile(&reg, &staging, &op_key, &vendor_pub, &[]).unwrap();
+    let (mut m5, _) = raw.manifest(&tag_of(&d5)).await;
+    m5["annotations"]["io.devplug.native.engine"] = serde_json::json!("0".repeat(64));
+    let forged = raw.put_manifest(&tag_of(&d5), &m5).await;
+    sign(&format!("{}/devplug/chaos@{forged}", reg.addr), &op_key);
+    cases.push((5, "another engine", d5));
+    // Truncated: the code cut in half, its manifest made to match and signed by the operator.
+    let d6 = staged(6);
+    precompile(&reg, &staging, &op_key, &vendor_pub, &[]).unwrap();
+    let (mut m6, _) = raw.manifest(&tag_of(&d6)).await;
+    let code = raw.blob(&staging, m6["layers"][0]["digest"].as_str().unwrap()).await;
+    let half = code[..code.len() / 2].to_vec();
+    m6["layers"][0]["size"] = serde_json::json!(half.len());
+    m6["layers"][0]["digest"] = serde_json::json!(raw.put_blob(&staging, half).await);
+    let forged = raw.put_manifest(&tag_of(&d6), &m6).await;
+    sign(&format!("{}/devplug/chaos@{forged}", reg.addr), &op_key);
+    cases.push((6, "truncated", d6));
+    // Unsigned: a good artifact changed by one annotation, so no signature names it.
+    let d7 = staged(7);
+    precompile(&reg, &staging, &op_key, &vendor_pub, &[]).unwrap();
+    let (mut m7, _) = raw.manifest(&tag_of(&d7)).await;
+    m7["annotations"]["x"] = serde_json::json!("y");
+    raw.put_manifest(&tag_of(&d7), &m7).await;
+    cases.push((7, "unsigned", d7));
+
+    // Each staged push moved `staging` only: the node still serves version 1.
+    assert_eq!(source_status(&addr).await["digest"], v1);
+    let mut served = Vec::new();
+    for (k, what, digest) in cases {
+        let (m, _) = raw.manifest_bytes(&format!("{}/devplug/chaos@{digest}", reg.addr)).await;
+        assert_eq!(raw.put_manifest_bytes(&stable, m).await, digest, "the same bytes under the followed tag");
+        let s = wait_status(&addr, what, |s| s["digest"] == digest.as_str()).await;
+        // Version k has 4 + k devices: kubelet sees them once it serves.
+        kubelet
+            .wait_devices(WIDGET, T, |l| l.len() == 4 + k as usize)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}\n{}", d.log()));
+        let said = s["native"].as_str().unwrap_or_default().to_owned();
+        let expect = match what {
+            "missing" => "no native code for this engine",
+            "another key" => "does not match the key",
+            "another digest" => "not to this version's manifest",
+            "another engine" => "compiled for engine",
+            "truncated" => "signed",
+            _ => "is not signed",
+        };
+        assert!(said.contains(expect), "{what}: {said}");
+        let why = if what == "truncated" { "does not load into this engine".to_owned() } else { said.clone() };
+        assert_eq!(count(&d, &why), 1, "{what}: one line says why ({why})\n{}", d.log());
+        served.push(k);
+    }
+    assert_eq!(served, [2, 3, 4, 5, 6, 7]);
+    assert_eq!(count(&d, "cache=Signed"), 1, "only version 1 came from signed code\n{}", d.log());
+}

@@ -225,9 +225,9 @@ fn a_compile_bomb_is_stopped_by_the_kernel_at_its_budget() {
     use devplug::runtime::compile_worker::{self, CompileBudget, CompileError, DEFAULT_BUDGET, Job, Slot};
     let (exe, slot) = (BIN.path(), Slot::default());
     let bomb = support::bomb::armed(chaos_bytes());
-    let optimised = Job { tier: Tier::Optimized, serial: true, idle: true };
+    let optimised = Job { tier: Tier::Optimized, serial: true, idle: true, portable: false };
     let started = std::time::Instant::now();
-    let baseline = Job { tier: Tier::Baseline, serial: false, idle: false };
+    let baseline = Job { tier: Tier::Baseline, serial: false, idle: false, portable: false };
     let native = compile_worker::compile(exe, &slot, baseline, &bomb, &DEFAULT_BUDGET).unwrap();
     eprintln!("baseline: {:?} wall, {:?} CPU, peak {} MiB", started.elapsed(), native.cpu, native.peak_bytes >> 20);
     let tight = CompileBudget { memory_bytes: 160 << 20, cpu_base_secs: 600, cpu_secs_per_mib: 0 };
@@ -251,7 +251,7 @@ fn a_compile_bomb_is_stopped_by_the_kernel_at_its_budget() {
         while !slot.background_running() {
             std::thread::yield_now();
         }
-        let fg = Job { tier: Tier::Optimized, serial: false, idle: false };
+        let fg = Job { tier: Tier::Optimized, serial: false, idle: false, portable: false };
         compile_worker::compile(exe, &slot, fg, &chaos_bytes(), &DEFAULT_BUDGET).unwrap();
         assert_eq!(background.join().unwrap(), Some(CompileError::Preempted));
     });

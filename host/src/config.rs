@@ -458,6 +458,13 @@ impl Config {
                 cpu_secs_per_mib: self.limits.compile_cpu_secs_per_mib,
             },
             precompiled: if self.embedded { crate::backends::embedded::PRECOMPILED } else { &[] },
+            // Read (and refused when bad) by `validate`; unreadable here means no signed code.
+            operator_key: self
+                .registry
+                .operator_key
+                .as_deref()
+                .and_then(|k| crate::oci::signature::load_public_key(k).ok())
+                .map(|k| crate::oci::signature::key_id(&k)),
             ..crate::runtime::RuntimeConfig::default()
         }
     }

@@ -91,6 +91,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<()> {
         Command::Push(args) => print_json(&cli::push(args).await?),
         Command::Pull(args) => print_json(&cli::pull(args).await?),
         Command::Sign(args) => print_json(&cli::sign(args).await?),
+        Command::Precompile(args) => print_json(&cli::precompile(args).await?),
         Command::Status(args) => status(&args).await,
         Command::New(NewCommand::Backend(args)) => new_backend(&args),
         Command::Allocate(args) => print_json(&cli::allocate(args).await?),

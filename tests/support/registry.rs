@@ -195,6 +195,75 @@ impl Registry {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Raw reads and writes of manifests and blobs, for tests that put into the registry what a
+    /// hostile one would hold (no auth: for a registry started without it).
+    pub fn raw(&self) -> Raw {
+        let settings = devplug::oci::RegistrySettings { plain_http: vec![self.addr.clone()], ..Default::default() };
+        Raw { client: settings.client().expect("a registry client") }
+    }
+}
+
+/// See [`Registry::raw`]. References are whole (`127.0.0.1:PORT/devplug/NAME:TAG`).
+pub struct Raw {
+    client: oci_client::Client,
+}
+
+const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+
+impl Raw {
+    fn at(reference: &str) -> oci_client::Reference {
+        reference.parse().unwrap_or_else(|e| panic!("{reference}: {e}"))
+    }
+
+    /// The manifest `reference` names, as JSON (written again it has other bytes: keys sorted),
+    /// and its digest.
+    pub async fn manifest(&self, reference: &str) -> (serde_json::Value, String) {
+        let (body, digest) = self.manifest_bytes(reference).await;
+        (serde_json::from_slice(&body).expect("a JSON manifest"), digest)
+    }
+
+    /// The manifest `reference` names, its bytes as stored, and its digest.
+    pub async fn manifest_bytes(&self, reference: &str) -> (Vec<u8>, String) {
+        let auth = oci_client::secrets::RegistryAuth::Anonymous;
+        let (body, digest) = self
+            .client
+            .pull_manifest_raw(&Self::at(reference), &auth, &[OCI_MANIFEST])
+            .await
+            .unwrap_or_else(|e| panic!("{reference}: {e}"));
+        (body.to_vec(), digest)
+    }
+
+    /// Store `manifest` under `reference` (a tag); its digest.
+    pub async fn put_manifest(&self, reference: &str, manifest: &serde_json::Value) -> String {
+        self.put_manifest_bytes(reference, serde_json::to_vec(manifest).expect("JSON")).await
+    }
+
+    /// Store these manifest bytes under `reference` (a tag); their digest.
+    pub async fn put_manifest_bytes(&self, reference: &str, body: Vec<u8>) -> String {
+        self.client
+            .push_manifest_raw(&Self::at(reference), body.clone(), OCI_MANIFEST.parse().expect("a media type"))
+            .await
+            .unwrap_or_else(|e| panic!("{reference}: {e}"));
+        use sha2::Digest;
+        format!("sha256:{}", hex::encode(sha2::Sha256::digest(&body)))
+    }
+
+    /// Blob `digest` of `reference`'s repository.
+    pub async fn blob(&self, reference: &str, digest: &str) -> Vec<u8> {
+        let mut out = Vec::new();
+        let layer = oci_client::manifest::OciDescriptor { digest: digest.to_owned(), ..Default::default() };
+        self.client.pull_blob(&Self::at(reference), &layer, &mut out).await.unwrap_or_else(|e| panic!("{digest}: {e}"));
+        out
+    }
+
+    /// Store `data` as a blob of `reference`'s repository; its digest.
+    pub async fn put_blob(&self, reference: &str, data: Vec<u8>) -> String {
+        use sha2::Digest;
+        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&data)));
+        self.client.push_blob(&Self::at(reference), data, &digest).await.unwrap_or_else(|e| panic!("{digest}: {e}"));
+        digest
+    }
 }
 
 impl Drop for Registry {

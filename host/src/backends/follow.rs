@@ -44,6 +44,9 @@ pub struct SourceStatus {
     /// Why the host refused the version on offer (its init or first discover failed); stays
     /// until another version is offered.
     pub swap_error: Option<String>,
+    /// With `registry.operator_key`: `signed` when the version on offer came with native code
+    /// the operator's key signed, else why it is compiled on the node.
+    pub native: Option<String>,
 }
 
 /// The statuses, shared with the HTTP endpoints and the swap path.
@@ -89,10 +92,18 @@ struct Entry {
     unsigned: BTreeMap<String, String>,
 }
 
+/// What a node needs to take native code from the registry: the operator's key and the
+/// fingerprint of the engine the code must be for.
+struct NativeTrust {
+    key: VerifyingKey,
+    fingerprint: String,
+}
+
 pub struct Follower {
     settings: RegistrySettings,
     fetcher: crate::oci::fetch::Fetcher,
     key: Option<VerifyingKey>,
+    native: Option<NativeTrust>,
     cache: Option<Cache>,
     entries: Vec<Entry>,
     statuses: Arc<Statuses>,
@@ -133,6 +144,7 @@ impl Follower {
                     last_error: None,
                     failing_checks: 0,
                     swap_error: None,
+                    native: None,
                 },
             );
             entries.push(Entry {
@@ -149,9 +161,16 @@ impl Follower {
         }
         let settings = registry.clone();
         let key = settings.public_key.as_deref().map(signature::load_public_key).transpose()?;
+        let native = match settings.operator_key.as_deref() {
+            Some(path) => Some(NativeTrust {
+                key: signature::load_public_key(path).map_err(|e| anyhow::anyhow!("registry.operator_key: {e:#}"))?,
+                fingerprint: crate::runtime::native::fingerprint()?,
+            }),
+            None => None,
+        };
         let fetcher = settings.fetcher()?;
         let cache = cache_dir.map(Cache::new);
-        Ok(Some(Follower { settings, fetcher, key, cache, entries, statuses }))
+        Ok(Some(Follower { settings, fetcher, key, native, cache, entries, statuses }))
     }
 
     pub fn statuses(&self) -> Arc<Statuses> {
@@ -283,9 +302,13 @@ impl Follower {
         };
         let backend = self.entries[i].backend.clone();
         let serving_key = self.entries[i].current.as_ref().map(|s| s.key.clone());
+        let signed = self.signed_native(i, &auth, &pinned, &pulled).await;
         if let Err(why) = self.offer(i, pulled.clone(), state.clone(), false) {
             self.refuse(i, &digest, &why, state);
             return Ok(false);
+        }
+        if let Some(e) = self.entries[i].current.as_mut() {
+            e.signed = signed;
         }
         let reference = &self.entries[i].text;
         let stored = match &self.cache {
@@ -310,6 +333,47 @@ impl Follower {
             tracing::info!(backend = %backend, %digest, layout = pulled.layout, signature = state.label(), "pulled a new version");
         }
         Ok(true)
+    }
+
+    /// With an operator key, the native code the registry holds for `pulled` and this node's
+    /// engine, verified; else nothing, and (when a key is set) one line saying why the node
+    /// compiles it. Recorded in the source's status either way.
+    async fn signed_native(
+        &self,
+        i: usize,
+        auth: &oci_client::secrets::RegistryAuth,
+        pinned: &Reference,
+        pulled: &Pulled,
+    ) -> crate::backends::source::SignedNative {
+        let Some(trust) = &self.native else { return Default::default() };
+        let e = &self.entries[i];
+        let component = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&pulled.component)));
+        let found = crate::oci::native::fetch(
+            &self.fetcher,
+            auth,
+            pinned,
+            &pulled.digest,
+            &component,
+            &trust.fingerprint,
+            &trust.key,
+        )
+        .await;
+        let (said, code) = match found {
+            Ok(code) => {
+                tracing::info!(backend = %e.backend, digest = %pulled.digest, bytes = code.len(), "operator-signed native code found; it is loaded, not compiled");
+                ("signed".to_owned(), crate::backends::source::SignedNative::new(code))
+            }
+            Err(why @ crate::oci::native::NoNative::Missing { .. }) => {
+                tracing::info!(backend = %e.backend, digest = %pulled.digest, "{why}; compiling it on this node");
+                (why.to_string(), Default::default())
+            }
+            Err(why) => {
+                tracing::warn!(backend = %e.backend, digest = %pulled.digest, "{why}; compiling it on this node");
+                (why.to_string(), Default::default())
+            }
+        };
+        self.statuses.update(&e.backend, |s| s.native = Some(said));
+        code
     }
 
     fn refuse(&mut self, i: usize, digest: &str, why: &str, state: SignatureState) {

@@ -270,7 +270,7 @@ impl Loaded {
     pub fn prepare(&self, src: &BackendSource) {
         if self.enabled(&src.name) {
             let t0 = std::time::Instant::now();
-            self.runtime.prepare(&src.bytes);
+            self.runtime.prepare(&src.bytes, src.signed.take());
             tracing::info!(backend = %src.name, origin = %src.origin, compile_ms = t0.elapsed().as_millis() as u64,
                 "backend compiled ahead of its load");
         }
@@ -353,7 +353,7 @@ impl Loaded {
             .filter(|c| !c.is_empty())
             .or_else(|| src.manifest.config.clone())
             .unwrap_or_default();
-        BackendInstance::load(&self.runtime, &src.bytes, config, sandbox)
+        BackendInstance::load_signed(&self.runtime, &src.bytes, src.signed.take(), config, sandbox)
     }
 
     /// Compile, instantiate and `init` a backend and claim its resources. Blocking.

@@ -37,6 +37,36 @@ pub struct BackendSource {
     pub file_version: Option<semver::Version>,
     /// Identifies the content (component bytes and manifest text): a change means a new version.
     pub key: String,
+    /// Native code of the component signed by the operator's key, when the registry had some:
+    /// loaded instead of compiling.
+    pub signed: SignedNative,
+}
+
+/// A registry version's operator-signed native code ([`crate::oci::native`]), handed to the
+/// first load of the version and let go there: it is tens of MB, and once loaded the compile
+/// cache holds it, so the sources the follower keeps do not. A later load of the same version
+/// without it reads the compile cache (or compiles).
+#[derive(Clone, Default)]
+pub struct SignedNative(std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>);
+
+impl SignedNative {
+    pub fn new(code: Vec<u8>) -> Self {
+        SignedNative(std::sync::Arc::new(std::sync::Mutex::new(Some(code))))
+    }
+
+    /// The code, once.
+    pub fn take(&self) -> Option<Vec<u8>> {
+        use crate::sync::Locked;
+        self.0.locked().take()
+    }
+}
+
+impl std::fmt::Debug for SignedNative {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::sync::Locked;
+        let len = self.0.locked().as_ref().map(Vec::len);
+        write!(f, "SignedNative({len:?} bytes)")
+    }
 }
 
 /// `sha256(bytes) + sha256(manifest)`, short.
@@ -68,6 +98,7 @@ impl BackendSource {
                 origin: Origin::Embedded,
                 file_version: None,
                 key: source_key(bytes, manifest),
+                signed: SignedNative::default(),
             })
             .collect()
     }
@@ -108,6 +139,7 @@ impl BackendSource {
             manifest,
             origin: Origin::File(path.to_owned()),
             file_version,
+            signed: SignedNative::default(),
         })
     }
 }
@@ -138,6 +170,7 @@ impl BackendSource {
             manifest,
             origin: Origin::Registry { reference: reference.to_owned(), digest: pulled.digest },
             file_version: None,
+            signed: SignedNative::default(),
         })
     }
 }

@@ -72,6 +72,10 @@ pub enum Command {
     Pull(PullArgs),
     /// Sign a pushed backend the way `cosign sign --key` does (ECDSA P-256, PKCS#8 PEM key).
     Sign(SignArgs),
+    /// Compile a backend in a registry once for every node of this devplug's engine and attach
+    /// the native code to it, signed with the operator's key (nodes with `registry.operator_key`
+    /// load it instead of compiling).
+    Precompile(PrecompileArgs),
     /// Ask a running devplug (its --metrics-addr) what it serves, in a table.
     Status(StatusArgs),
     /// Start a new project.
@@ -205,6 +209,36 @@ pub struct SignArgs {
     /// The private key: unencrypted PKCS#8 PEM, ECDSA P-256.
     #[arg(long)]
     pub key: PathBuf,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PrecompileArgs {
+    /// The pushed backend: `registry/repository:tag` or `@sha256:…`.
+    pub reference: String,
+    /// The operator's private key (unencrypted PKCS#8 PEM, ECDSA P-256): never the key that
+    /// signs backends.
+    #[arg(long)]
+    pub key: PathBuf,
+    /// Compile only a version whose signature this key (the backends' `cosign.pub`) verifies.
+    #[arg(long)]
+    pub public_key: Option<PathBuf>,
+    /// Once the native code is attached, point this tag (same repository) at the version: the
+    /// tag nodes follow then never names a version without its code.
+    #[arg(long)]
+    pub promote: Option<String>,
+    /// The backend's name, for an image holding several (default: the repository's last part).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The compile's memory bound, in MiB (the compile runs in a worker the kernel bounds).
+    #[arg(long, default_value_t = 1024)]
+    pub compile_memory_mb: u64,
+    /// The compile's CPU seconds, plus `compile_cpu_secs_per_mib` per MiB of component.
+    #[arg(long, default_value_t = crate::runtime::compile_worker::DEFAULT_BUDGET.cpu_base_secs)]
+    pub compile_cpu_secs: u64,
+    #[arg(long, default_value_t = crate::runtime::compile_worker::DEFAULT_BUDGET.cpu_secs_per_mib)]
+    pub compile_cpu_secs_per_mib: u64,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -544,5 +578,5 @@ pub use commands::{allocate, cdi_generate, device_classes, discover, dra_slices,
 pub use http::{all_devices, http_get, http_json};
 pub use inspect::inspect;
 pub use learn::learn_requests;
-pub use registry::{pull, push, sign};
+pub use registry::{precompile, pull, push, sign};
 pub use tables::{devices_table, discover_table, status_table};

@@ -1,9 +1,9 @@
-//! `devplug push`, `pull` and `sign`: what an operator or a vendor's CI does with a registry,
+//! `devplug push`, `pull`, `sign` and `precompile`: what an operator or a vendor's CI does with a registry,
 //! through the same code `devplug run` pulls and verifies with.
 
 use oci_client::Reference;
 
-use super::{PullArgs, PushArgs, SignArgs};
+use super::{PrecompileArgs, PullArgs, PushArgs, SignArgs};
 use crate::backends::BackendSource;
 use crate::oci::{artifact, signature};
 
@@ -154,4 +154,118 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<serde_json::Value> {
     let digest = artifact::resolve(&settings.fetcher()?, &auth, &r).await?;
     let sig = signature::sign(&client, &auth, &r, &digest, &key).await?;
     Ok(serde_json::json!({ "reference": args.reference, "digest": digest, "signature": sig.whole() }))
+}
+
+/// In the node build (without the `push` feature): where to precompile from.
+#[cfg(not(feature = "push"))]
+pub async fn precompile(_: PrecompileArgs) -> anyhow::Result<serde_json::Value> {
+    anyhow::bail!(
+        "this devplug is the node build, without `precompile` (nodes never sign code); run it from the vendor build of the same version: \
+         `cargo install --path host` (default features)"
+    )
+}
+
+/// Compile what a reference resolves to for this build's engine (portable CPU baseline) and
+/// attach the code to it, signed with the operator's key; then, with `--promote`, move the tag
+/// the cluster follows. What was attached.
+#[cfg(feature = "push")]
+pub async fn precompile(args: PrecompileArgs) -> anyhow::Result<serde_json::Value> {
+    use crate::oci::native;
+    use crate::runtime::compile_worker::CompileBudget;
+    let settings = args.registry.settings()?;
+    let client = settings.client()?;
+    let fetcher = settings.fetcher()?;
+    let r = reference(&args.reference)?;
+    let auth = settings.auth_for(&r)?;
+    // Both keys are read before anything is compiled or written: a wrong key fails in a moment,
+    // not after a minute's compile.
+    let key = signature::load_private_key(&args.key)?;
+    let vendor = args.public_key.as_deref().map(signature::load_public_key).transpose()?;
+    anyhow::ensure!(
+        vendor != Some(*key.verifying_key()),
+        "--key is the backends' signing key (--public-key verifies with it): native code must be signed by the operator's own key, which nodes hold as registry.operator_key"
+    );
+    let promote = match &args.promote {
+        Some(tag) => {
+            let to = Reference::with_tag(r.registry().to_owned(), r.repository().to_owned(), tag.clone());
+            anyhow::ensure!(to.whole().parse::<Reference>().is_ok(), "--promote {tag:?} is not a tag");
+            Some(to)
+        }
+        None => None,
+    };
+    let within = |what: &'static str| {
+        let t = settings.timeout;
+        move |_| anyhow::anyhow!("{what} took longer than {t:?} (registry.timeout)")
+    };
+    let (raw, digest) = tokio::time::timeout(
+        settings.timeout,
+        fetcher.manifest(
+            &r,
+            &auth,
+            &[oci_client::manifest::OCI_IMAGE_MEDIA_TYPE, oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE],
+        ),
+    )
+    .await
+    .map_err(within("reading the manifest"))??;
+    let pinned = artifact::pinned(&r, &digest);
+    if let Some(vendor) = &vendor {
+        let state =
+            tokio::time::timeout(settings.timeout, signature::verify(&fetcher, &auth, &pinned, &digest, Some(vendor)))
+                .await
+                .map_err(within("the signature check"))??;
+        anyhow::ensure!(state.accepted(), "{}: {state}; not compiled (--public-key)", args.reference);
+    }
+    let guess = args.name.clone().unwrap_or_else(|| r.repository().rsplit('/').next().unwrap_or("backend").to_owned());
+    let pulled = tokio::time::timeout(settings.timeout, artifact::pull(&fetcher, &auth, &pinned, &guess))
+        .await
+        .map_err(within("the pull"))??;
+    let component = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&pulled.component)));
+    let fingerprint = crate::runtime::native::fingerprint()?;
+    let budget = CompileBudget {
+        memory_bytes: args.compile_memory_mb.saturating_mul(1 << 20),
+        cpu_base_secs: args.compile_cpu_secs,
+        cpu_secs_per_mib: args.compile_cpu_secs_per_mib,
+    };
+    let started = std::time::Instant::now();
+    let bytes = pulled.component;
+    let code = tokio::task::spawn_blocking(move || {
+        crate::runtime::native::precompile(crate::runtime::compile_worker::registered().as_deref(), &bytes, &budget)
+    })
+    .await?
+    .map_err(|e| anyhow::anyhow!("{}: not compiled: {e}", args.reference))?;
+    let compile_secs = started.elapsed().as_secs_f64();
+    let size = code.len();
+    let media_type = serde_json::from_slice::<serde_json::Value>(&raw)
+        .ok()
+        .and_then(|m| m["mediaType"].as_str().map(str::to_owned))
+        .filter(|t| t == oci_client::manifest::IMAGE_MANIFEST_MEDIA_TYPE)
+        .unwrap_or_else(|| oci_client::manifest::OCI_IMAGE_MEDIA_TYPE.to_owned());
+    let subject = oci_client::manifest::OciDescriptor {
+        media_type: media_type.clone(),
+        digest: digest.clone(),
+        size: raw.len() as i64,
+        ..Default::default()
+    };
+    let attachment =
+        native::Attachment { subject, component: component.clone(), fingerprint: fingerprint.clone(), code };
+    let (native_digest, tagged) = native::attach(&client, &auth, &r, attachment, &key).await?;
+    let mut out = serde_json::json!({
+        "reference": args.reference,
+        "digest": digest,
+        "component": component,
+        "engine": fingerprint,
+        "target": crate::runtime::native::target(),
+        "native": { "digest": native_digest, "tag": tagged.whole(), "bytes": size },
+        "compile_secs": (compile_secs * 100.0).round() / 100.0,
+    });
+    if let Some(to) = promote {
+        client
+            .push_manifest_raw(&to, raw, media_type.parse()?)
+            .await
+            .map_err(|e| anyhow::anyhow!("promoting to {to}: {e}; the native code is attached ({native_digest})"))?;
+        let now = artifact::resolve(&fetcher, &auth, &to).await?;
+        anyhow::ensure!(now == digest, "{to} resolves to {now}, not {digest}");
+        out["promoted"] = serde_json::json!(to.whole());
+    }
+    Ok(out)
 }

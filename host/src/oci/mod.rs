@@ -10,11 +10,14 @@
 //! - `push`: storing one (`oci-wasm` writes the layout), in the vendor build only (feature
 //!   `push`; the node never pushes).
 //! - [`signature`]: cosign's simple-signing format with ECDSA P-256 keys.
+//! - [`native`]: native code compiled once per cluster (`devplug precompile`), attached to a
+//!   backend's manifest and signed by the operator's key; found, checked and fetched by nodes.
 //! - [`cache`]: the content-addressed store that serves a restart with the registry down.
 
 pub mod artifact;
 pub mod cache;
 pub mod fetch;
+pub mod native;
 #[cfg(feature = "push")]
 pub mod push;
 pub mod settings;

@@ -5,6 +5,7 @@
 //! poll = "1m"                                   # how often followed tags are resolved again
 //! auth_file = "/var/run/secrets/devplug/.dockerconfigjson"   # a docker config.json (imagePullSecret)
 //! public_key = "/etc/devplug/cosign.pub"        # set: every image needs a valid signature by it
+//! operator_key = "/etc/devplug/operator.pub"    # set: native code it signed is loaded, not compiled
 //! ca_file = "/etc/devplug/registry-ca.pem"      # extra CA for a private registry
 //! plain_http = ["127.0.0.1:5000"]               # registries spoken to over HTTP: loopback or listed
 //! ```
@@ -25,6 +26,10 @@ pub struct RegistrySettings {
     pub poll: Duration,
     pub auth_file: Option<PathBuf>,
     pub public_key: Option<PathBuf>,
+    /// The operator's public key: native code `devplug precompile` attached to a version and
+    /// signed with it is loaded instead of compiling the version on the node. Never the
+    /// backends' key (`public_key`): whoever can sign native code can run anything in devplug.
+    pub operator_key: Option<PathBuf>,
     pub ca_file: Option<PathBuf>,
     /// Registries (`host:port`) reached over plain HTTP. Only these: never a fallback.
     pub plain_http: Vec<String>,
@@ -39,6 +44,7 @@ impl Default for RegistrySettings {
             poll: Duration::from_secs(60),
             auth_file: None,
             public_key: None,
+            operator_key: None,
             ca_file: None,
             plain_http: Vec::new(),
             timeout: Duration::from_secs(60),
@@ -50,8 +56,15 @@ impl RegistrySettings {
     /// Check what can be checked without a network: poll bounds, the key and CA files parse.
     pub fn validate(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.poll >= Duration::from_millis(100), "registry.poll must be at least 100ms");
-        if let Some(k) = &self.public_key {
-            crate::oci::signature::load_public_key(k)?;
+        let backends = self.public_key.as_deref().map(crate::oci::signature::load_public_key).transpose()?;
+        if let Some(k) = &self.operator_key {
+            let operator = crate::oci::signature::load_public_key(k)
+                .map_err(|e| anyhow::anyhow!("registry.operator_key: {e:#}"))?;
+            anyhow::ensure!(
+                backends != Some(operator),
+                "registry.operator_key ({}) is the same key as registry.public_key: whoever signs backends could then hand nodes native code, which runs as devplug itself, outside the sandbox; give the operator a key of its own",
+                k.display()
+            );
         }
         if let Some(ca) = &self.ca_file {
             std::fs::read(ca).map_err(|e| anyhow::anyhow!("registry.ca_file {}: {e}", ca.display()))?;
@@ -160,6 +173,33 @@ fn read_auth_file(path: &Path) -> anyhow::Result<Vec<(String, RegistryAuth)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 61: the operator's key signs native code, which runs as devplug itself; the key
+    /// that signs backends may not be it (whoever publishes a backend could then run anything).
+    #[test]
+    fn the_operator_key_must_be_its_own() {
+        use p256::pkcs8::{EncodePublicKey, LineEnding};
+        let d = tempfile::tempdir().unwrap();
+        let write = |name: &str, seed: u8| {
+            let key = p256::ecdsa::SigningKey::from_slice(&[seed; 32]).unwrap();
+            let pem = key.verifying_key().to_public_key_pem(LineEnding::LF).unwrap();
+            let path = d.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let (vendor, copy, operator) = (write("vendor.pub", 7), write("copy.pub", 7), write("operator.pub", 9));
+        let s = |public: &Path, op: &Path| RegistrySettings {
+            public_key: Some(public.to_owned()),
+            operator_key: Some(op.to_owned()),
+            ..RegistrySettings::default()
+        };
+        assert!(s(&vendor, &operator).validate().is_ok());
+        let e = s(&vendor, &copy).validate().unwrap_err().to_string();
+        assert!(e.starts_with("registry.operator_key") && e.contains("same key as registry.public_key"), "{e}");
+        std::fs::write(d.path().join("bad.pub"), "not a key").unwrap();
+        let e = s(&vendor, &d.path().join("bad.pub")).validate().unwrap_err().to_string();
+        assert!(e.starts_with("registry.operator_key:"), "{e}");
+    }
 
     #[test]
     fn auth_files_give_basic_credentials_per_host() {

@@ -71,6 +71,13 @@ pub(crate) fn load_public_key(path: &Path) -> anyhow::Result<VerifyingKey> {
     })
 }
 
+/// A short id of a public key (16 hex of the sha256 of its compressed point): names what it
+/// signed in the compile cache.
+pub fn key_id(key: &VerifyingKey) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(key.to_encoded_point(true).as_bytes())[..8])
+}
+
 pub(crate) fn load_private_key(path: &Path) -> anyhow::Result<SigningKey> {
     let pem = std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("private key {}: {e}", path.display()))?;
     SigningKey::from_pkcs8_pem(&pem).map_err(|e| {

@@ -65,6 +65,10 @@ pub struct Job {
     pub serial: bool,
     /// At `SCHED_IDLE` (only on a core nothing else wants).
     pub idle: bool,
+    /// For any CPU of this build's target at the portable baseline
+    /// ([`super::engine_config::portable_engine_config`]), not this machine's own: code
+    /// `devplug precompile` hands to every node of a cluster.
+    pub portable: bool,
 }
 
 /// Why a compile gave no code.
@@ -221,16 +225,23 @@ pub fn registered() -> Option<PathBuf> {
     REGISTERED.get().cloned()
 }
 
-/// The worker: `TIER [serial]`, the component on stdin, its native code on stdout.
+/// The worker: `TIER [serial] [portable]`, the component on stdin, its native code on stdout.
 fn serve(args: &[String]) -> std::process::ExitCode {
     let fail = |msg: &str, code: u8| {
         let _ = writeln!(std::io::stderr(), "{msg}");
         std::process::ExitCode::from(code)
     };
+    let portable = args.iter().skip(1).any(|a| a == "portable");
     let config = match args.first().map(String::as_str) {
+        Some("optimized") if portable => {
+            match super::engine_config::portable_engine_config(env!("DEVPLUG_BUILD_TARGET")) {
+                Ok(c) => Some(c),
+                Err(e) => return fail(&format!("no portable engine: {e:#}"), 2),
+            }
+        }
         Some("optimized") => Some(super::engine_config::engine_config()),
-        Some("baseline") => super::engine_config::baseline_engine_config(),
-        _ => return fail("usage: devplug __compile-worker optimized|baseline [serial]", 2),
+        Some("baseline") if !portable => super::engine_config::baseline_engine_config(),
+        _ => return fail("usage: devplug __compile-worker optimized|baseline [serial] [portable]", 2),
     };
     let Some(mut config) = config else { return fail("this build has no baseline compiler", 2) };
     // Two arenas and large blocks mapped on their own: the compiler's threads then fragment
@@ -242,7 +253,7 @@ fn serve(args: &[String]) -> std::process::ExitCode {
         libc::mallopt(libc::M_ARENA_MAX, 2);
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
-    config.parallel_compilation(args.get(1).map(String::as_str) != Some("serial"));
+    config.parallel_compilation(!args.iter().skip(1).any(|a| a == "serial"));
     let engine = match wasmtime::Engine::new(&config) {
         Ok(e) => e,
         Err(e) => return fail(&format!("no engine: {e:#}"), 2),
@@ -283,6 +294,7 @@ pub fn compile(
             Tier::Baseline => "baseline",
         })
         .args(job.serial.then_some("serial"))
+        .args(job.portable.then_some("portable"))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -58,6 +58,11 @@ pub struct RuntimeConfig {
     pub compile_worker: Option<PathBuf>,
     /// What one compile may use (memory and CPU seconds), enforced by the kernel on the worker.
     pub compile_budget: super::compile_worker::CompileBudget,
+    /// The id of the operator's key (`registry.operator_key`,
+    /// [`crate::oci::signature::key_id`]): native code it signed is kept in the compile cache
+    /// under this id and loaded from there only while the key is the same, so code signed by
+    /// a key the operator replaced is never loaded again.
+    pub operator_key: Option<String>,
 }
 
 /// [`RuntimeConfig::cache_max_bytes`]'s default: room for the embedded set, two versions of a
@@ -79,6 +84,7 @@ impl Default for RuntimeConfig {
             cache_max_bytes: CACHE_MAX_BYTES,
             compile_worker: super::compile_worker::registered(),
             compile_budget: super::compile_worker::DEFAULT_BUDGET,
+            operator_key: None,
         }
     }
 }
@@ -88,6 +94,9 @@ impl Default for RuntimeConfig {
 pub enum CacheOutcome {
     /// Native code built into the binary (an embedded backend): nothing compiled.
     Precompiled,
+    /// Native code `devplug precompile` made for the cluster, signed by the operator's key
+    /// (`registry.operator_key`): nothing compiled on this node.
+    Signed,
     Hit,
     Miss,
     Disabled,
@@ -135,6 +144,11 @@ impl Compiler {
             Tier::Optimized => format!("{digest}-{:016x}.cwasm", self.hash),
             Tier::Baseline => format!("{digest}-{:016x}-baseline.cwasm", self.hash),
         }
+    }
+
+    /// The cache file of a component's native code signed by operator key `key`.
+    fn signed_entry(&self, digest: &str, key: &str) -> String {
+        format!("{digest}-{:016x}-signed-{key}.cwasm", self.hash)
     }
 }
 
@@ -203,12 +217,12 @@ impl Runtime {
     /// a devplug standing by for the instance lock compiles every backend it will serve while
     /// the old one still serves, so it serves within moments of taking over. A component that
     /// fails to compile is left for that later compile to fail on, and say so. Blocking.
-    pub fn prepare(&self, bytes: &[u8]) {
+    pub fn prepare(&self, bytes: &[u8], signed: Option<Vec<u8>>) {
         let digest = sha256_hex(bytes);
         if self.prepared.locked().contains_key(&digest) {
             return;
         }
-        if let Ok(compiled) = self.compile(bytes) {
+        if let Ok(compiled) = self.compile_signed(bytes, signed) {
             self.prepared.locked().insert(digest, compiled);
         }
     }
@@ -251,6 +265,15 @@ impl Runtime {
     /// components with no optimised code at hand load baseline-compiled (see [`BASELINE_FROM`]
     /// and [`Runtime::optimize_later`]), with a cache or without.
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
+        self.compile_signed(bytes, None)
+    }
+
+    /// [`Runtime::compile`], with native code for `bytes` that the operator's key signed
+    /// ([`crate::oci::native`] verified it and its binding to this component and engine): it is
+    /// loaded (and kept in the compile cache) instead of compiling, unless the cache already
+    /// holds optimised code. Code that does not load into this engine (another CPU, a damaged
+    /// artifact) is said in one line and the component is compiled as without it.
+    pub fn compile_signed(&self, bytes: &[u8], signed: Option<Vec<u8>>) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
         if let Some(compiled) = self.prepared.locked().remove(&digest) {
@@ -259,6 +282,37 @@ impl Runtime {
         let done = |component, cache, tier| Compiled { component, cache, digest: digest.clone(), tier };
         if let Some(component) = self.precompiled(&digest) {
             return Ok(done(component, CacheOutcome::Precompiled, Tier::Optimized));
+        }
+        // Signed code kept before, while the operator's key is the one that signed it.
+        let signed_entry = self.config.operator_key.as_deref().map(|key| self.optimized.signed_entry(&digest, key));
+        let cache = self.config.cache_dir.as_deref().and_then(|d| Some((crate::durable::StateDir::open(d).ok()?, d)));
+        if let (Some((state, dir)), Some(entry)) = (&cache, &signed_entry)
+            && let Some(c) = self.cached_entry(state, dir, &self.optimized, entry)
+        {
+            return Ok(done(c, CacheOutcome::Signed, Tier::Optimized));
+        }
+        if let Some(native) = signed {
+            if let Some(c) = cache.as_ref().and_then(|(state, dir)| self.cached(state, dir, &self.optimized, &digest)) {
+                return Ok(done(c, CacheOutcome::Hit, Tier::Optimized));
+            }
+            // SAFETY: `native` is what the operator's key signed for this component's digest and
+            // this engine's fingerprint (checked by `oci::native::fetch` before it got here): the
+            // operator vouches that `devplug precompile` made it, which is the trust
+            // `deserialize` asks for; deserialize still checks that it fits this engine and CPU.
+            match unsafe { Component::deserialize(&self.optimized.engine, &native) } {
+                Ok(component) => {
+                    if let (Some((state, dir)), Some(name)) = (&cache, &signed_entry) {
+                        write_native(state, dir, name, &native);
+                        evict(state, dir, name, self.config.cache_max_bytes);
+                    }
+                    return Ok(done(component, CacheOutcome::Signed, Tier::Optimized));
+                }
+                Err(e) => tracing::warn!(
+                    digest = &digest[..12],
+                    reason = %format!("{e:#}"),
+                    "the operator-signed native code does not load into this engine; compiling it here instead"
+                ),
+            }
         }
         let baseline = self.baseline.as_ref().filter(|_| bytes.len() >= self.config.baseline_from);
         let Some(dir) = &self.config.cache_dir else {
@@ -311,7 +365,7 @@ impl Runtime {
             super::heap::release_freed();
             return Ok((component?, None));
         };
-        let job = super::compile_worker::Job { tier: compiler.tier, serial: false, idle: false };
+        let job = super::compile_worker::Job { tier: compiler.tier, serial: false, idle: false, portable: false };
         let native = super::compile_worker::compile(exe, &self.slot, job, bytes, &self.config.compile_budget)
             .map_err(compile_error)?;
         // SAFETY: `native` is what this very executable (the worker is `/proc/self/exe`, or the
@@ -336,29 +390,40 @@ impl Runtime {
         compiler: &Compiler,
         digest: &str,
     ) -> Option<Component> {
-        let name = compiler.entry(digest);
-        let path = dir.join(&name);
+        self.cached_entry(state, dir, compiler, &compiler.entry(digest))
+    }
+
+    /// The code in cache file `name`, if it is there and loads into `compiler`'s engine.
+    fn cached_entry(
+        &self,
+        state: &crate::durable::StateDir,
+        dir: &Path,
+        compiler: &Compiler,
+        name: &str,
+    ) -> Option<Component> {
+        let path = dir.join(name);
         let native = state
-            .read(&name)
+            .read(name)
             .inspect_err(|e| tracing::warn!(path = %path.display(), error = %e, "compile cache entry refused"))
             .ok()??;
         // Read into memory rather than mmap the file: a cache file truncated or rewritten under
         // a running host would otherwise turn into SIGBUS in live code.
         // SAFETY: the cache dir is devplug's user's alone (0700, checked), files are keyed by the
-        // wasm's hash and this engine's compatibility hash, opened without following links, and
-        // only this code writes them (atomically, by rename); deserialize still checks the
+        // wasm's hash and this engine's compatibility hash (a signed entry also by the operator
+        // key that signed it, checked before it was written), opened without following links,
+        // and only this code writes them (atomically, by rename); deserialize still checks the
         // engine compatibility.
         match unsafe { Component::deserialize(&compiler.engine, &native) } {
             Ok(c) => {
                 self.cache_hits.fetch_add(1, Ordering::Relaxed);
                 // Recently used is what eviction keeps.
-                let _ = state.mark_used(&name);
+                let _ = state.mark_used(name);
                 tracing::debug!(path = %path.display(), "loaded compiled backend from cache");
                 Some(c)
             }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "discarding unusable cache entry");
-                let _ = state.remove(&name);
+                let _ = state.remove(name);
                 None
             }
         }
@@ -591,21 +656,48 @@ mod tests {
         assert_eq!(names(&state), [".c.cwasm.78.2e.tmp", "d.cwasm"], "a fresh temp file is never removed");
     }
 
+    /// Issue 61: signed native code is loaded instead of compiling and kept in the cache under
+    /// the operator key's id: loaded from there while the key stays, never once it changed.
+    /// Code that does not load (cut short) is compiled around.
+    #[test]
+    fn signed_code_is_kept_under_its_key_and_bad_code_compiled_around() {
+        let wasm = std::fs::read(crate::backends::embedded::test_program("chaos").unwrap().0).unwrap();
+        let native =
+            super::super::native::precompile(None, &wasm, &super::super::compile_worker::DEFAULT_BUDGET).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let rt = |key: &str| {
+            Runtime::new(RuntimeConfig {
+                cache_dir: Some(dir.path().join("cache")),
+                operator_key: Some(key.to_owned()),
+                compile_worker: None,
+                ..RuntimeConfig::default()
+            })
+            .unwrap()
+        };
+        let cut = native[..native.len() / 2].to_vec();
+        assert_eq!(rt("aa").compile_signed(&wasm, Some(cut)).unwrap().cache, CacheOutcome::Miss, "compiled around");
+        std::fs::remove_dir_all(dir.path().join("cache")).unwrap();
+        assert_eq!(rt("aa").compile_signed(&wasm, Some(native)).unwrap().cache, CacheOutcome::Signed);
+        assert_eq!(rt("aa").compile(&wasm).unwrap().cache, CacheOutcome::Signed, "from the cache, same key");
+        assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Miss, "another key: compiled here");
+        assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Hit, "and cached as compiled here");
+    }
+
     /// Issue 62: a standby compiles before it holds the instance lock; its load after takes
     /// that code once (and a later compile of the same bytes compiles again).
     #[test]
     fn prepared_code_is_taken_by_the_next_compile_of_the_same_bytes() {
         let wasm = std::fs::read(crate::backends::embedded::test_program("chaos").unwrap().0).unwrap();
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
-        rt.prepare(&wasm);
-        rt.prepare(&wasm);
+        rt.prepare(&wasm, None);
+        rt.prepare(&wasm, None);
         assert_eq!(rt.prepared.locked().len(), 1, "prepared once");
-        rt.prepare(b"\0asm\x0d\0\x01\0 not a component");
+        rt.prepare(b"\0asm\x0d\0\x01\0 not a component", None);
         assert_eq!(rt.prepared.locked().len(), 1, "what does not compile is left for the load to fail on");
         let compiled = rt.compile(&wasm).unwrap();
         assert_eq!(compiled.digest, sha256_hex(&wasm));
         assert!(rt.prepared.locked().is_empty(), "taken by the load");
-        rt.prepare(&wasm);
+        rt.prepare(&wasm, None);
         rt.forget_prepared();
         assert!(rt.prepared.locked().is_empty());
     }

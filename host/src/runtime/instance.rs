@@ -150,8 +150,20 @@ impl BackendInstance {
     /// effects, so a bad new version never replaces a good one. Loaded from baseline code, it
     /// asks the background optimiser for its optimised code once it has `init`ed.
     pub fn load(runtime: &Arc<Runtime>, bytes: &[u8], config: String, sandbox: Sandbox) -> Result<Self, LoadError> {
+        Self::load_signed(runtime, bytes, None, config, sandbox)
+    }
+
+    /// [`BackendInstance::load`] with the operator-signed native code of `bytes`, when the
+    /// registry had some ([`Runtime::compile_signed`]).
+    pub fn load_signed(
+        runtime: &Arc<Runtime>,
+        bytes: &[u8],
+        signed: Option<Vec<u8>>,
+        config: String,
+        sandbox: Sandbox,
+    ) -> Result<Self, LoadError> {
         let started = std::time::Instant::now();
-        let compiled = runtime.compile(bytes)?;
+        let compiled = runtime.compile_signed(bytes, signed)?;
         let compiled_at = std::time::Instant::now();
         let engine = compiled.component.engine().clone();
         let pre = Prepared::new(&engine, runtime.linkers_for(&compiled.component), &compiled.component)?;

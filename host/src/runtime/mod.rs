@@ -1,7 +1,8 @@
 //! The Wasm runtime: two wasmtime engines (optimising and baseline, component model;
 //! `engine.rs`), epoch deadlines and cut-offs of guest calls (`deadline.rs`), compiles in a
 //! worker process the kernel bounds (`compile_worker.rs`) with an on-disk cache of their code
-//! (`code_cache.rs`), the background optimiser, and
+//! (`code_cache.rs`), native code compiled once for a cluster and signed by its operator
+//! (`native.rs`), the background optimiser, and
 //! [`BackendInstance`]s that call into backends under a deadline and a memory cap. Nothing here
 //! knows about gRPC or kubelet.
 
@@ -18,6 +19,7 @@ mod instance;
 pub mod jail;
 pub mod learn;
 pub mod limits;
+pub mod native;
 mod optimizer;
 pub mod state;
 pub mod vet;

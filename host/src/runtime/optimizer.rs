@@ -197,7 +197,12 @@ impl Optimizer {
         let started = std::time::Instant::now();
         let native = match &job.worker {
             Some(w) => {
-                let how = super::compile_worker::Job { tier: super::Tier::Optimized, serial: true, idle: true };
+                let how = super::compile_worker::Job {
+                    tier: super::Tier::Optimized,
+                    serial: true,
+                    idle: true,
+                    portable: false,
+                };
                 match super::compile_worker::compile(&w.exe, &w.slot, how, &job.bytes, &w.budget) {
                     Ok(native) => {
                         tracing::debug!(backend = %job.backend, cpu_secs = native.cpu.as_secs_f64(), peak_mib = native.peak_bytes >> 20, "optimised compile done in the worker");
