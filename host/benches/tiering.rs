@@ -15,74 +15,15 @@
 
 use devplug_test_support as support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use devplug_standins::proto::deviceplugin as pb;
 use support::binary::{Devplug, embedded_run_args};
 use support::kubelet::Kubelet;
+use support::rollout::{hogs, kib, new_version, reset_peak};
 
 const T: Duration = Duration::from_secs(240);
-
-/// The example backends, built by `guests/examples/build.sh` (reusing the suite's build).
-fn examples(out: &Path) -> PathBuf {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    if let Ok(dirs) = std::fs::read_dir(tmp) {
-        for d in dirs.flatten() {
-            let p = d.path();
-            if d.file_name().to_string_lossy().starts_with("examples-")
-                && p.join("js-fusetun.wasm").exists()
-                && p.join("py-serial.wasm").exists()
-            {
-                return p;
-            }
-        }
-    }
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo");
-    let tools = std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/devplug-tools/bin")).expect("HOME");
-    let path = format!("{}:{}", tools.display(), std::env::var("PATH").unwrap_or_default());
-    let st = Command::new(repo.join("guests/examples/build.sh")).arg(out).env("PATH", path).status().expect("build.sh");
-    assert!(st.success(), "guests/examples/build.sh failed");
-    out.to_owned()
-}
-
-/// `bytes` with a custom section appended: the same code under a new digest.
-fn new_version(bytes: &[u8], n: u8) -> Vec<u8> {
-    let mut v = bytes.to_vec();
-    let name = b"devplug-bench";
-    v.extend_from_slice(&[0x00, (1 + name.len() + 1) as u8, name.len() as u8]);
-    v.extend_from_slice(name);
-    v.push(n);
-    v
-}
-
-fn kib(pid: i32, key: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Busy shells, killed when dropped (also when the bench fails).
-struct Hogs(Vec<Child>);
-
-impl Drop for Hogs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn hogs(n: usize) -> Hogs {
-    let spawn = || Command::new("sh").args(["-c", "while :; do :; done"]).stdout(Stdio::null()).spawn();
-    Hogs((0..n).map(|_| spawn().expect("a CPU hog")).collect())
-}
 
 fn count(d: &Devplug, needle: &str) -> usize {
     d.log().matches(needle).count()
@@ -120,7 +61,7 @@ fn main() -> anyhow::Result<()> {
         for d in ["sys", "proc"] {
             std::fs::create_dir_all(root.path().join("machine").join(d))?;
         }
-        let ex = examples(&root.path().join("examples"));
+        let ex = support::examples::built();
         let bytes = std::fs::read(ex.join(format!("{file}.wasm")))?;
         let manifest = std::fs::read_to_string(ex.join(format!("{file}.toml")))?;
         println!("{file}: {:.1} MB", bytes.len() as f64 / 1e6);
@@ -169,7 +110,7 @@ fn main() -> anyhow::Result<()> {
             }
             let _hogs = hogs(hogs_n);
             // Reset the peak (VmHWM) to the current RSS.
-            std::fs::write(format!("/proc/{}/clear_refs", d.pid()), "5")?;
+            reset_peak(d.pid())?;
             // A version this node never saw.
             let tmp = backends.join(format!(".{file}.wasm.tmp"));
             std::fs::write(&tmp, new_version(&bytes, 1))?;

@@ -26,5 +26,6 @@ pub mod paths;
 pub mod podman;
 pub mod podresources;
 pub mod registry;
+pub mod rollout;
 pub mod stats;
 pub mod wasm;

@@ -167,6 +167,11 @@ impl StateDir {
         }
     }
 
+    /// `name` opened to read (a regular file of devplug's user, no link followed).
+    pub(crate) fn open_read(&self, name: &str) -> std::io::Result<File> {
+        self.open_file(name, OFlag::O_RDONLY | OFlag::O_NONBLOCK)
+    }
+
     /// Whether `name` exists (a link counts: it is refused when opened).
     pub fn exists(&self, name: &str) -> bool {
         check_name(name).is_ok() && fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
