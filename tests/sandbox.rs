@@ -215,6 +215,81 @@ fn baseline_compiled_code_is_held_to_the_same_limits_and_replaced_by_optimised_c
     assert_eq!(first.tier(), Tier::Optimized);
 }
 
+/// Issue 61 (2): a node that optimised a backend's version compiles the next version optimised
+/// at once, from the incremental cache that compile left, instead of baseline first; one
+/// backend's cache never serves another; a damaged cache is a whole compile, never a wrong one.
+/// (`baseline_from = 0` makes the small chaos backend take the large path.)
+#[test]
+fn the_next_version_compiles_optimised_at_once_from_the_version_befores_functions() {
+    let m = Machine::generic_box();
+    let cache = tempfile::tempdir().unwrap();
+    let dir = cache.path().join("c");
+    let rt = Runtime::new(RuntimeConfig {
+        discover_deadline: Duration::from_secs(2),
+        cache_dir: Some(dir.clone()),
+        baseline_from: 0,
+        compile_worker: Some(BIN.into()),
+        ..RuntimeConfig::default()
+    })
+    .unwrap();
+    let manifest = devplug::backends::Manifest::parse(&std::fs::read_to_string(chaos_paths().1).unwrap()).unwrap();
+    let granted = Globs {
+        sysfs: vec!["**".into()],
+        dev: vec!["null".into()],
+        resources: vec!["**".into()],
+        env: vec!["*".into()],
+        ..Globs::default()
+    };
+    let caps = Capabilities::new(&manifest.requests, &granted).unwrap();
+    let load_as = |name: &str, k: u32| {
+        let sandbox = Sandbox::new(name, &caps, &Roots::fixture(m.root()), 64 << 20);
+        BackendInstance::load(&rt, &support::daemon::chaos_build(k), "devices=2".into(), sandbox).unwrap()
+    };
+    let incr = || {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".incr"))
+            .count()
+    };
+    let first = load_as("chaos", 1);
+    assert_eq!(first.tier(), Tier::Baseline, "no version before: the tiered path");
+    rt.finish_background_compiles();
+    assert_eq!(first.tier(), Tier::Optimized);
+    assert_eq!(incr(), 1, "the background compile left the backend's incremental cache");
+    let second = load_as("chaos", 2);
+    assert_eq!((second.tier(), second.cache), (Tier::Optimized, CacheOutcome::Miss), "optimised at once");
+    assert_eq!(second.discover().unwrap()[0].devices.len(), 2);
+    assert_eq!(second.allocate("r", &["widget-1".into()]).unwrap().env[0].1.as_str(), "widget-1");
+    let other = load_as("other", 3);
+    assert_eq!(other.tier(), Tier::Baseline, "another backend's cache is not read");
+    // A damaged cache: a whole compile, and code that works.
+    for e in std::fs::read_dir(&dir).unwrap().flatten() {
+        if e.file_name().to_string_lossy().ends_with(".incr") {
+            std::fs::write(e.path(), b"\xff\xff\xff\xff not a cache").unwrap();
+        }
+    }
+    let fourth = load_as("chaos", 4);
+    assert_eq!(fourth.tier(), Tier::Optimized);
+    assert_eq!(fourth.discover().unwrap()[0].devices.len(), 2);
+    // A link planted at the cache's place is never followed: not read, and replaced by a file.
+    let planted = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "incr"))
+        .unwrap();
+    let secret = cache.path().join("secret");
+    std::fs::write(&secret, b"not devplug's").unwrap();
+    std::fs::remove_file(&planted).unwrap();
+    std::os::unix::fs::symlink(&secret, &planted).unwrap();
+    let fifth = load_as("chaos", 5);
+    assert_eq!(fifth.discover().unwrap()[0].devices.len(), 2);
+    rt.finish_background_compiles();
+    assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_file(), "the link was replaced, not followed");
+    assert_eq!(std::fs::read(&secret).unwrap(), b"not devplug's");
+}
+
 /// Issue 58 (2): a compile runs in a worker process whose memory and CPU the kernel bounds
 /// (`RLIMIT_DATA`, `RLIMIT_CPU`), so a component built to make the compiler eat memory and time
 /// (support/bomb.rs) is stopped at its budget, the error naming the bound; its baseline

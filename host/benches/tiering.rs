@@ -8,7 +8,13 @@
 //! - new file → its optimised code swapped in (the background compile at idle priority);
 //! - kubelet's Allocate p50/p99 while that compile runs, against idle;
 //! - peak RSS (VmHWM, reset before the swap) above idle, RSS while the baseline code serves, and
-//!   RSS once the optimised code serves.
+//!   RSS once the optimised code serves;
+//! - then a third version on the same node, which optimised the one before: served from
+//!   optimised code compiled at once from the incremental cache that compile left (time, how
+//!   many functions it reused, Allocate before and after, peak RSS).
+//!
+//! The second version is landed with the backend's incremental cache removed: the tiered path
+//! as on a node that never optimised this backend.
 //!
 //! `cargo bench --bench tiering`; `--python` uses the 18 MB Python example instead. Numbers go
 //! in docs/BENCHMARKS.md.
@@ -111,7 +117,13 @@ fn main() -> anyhow::Result<()> {
             let _hogs = hogs(hogs_n);
             // Reset the peak (VmHWM) to the current RSS.
             reset_peak(d.pid())?;
-            // A version this node never saw.
+            // A version this node never saw, on a node that never optimised this backend
+            // either: the incremental cache the first version's compile left is removed.
+            for e in std::fs::read_dir(&cache)?.flatten() {
+                if e.file_name().to_string_lossy().ends_with(".incr") {
+                    std::fs::remove_file(e.path())?;
+                }
+            }
             let tmp = backends.join(format!(".{file}.wasm.tmp"));
             std::fs::write(&tmp, new_version(&bytes, 1))?;
             let landed = Instant::now();
@@ -173,6 +185,50 @@ fn main() -> anyhow::Result<()> {
                 serving_rss / 1024,
                 after / 1024
             );
+            // Incremental: a third version on this node, which optimised the one before (its
+            // background compile left the backend's incremental cache): compiled optimised at
+            // once from those functions.
+            let _hogs = hogs(hogs_n);
+            let mut before = Vec::new();
+            for _ in 0..300 {
+                let t0 = Instant::now();
+                c.allocate(req()).await?;
+                before.push(t0.elapsed());
+            }
+            let rss = kib(d.pid(), "VmRSS:");
+            reset_peak(d.pid())?;
+            std::fs::write(&tmp, new_version(&bytes, 2))?;
+            let landed = Instant::now();
+            std::fs::rename(&tmp, backends.join(format!("{file}.wasm")))?;
+            wait_count(&d, "backend swapped in", 2).await?;
+            let served = landed.elapsed();
+            let mut after = Vec::new();
+            for _ in 0..300 {
+                let t0 = Instant::now();
+                c.allocate(req()).await?;
+                after.push(t0.elapsed());
+            }
+            let peak = kib(d.pid(), "VmHWM:");
+            drop(_hogs);
+            let log = d.log();
+            let swapped = log.lines().rfind(|l| l.contains("backend swapped in")).unwrap_or_default();
+            let reused = log.lines().rfind(|l| l.contains("compiled optimised at once")).unwrap_or("(not compiled incrementally)");
+            let (b50, b99, a50, a99) = (pct(&mut before, 0.5), pct(&mut before, 0.99), pct(&mut after, 0.5), pct(&mut after, 0.99));
+            println!(
+                "incremental: new file -> new version serving: {:.2} s ({})",
+                served.as_secs_f64(),
+                swapped.split_whitespace().filter(|w| w.starts_with("compiler=") || w.starts_with("compile_ms=")).collect::<Vec<_>>().join(" ")
+            );
+            println!(
+                "  {}",
+                reused.split_whitespace().filter(|w| ["reused=", "compiled=", "ms="].iter().any(|k| w.starts_with(k))).collect::<Vec<_>>().join(" ")
+            );
+            println!(
+                "  Allocate before p50 {b50:?} p99 {b99:?}; from the first call after p50 {a50:?} p99 {a99:?}; ratio p50 {:.2} p99 {:.2}",
+                a50.as_secs_f64() / b50.as_secs_f64(),
+                a99.as_secs_f64() / b99.as_secs_f64()
+            );
+            println!("  RSS before {} MiB; peak {} MiB (+{} MiB)", rss / 1024, peak / 1024, peak.saturating_sub(rss) / 1024);
             drop(d);
         }
         anyhow::Ok(())

@@ -270,7 +270,7 @@ impl Loaded {
     pub fn prepare(&self, src: &BackendSource) {
         if self.enabled(&src.name) {
             let t0 = std::time::Instant::now();
-            self.runtime.prepare(&src.bytes, src.signed.take());
+            self.runtime.prepare(Some(&src.name), &src.bytes, src.signed.take());
             tracing::info!(backend = %src.name, origin = %src.origin, compile_ms = t0.elapsed().as_millis() as u64,
                 "backend compiled ahead of its load");
         }

@@ -212,10 +212,21 @@ impl StateDir {
     /// Replace `name` with `bytes`: a new `0600` file beside it, flushed when `flush`, renamed
     /// over it (a rename replaces a link itself, never its target), the directory flushed.
     pub fn write(&self, name: &str, bytes: &[u8], flush: bool) -> std::io::Result<()> {
+        self.write_with(name, |f| f.write_all(bytes), flush)
+    }
+
+    /// [`StateDir::write`] of what `fill` writes into the new file (a stream too large to hold
+    /// in memory); nothing replaces `name` when `fill` fails.
+    pub(crate) fn write_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(&mut File) -> std::io::Result<()>,
+        flush: bool,
+    ) -> std::io::Result<()> {
         check_name(name)?;
         let tmp = format!(".{name}.{}.{:x}.tmp", std::process::id(), rand_suffix());
         let mut f = self.open_file(&tmp, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL)?;
-        let written = f.write_all(bytes).and_then(|_| if flush { super::sync_all(&f) } else { Ok(()) });
+        let written = fill(&mut f).and_then(|_| if flush { super::sync_all(&f) } else { Ok(()) });
         let renamed = written
             .and_then(|_| renameat(&self.fd, tmp.as_str(), &self.fd, name).map_err(|e| io_at(&self.shown(name))(e)));
         if let Err(e) = renamed {

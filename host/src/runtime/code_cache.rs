@@ -1,5 +1,6 @@
 //! The compile cache on disk: native code of compiled components, one `.cwasm` file per
-//! (component sha256, engine, tier), written through devplug's own state directory (`0600`
+//! (component sha256, engine, tier), and one `.incr` incremental cache per backend
+//! ([`super::incremental`]), written through devplug's own state directory (`0600`
 //! files, no links followed) and kept within its byte bound by least recent use; a temp file a
 //! killed write left is removed at start.
 
@@ -58,9 +59,10 @@ pub(super) const STALE_TEMP: Duration = Duration::from_secs(600);
 /// registry's pulled versions live in sub-directories).
 pub(super) fn evict(state: &crate::durable::StateDir, dir: &Path, keep: &str, max: u64) {
     let Ok(mut files) = state.files() else { return };
-    // `StateDir::write`'s temp name of an entry: `.NAME.cwasm.PID.RAND.tmp`.
+    // `StateDir::write`'s temp name of an entry: `.NAME.cwasm.PID.RAND.tmp` (`.incr.` for an
+    // incremental cache).
     let temp = |f: &crate::durable::FileEntry| {
-        f.name.starts_with('.') && f.name.contains(".cwasm.") && f.name.ends_with(".tmp")
+        f.name.starts_with('.') && (f.name.contains(".cwasm.") || f.name.contains(".incr.")) && f.name.ends_with(".tmp")
     };
     let now = std::time::SystemTime::now();
     let stale = |f: &crate::durable::FileEntry| now.duration_since(f.modified).is_ok_and(|age| age >= STALE_TEMP);
@@ -74,7 +76,10 @@ pub(super) fn evict(state: &crate::durable::StateDir, dir: &Path, keep: &str, ma
             }
         }
     }
-    files.retain(|f| (f.name.ends_with(".cwasm") && !f.name.starts_with('.')) || (temp(f) && !stale(f)));
+    let entry = |f: &crate::durable::FileEntry| {
+        (f.name.ends_with(".cwasm") || f.name.ends_with(".incr")) && !f.name.starts_with('.')
+    };
+    files.retain(|f| entry(f) || (temp(f) && !stale(f)));
     let mut total: u64 = files.iter().map(|f| f.len).sum();
     if total <= max {
         return;
@@ -106,14 +111,14 @@ mod tests {
     use super::*;
 
     /// Issue 49: the cache only grew. Past its limit the least recently used entries go (a
-    /// hit counts as a use), the entry just written stays, and nothing but `.cwasm` files is
-    /// counted or touched.
+    /// hit counts as a use), the entry just written stays, and nothing but `.cwasm` (and
+    /// `.incr`) files is counted or touched.
     #[test]
     fn the_compile_cache_keeps_to_its_size_by_least_recent_use() {
         let d = tempfile::tempdir().unwrap();
         let state = crate::durable::StateDir::open(d.path()).unwrap();
         let old = std::time::SystemTime::now() - Duration::from_secs(3600);
-        for (i, name) in ["a.cwasm", "b.cwasm", "c.cwasm", "other.json"].iter().enumerate() {
+        for (i, name) in ["a.cwasm", "b.incr", "c.cwasm", "other.json"].iter().enumerate() {
             state.write(name, &[0u8; 1000], false).unwrap();
             let f = std::fs::File::options().write(true).open(d.path().join(name)).unwrap();
             f.set_modified(old + Duration::from_secs(i as u64 * 60)).unwrap();

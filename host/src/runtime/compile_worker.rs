@@ -108,6 +108,8 @@ pub struct Native {
     pub cpu: Duration,
     /// The worker's peak resident memory, in bytes.
     pub peak_bytes: u64,
+    /// With an incremental cache: functions reused from it, and compiled.
+    pub counts: Option<(u64, u64)>,
 }
 
 /// The one compile worker of a runtime at a time, so compiles never add up past one bound (the
@@ -225,13 +227,15 @@ pub fn registered() -> Option<PathBuf> {
     REGISTERED.get().cloned()
 }
 
-/// The worker: `TIER [serial] [portable]`, the component on stdin, its native code on stdout.
+/// The worker: `TIER [serial] [portable] [incremental]`, the component on stdin (after an
+/// incremental cache with `incremental`), its native code on stdout (framed with the next cache).
 fn serve(args: &[String]) -> std::process::ExitCode {
     let fail = |msg: &str, code: u8| {
         let _ = writeln!(std::io::stderr(), "{msg}");
         std::process::ExitCode::from(code)
     };
     let portable = args.iter().skip(1).any(|a| a == "portable");
+    let incremental = args.iter().skip(1).any(|a| a == "incremental");
     let config = match args.first().map(String::as_str) {
         Some("optimized") if portable => {
             match super::engine_config::portable_engine_config(env!("DEVPLUG_BUILD_TARGET")) {
@@ -254,24 +258,79 @@ fn serve(args: &[String]) -> std::process::ExitCode {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
     }
     config.parallel_compilation(!args.iter().skip(1).any(|a| a == "serial"));
-    let engine = match wasmtime::Engine::new(&config) {
-        Ok(e) => e,
-        Err(e) => return fail(&format!("no engine: {e:#}"), 2),
-    };
     let mut bytes = Vec::new();
     if let Err(e) = std::io::stdin().lock().read_to_end(&mut bytes) {
         return fail(&format!("reading the component: {e}"), 2);
     }
-    match engine.precompile_component(&bytes) {
-        Ok(native) => {
-            drop(bytes);
-            match std::io::stdout().lock().write_all(&native) {
-                Ok(()) => std::process::ExitCode::SUCCESS,
-                Err(e) => fail(&format!("writing the code: {e}"), 2),
-            }
+    // With a cache (super::incremental): the previous entries on descriptor 3 (absent: none),
+    // the next ones written to descriptor 4 as the compile makes or uses them.
+    let store = if incremental {
+        use std::os::fd::FromRawFd;
+        let open = |fd| {
+            // SAFETY: F_GETFD only asks whether the descriptor is open.
+            unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
+        };
+        if !open(super::incremental::NEXT_FD) {
+            return fail("no descriptor for the incremental cache", 2);
         }
-        Err(e) => fail(&format!("{e:#}"), REFUSED as u8),
+        // SAFETY: descriptor 4 is the pipe's write end the host set up between fork and exec
+        // (checked open), and 3, when open, the previous cache file; nothing else owns them.
+        let next = unsafe { std::fs::File::from_raw_fd(super::incremental::NEXT_FD) };
+        let previous: &'static [u8] = if open(super::incremental::PREVIOUS_FD) {
+            // SAFETY: as above.
+            let prev = unsafe { std::fs::File::from_raw_fd(super::incremental::PREVIOUS_FD) };
+            map_read_only(&prev).unwrap_or_default()
+        } else {
+            &[]
+        };
+        let store = std::sync::Arc::new(super::incremental::Store::new(
+            previous,
+            Box::new(std::io::BufWriter::with_capacity(1 << 16, next)),
+        ));
+        if let Err(e) = config.enable_incremental_compilation(store.clone()) {
+            return fail(&format!("no incremental cache: {e:#}"), 2);
+        }
+        Some(store)
+    } else {
+        None
+    };
+    let engine = match wasmtime::Engine::new(&config) {
+        Ok(e) => e,
+        Err(e) => return fail(&format!("no engine: {e:#}"), 2),
+    };
+    let native = match engine.precompile_component(&bytes) {
+        Ok(native) => native,
+        Err(e) => return fail(&format!("{e:#}"), REFUSED as u8),
+    };
+    drop(bytes);
+    if let Some(store) = &store {
+        if !store.finish() {
+            return fail("writing the incremental cache failed", 2);
+        }
+        let (hits, misses) = store.counts();
+        let _ = writeln!(std::io::stderr(), "{}", super::incremental::counts_line(hits, misses));
     }
+    match std::io::stdout().lock().write_all(&native) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => fail(&format!("writing the code: {e}"), 2),
+    }
+}
+
+/// `file` mapped read-only for the rest of the process (the worker's: it ends after its
+/// compile). A read-only file mapping is not private writable memory, so the previous cache
+/// (tens of MB) does not count against the worker's `RLIMIT_DATA` bound as a read into memory
+/// would. `None` when it cannot be mapped (an empty cache then).
+fn map_read_only(file: &std::fs::File) -> Option<&'static [u8]> {
+    use std::os::fd::AsRawFd;
+    let len = usize::try_from(file.metadata().ok()?.len()).ok().filter(|&l| l > 0)?;
+    // SAFETY: a new read-only private mapping of an open file, never unmapped; the host
+    // replaces cache files only by rename, so the mapped inode's bytes do not change under it.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_PRIVATE, file.as_raw_fd(), 0) };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the mapping is `len` readable bytes that live for the rest of the process.
+    Some(unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) })
 }
 
 /// Compile `bytes` in a worker (`exe`) under `budget`, once `slot` is free. Blocking (a compile
@@ -283,6 +342,67 @@ pub fn compile(
     bytes: &[u8],
     budget: &CompileBudget,
 ) -> Result<Native, CompileError> {
+    run(exe, slot, job, None, bytes, budget).map(|(n, _)| n)
+}
+
+/// What a compile with an incremental cache spared.
+pub struct Reused {
+    /// Functions whose code came from the previous cache, and functions compiled.
+    pub hits: u64,
+    pub misses: u64,
+    /// Whether the next cache was kept (it fit in `cap` and the compile succeeded).
+    pub kept: bool,
+}
+
+/// [`compile`] with Cranelift's incremental cache ([`super::incremental`]): the worker reads the
+/// previous entries from cache file `entry` of `state` (if there is one) and streams the next
+/// ones, which replace it if the compile succeeds and they fit in `cap` bytes. Neither is ever
+/// in this process's memory.
+pub fn compile_incremental(
+    exe: &Path,
+    slot: &Slot,
+    job: Job,
+    bytes: &[u8],
+    budget: &CompileBudget,
+    (state, entry, cap): (&crate::durable::StateDir, &str, u64),
+) -> Result<(Native, Reused), CompileError> {
+    let previous = state.open_read(entry).ok();
+    let mut outcome = None;
+    let kept = state.write_with(
+        entry,
+        |next| {
+            let streams = Streams { previous: previous.as_ref(), next, cap };
+            let done = run(exe, slot, job, Some(streams), bytes, budget);
+            let complete = matches!(&done, Ok((_, Some(true))));
+            outcome = Some(done);
+            if complete { Ok(()) } else { Err(std::io::Error::other("no complete cache")) }
+        },
+        false,
+    );
+    let (native, _) =
+        outcome.unwrap_or_else(|| Err(CompileError::Worker("the cache file could not be made".into())))?;
+    let (hits, misses) = native.counts.unwrap_or_default();
+    Ok((native, Reused { hits, misses, kept: kept.is_ok() }))
+}
+
+/// The descriptors of a compile with an incremental cache.
+struct Streams<'a> {
+    previous: Option<&'a std::fs::File>,
+    next: &'a mut std::fs::File,
+    /// The most of the next cache written; past it the rest is read and dropped.
+    cap: u64,
+}
+
+/// A worker's run: `bytes` on its stdin, its code from its stdout; with `streams`, the
+/// incremental cache's two descriptors too, and whether the next cache was written whole.
+fn run(
+    exe: &Path,
+    slot: &Slot,
+    job: Job,
+    streams: Option<Streams<'_>>,
+    bytes: &[u8],
+    budget: &CompileBudget,
+) -> Result<(Native, Option<bool>), CompileError> {
     let held = slot.acquire(!job.idle);
     let cpu_secs = budget.cpu_secs(bytes.len());
     let memory = budget.memory_bytes;
@@ -295,17 +415,58 @@ pub fn compile(
         })
         .args(job.serial.then_some("serial"))
         .args(job.portable.then_some("portable"))
+        .args(streams.is_some().then_some("incremental"))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let idle = job.idle;
+    // The cache's descriptors, above the ones `Command` sets up, to be put at 3 and 4 in the
+    // child; the pipe's write end is the parent's until the spawn, then only the child's.
+    let (descriptors, next_read) = match &streams {
+        Some(st) => {
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| CompileError::Worker(format!("a pipe for the incremental cache: {e}")))?;
+            let above = |fd: std::os::fd::BorrowedFd<'_>| {
+                nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+                    .map_err(|e| CompileError::Worker(format!("a descriptor for the incremental cache: {e}")))
+            };
+            use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+            // SAFETY: F_DUPFD_CLOEXEC returned new descriptors this process now owns.
+            let previous =
+                st.previous.map(|f| above(f.as_fd())).transpose()?.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+            let write = unsafe { OwnedFd::from_raw_fd(above(write.as_fd())?) };
+            (Some((previous, write)), Some(read))
+        }
+        None => (None, None),
+    };
+    let raw = descriptors.as_ref().map(|(p, w)| {
+        use std::os::fd::AsRawFd;
+        (p.as_ref().map(AsRawFd::as_raw_fd), w.as_raw_fd())
+    });
     // SAFETY: between fork and exec only async-signal-safe syscalls run (setrlimit, prctl,
-    // sched_setscheduler), on plain values; nothing allocates or takes a lock.
+    // sched_setscheduler, dup2), on plain values; nothing allocates or takes a lock.
     unsafe {
-        cmd.pre_exec(move || limit_self(memory, cpu_secs, idle));
+        cmd.pre_exec(move || {
+            if let Some((previous, next)) = raw {
+                // Both are at 10 or above, so neither is overwritten by the other's dup2; dup2
+                // leaves the copies without close-on-exec.
+                if let Some(p) = previous
+                    && libc::dup2(p, super::incremental::PREVIOUS_FD) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::dup2(next, super::incremental::NEXT_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            limit_self(memory, cpu_secs, idle)
+        });
     }
-    let mut child = cmd.spawn().map_err(|e| CompileError::Worker(format!("{}: {e}", exe.display())))?;
+    let spawned = cmd.spawn().map_err(|e| CompileError::Worker(format!("{}: {e}", exe.display())));
+    // The write end is the child's alone now: the read below ends when the worker does.
+    drop(descriptors);
+    let mut child = spawned?;
     let pid = child.id() as libc::pid_t;
     if !held.started(pid) {
         let _ = child.kill();
@@ -318,6 +479,7 @@ pub fn compile(
     };
     let mut code = Vec::new();
     let mut complaint = String::new();
+    let mut cache_whole = None;
     std::thread::scope(|s| {
         // A worker killed mid-read makes this write fail (EPIPE): its status says why.
         s.spawn(move || {
@@ -328,9 +490,14 @@ pub fn compile(
             let _ = stderr.take(STDERR_KEPT).read_to_string(&mut text);
             text
         });
+        let cache = match (streams, next_read) {
+            (Some(st), Some(read)) => Some(s.spawn(move || copy_capped(std::fs::File::from(read), st.next, st.cap))),
+            _ => None,
+        };
         // The worker cannot make more than its memory bound; reading more is refused.
         let _ = stdout.take(memory.saturating_add(1)).read_to_end(&mut code);
         complaint = err.join().unwrap_or_default();
+        cache_whole = cache.map(|c| c.join().unwrap_or(false));
     });
     let (status, usage) = reap(pid).map_err(|e| CompileError::Worker(format!("waiting for the worker: {e}")))?;
     // Reaped here, so `child` must not wait again.
@@ -340,7 +507,8 @@ pub fn compile(
         return Err(CompileError::Preempted);
     }
     let ended = if status.success() && (code.len() as u64) <= memory {
-        return Ok(Native { code, cpu, peak_bytes: usage.peak_bytes });
+        let counts = super::incremental::parse_counts(&complaint);
+        return Ok((Native { code, cpu, peak_bytes: usage.peak_bytes, counts }, cache_whole));
     } else if status.code() == Some(REFUSED) {
         return Err(CompileError::Invalid(complaint.trim().to_owned()));
     } else if let Some(sig) = status.signal() {
@@ -359,6 +527,14 @@ pub fn compile(
     }
     let said = complaint.lines().last().unwrap_or("").trim();
     Err(CompileError::Worker(if said.is_empty() { ended } else { format!("{ended}: {}", crate::gate::clip(said)) }))
+}
+
+/// Copy `from` into `to` up to `cap` bytes, then drain the rest (the worker must never block
+/// on a full pipe); whether all of it was copied.
+fn copy_capped(mut from: std::fs::File, to: &mut std::fs::File, cap: u64) -> bool {
+    let copied = std::io::copy(&mut (&mut from).take(cap), to);
+    let rest = std::io::copy(&mut from, &mut std::io::sink());
+    matches!((copied, rest), (Ok(_), Ok(0)))
 }
 
 /// The limits of the worker, applied to itself between fork and exec.

@@ -217,12 +217,12 @@ impl Runtime {
     /// a devplug standing by for the instance lock compiles every backend it will serve while
     /// the old one still serves, so it serves within moments of taking over. A component that
     /// fails to compile is left for that later compile to fail on, and say so. Blocking.
-    pub fn prepare(&self, bytes: &[u8], signed: Option<Vec<u8>>) {
+    pub fn prepare(&self, backend: Option<&str>, bytes: &[u8], signed: Option<Vec<u8>>) {
         let digest = sha256_hex(bytes);
         if self.prepared.locked().contains_key(&digest) {
             return;
         }
-        if let Ok(compiled) = self.compile_signed(bytes, signed) {
+        if let Ok(compiled) = self.compile_for(backend, bytes, signed) {
             self.prepared.locked().insert(digest, compiled);
         }
     }
@@ -265,15 +265,26 @@ impl Runtime {
     /// components with no optimised code at hand load baseline-compiled (see [`BASELINE_FROM`]
     /// and [`Runtime::optimize_later`]), with a cache or without.
     pub fn compile(&self, bytes: &[u8]) -> Result<Compiled, LoadError> {
-        self.compile_signed(bytes, None)
+        self.compile_for(None, bytes, None)
     }
 
-    /// [`Runtime::compile`], with native code for `bytes` that the operator's key signed
-    /// ([`crate::oci::native`] verified it and its binding to this component and engine): it is
-    /// loaded (and kept in the compile cache) instead of compiling, unless the cache already
-    /// holds optimised code. Code that does not load into this engine (another CPU, a damaged
-    /// artifact) is said in one line and the component is compiled as without it.
-    pub fn compile_signed(&self, bytes: &[u8], signed: Option<Vec<u8>>) -> Result<Compiled, LoadError> {
+    /// [`Runtime::compile`] for a load that knows more:
+    ///
+    /// - `signed`: native code for `bytes` that the operator's key signed
+    ///   ([`crate::oci::native`] verified it and its binding to this component and engine): it
+    ///   is loaded (and kept in the compile cache) instead of compiling, unless the cache already
+    ///   holds optimised code. Code that does not load into this engine (another CPU, a damaged
+    ///   artifact) is said in one line and the component is compiled as without it.
+    /// - `backend`: the backend it is. A large component of a backend whose earlier version
+    ///   this node optimised is compiled optimised at once, from that compile's functions
+    ///   ([`super::incremental`]), rather than baseline first; should that compile fail or go
+    ///   over its budget, the tiered path follows.
+    pub fn compile_for(
+        &self,
+        backend: Option<&str>,
+        bytes: &[u8],
+        signed: Option<Vec<u8>>,
+    ) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
         if let Some(compiled) = self.prepared.locked().remove(&digest) {
@@ -314,7 +325,7 @@ impl Runtime {
                             reason = %format!("{e:#}"),
                             "the operator-signed native code does not load into this engine; compiling it here instead"
                         );
-                        return self.compile_signed(bytes, None);
+                        return self.compile_for(backend, bytes, None);
                     }
                 }
             }
@@ -362,6 +373,12 @@ impl Runtime {
         {
             return Ok(done(c, CacheOutcome::Hit, Tier::Baseline));
         }
+        if compiler.tier == Tier::Baseline
+            && let (Some(state), Some(backend)) = (&state, backend)
+            && let Some(c) = self.build_incremental(state, dir, backend, &digest, bytes)
+        {
+            return Ok(done(c, CacheOutcome::Miss, Tier::Optimized));
+        }
         let (component, native) = self.build(compiler, bytes)?;
         // Baseline code a background compile will follow is cached by that compile's job
         // ([`Runtime::optimize_later`]), at idle priority: not on the way to serving.
@@ -377,6 +394,74 @@ impl Runtime {
             }
         }
         Ok(done(component, CacheOutcome::Miss, compiler.tier))
+    }
+
+    /// The optimised code of `bytes` (component `digest` of `backend`) compiled now with the
+    /// incremental cache the backend's last optimised compile left, the cache replaced by this
+    /// compile's; `None` (said in one line) when there is no such cache, no worker, or the
+    /// compile failed or met [`INCREMENTAL_BUDGET`]'s CPU bound.
+    fn build_incremental(
+        &self,
+        state: &crate::durable::StateDir,
+        dir: &Path,
+        backend: &str,
+        digest: &str,
+        bytes: &[u8],
+    ) -> Option<Component> {
+        let exe = self.config.compile_worker.as_ref()?;
+        let entry = super::incremental::entry(backend, self.optimized.hash);
+        if !state.exists(&entry) {
+            return None;
+        }
+        let started = std::time::Instant::now();
+        let job = super::compile_worker::Job { tier: Tier::Optimized, serial: false, idle: false, portable: false };
+        let budget = super::compile_worker::CompileBudget {
+            cpu_base_secs: INCREMENTAL_BUDGET.cpu_base_secs.min(self.config.compile_budget.cpu_base_secs),
+            cpu_secs_per_mib: INCREMENTAL_BUDGET.cpu_secs_per_mib.min(self.config.compile_budget.cpu_secs_per_mib),
+            ..self.config.compile_budget.clone()
+        };
+        let cap = self.config.cache_max_bytes / 2;
+        let done =
+            super::compile_worker::compile_incremental(exe, &self.slot, job, bytes, &budget, (state, &entry, cap));
+        let short = &digest[..12.min(digest.len())];
+        let (native, reused) = match done {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::info!(backend, digest = short, reason = %e, "the optimised compile from the version before's functions did not finish; loading baseline code first");
+                return None;
+            }
+        };
+        // Kept first, then mapped from there (as signed code is): no whole copy of the code
+        // beside the worker's answer.
+        let name = self.optimized.entry(digest);
+        let kept = write_native(state, dir, &name, &native.code);
+        let loaded = if kept {
+            drop(native);
+            super::heap::release_freed();
+            self.mapped(state, &name)
+        } else {
+            // SAFETY: as in `build`: what this executable's worker made from these bytes just
+            // now with the optimising engine's configuration; deserialize checks they agree.
+            unsafe { Component::deserialize(&self.optimized.engine, &native.code) }.map_err(anyhow::Error::from)
+        };
+        let component = match loaded {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = state.remove(&name);
+                tracing::warn!(backend, digest = short, error = %format!("{e:#}"), "the optimised code compiled from the version before's functions did not load; loading baseline code first");
+                return None;
+            }
+        };
+        evict(state, dir, &name, self.config.cache_max_bytes);
+        tracing::info!(
+            backend,
+            digest = short,
+            reused = reused.hits,
+            compiled = reused.misses,
+            ms = started.elapsed().as_millis() as u64,
+            "compiled optimised at once from the version before's functions"
+        );
+        Some(component)
     }
 
     /// Compile `bytes` with `compiler`: in the worker under the budget when there is one (its
@@ -405,15 +490,15 @@ impl Runtime {
         Ok((component, Some(native.code)))
     }
 
-    /// The operator-signed code in cache file `name`, mapped rather than read (see
-    /// [`Runtime::compile_signed`]).
+    /// The optimised code in cache file `name` (signed by the operator, or just compiled by
+    /// this node's worker), mapped rather than read: its pages come in as the code runs.
     fn mapped(&self, state: &crate::durable::StateDir, name: &str) -> anyhow::Result<Component> {
         use std::os::fd::AsRawFd;
         let file = state.open_read(name)?;
         // The descriptor's own path: the file opened without following links is the one mapped.
         let path = format!("/proc/self/fd/{}", file.as_raw_fd());
-        // SAFETY: the file is the operator-signed code `compile_signed` just wrote (see its
-        // SAFETY note for the trust), in the compile cache dir that is devplug's user's alone
+        // SAFETY: the file is the code `compile_for` just wrote: operator-signed (see its SAFETY
+        // note for the trust) or this executable's worker's, in the compile cache dir that is devplug's user's alone
         // (0700, checked), opened without following links. A mapping stays valid for the code's
         // life: devplug replaces cache files only by rename and removes them by unlink, which
         // never change a mapped inode's bytes, so the SIGBUS a file truncated in place would
@@ -502,6 +587,7 @@ impl Runtime {
             baseline_entry: self.baseline.as_ref().map(|b| b.entry(digest)),
             baseline: baseline.filter(|_| self.baseline.is_some()),
             optimized_entry: self.optimized.entry(digest),
+            incremental_entry: super::incremental::entry(backend, self.optimized.hash),
             over_budget_marker: marker,
             budget,
         });
@@ -563,6 +649,14 @@ impl Runtime {
         }
     }
 }
+
+/// The most CPU an optimised compile from the version before's functions may take on the way
+/// to serving (at most the configured budget): past it the version loads from baseline code
+/// first, as without a cache. A version sharing its functions with the one before compiles well
+/// within it (docs/BENCHMARKS.md, "Incremental"); one sharing little meets it, and pays that
+/// time before its baseline load.
+pub const INCREMENTAL_BUDGET: super::compile_worker::CompileBudget =
+    super::compile_worker::CompileBudget { memory_bytes: 0, cpu_base_secs: 4, cpu_secs_per_mib: 1 };
 
 /// A budget as kept in an over-budget marker: `MEMORY_BYTES CPU_BASE CPU_PER_MIB`.
 fn budget_text(b: &super::compile_worker::CompileBudget) -> String {
@@ -716,9 +810,9 @@ mod tests {
             .unwrap()
         };
         let cut = native[..native.len() / 2].to_vec();
-        assert_eq!(rt("aa").compile_signed(&wasm, Some(cut)).unwrap().cache, CacheOutcome::Miss, "compiled around");
+        assert_eq!(rt("aa").compile_for(None, &wasm, Some(cut)).unwrap().cache, CacheOutcome::Miss, "compiled around");
         std::fs::remove_dir_all(dir.path().join("cache")).unwrap();
-        assert_eq!(rt("aa").compile_signed(&wasm, Some(native)).unwrap().cache, CacheOutcome::Signed);
+        assert_eq!(rt("aa").compile_for(None, &wasm, Some(native)).unwrap().cache, CacheOutcome::Signed);
         assert_eq!(rt("aa").compile(&wasm).unwrap().cache, CacheOutcome::Signed, "from the cache, same key");
         assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Miss, "another key: compiled here");
         assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Hit, "and cached as compiled here");
@@ -730,15 +824,15 @@ mod tests {
     fn prepared_code_is_taken_by_the_next_compile_of_the_same_bytes() {
         let wasm = std::fs::read(crate::backends::embedded::test_program("chaos").unwrap().0).unwrap();
         let rt = Runtime::new(RuntimeConfig::default()).unwrap();
-        rt.prepare(&wasm, None);
-        rt.prepare(&wasm, None);
+        rt.prepare(None, &wasm, None);
+        rt.prepare(None, &wasm, None);
         assert_eq!(rt.prepared.locked().len(), 1, "prepared once");
-        rt.prepare(b"\0asm\x0d\0\x01\0 not a component", None);
+        rt.prepare(None, b"\0asm\x0d\0\x01\0 not a component", None);
         assert_eq!(rt.prepared.locked().len(), 1, "what does not compile is left for the load to fail on");
         let compiled = rt.compile(&wasm).unwrap();
         assert_eq!(compiled.digest, sha256_hex(&wasm));
         assert!(rt.prepared.locked().is_empty(), "taken by the load");
-        rt.prepare(&wasm, None);
+        rt.prepare(None, &wasm, None);
         rt.forget_prepared();
         assert!(rt.prepared.locked().is_empty());
     }

@@ -154,7 +154,8 @@ impl BackendInstance {
     }
 
     /// [`BackendInstance::load`] with the operator-signed native code of `bytes`, when the
-    /// registry had some ([`Runtime::compile_signed`]).
+    /// registry had some ([`Runtime::compile_for`], which also reuses what the backend's
+    /// earlier version compiled to).
     pub fn load_signed(
         runtime: &Arc<Runtime>,
         bytes: &[u8],
@@ -163,7 +164,7 @@ impl BackendInstance {
         sandbox: Sandbox,
     ) -> Result<Self, LoadError> {
         let started = std::time::Instant::now();
-        let compiled = runtime.compile_signed(bytes, signed)?;
+        let compiled = runtime.compile_for(Some(&sandbox.backend), bytes, signed)?;
         let compiled_at = std::time::Instant::now();
         let engine = compiled.component.engine().clone();
         let pre = Prepared::new(&engine, runtime.linkers_for(&compiled.component), &compiled.component)?;

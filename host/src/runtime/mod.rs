@@ -15,6 +15,7 @@ mod engine;
 pub mod engine_config;
 pub mod guest_log;
 mod heap;
+mod incremental;
 mod instance;
 pub mod jail;
 pub mod learn;

@@ -47,6 +47,9 @@ pub struct Keep {
     pub baseline_entry: Option<String>,
     /// The optimised code's entry.
     pub optimized_entry: String,
+    /// The backend's incremental cache ([`super::incremental`]): read before the compile,
+    /// replaced by its entries after.
+    pub incremental_entry: String,
     /// The marker written when the compile goes over its budget (holding `budget`), so a
     /// restart (or a crash loop) does not compile this version again.
     pub over_budget_marker: String,
@@ -203,9 +206,22 @@ impl Optimizer {
                     idle: true,
                     portable: false,
                 };
-                match super::compile_worker::compile(&w.exe, &w.slot, how, &job.bytes, &w.budget) {
-                    Ok(native) => {
-                        tracing::debug!(backend = %job.backend, cpu_secs = native.cpu.as_secs_f64(), peak_mib = native.peak_bytes >> 20, "optimised compile done in the worker");
+                let state = job.keep.as_ref().and_then(|k| crate::durable::StateDir::open(&k.dir).ok());
+                let done = match (&state, &job.keep) {
+                    (Some(state), Some(k)) => super::compile_worker::compile_incremental(
+                        &w.exe,
+                        &w.slot,
+                        how,
+                        &job.bytes,
+                        &w.budget,
+                        (state, &k.incremental_entry, k.max_bytes / 2),
+                    )
+                    .map(|(native, reused)| (native, Some(reused))),
+                    _ => super::compile_worker::compile(&w.exe, &w.slot, how, &job.bytes, &w.budget).map(|n| (n, None)),
+                };
+                match done {
+                    Ok((native, reused)) => {
+                        tracing::debug!(backend = %job.backend, cpu_secs = native.cpu.as_secs_f64(), peak_mib = native.peak_bytes >> 20, reused = reused.as_ref().map(|r| r.hits), "optimised compile done in the worker");
                         native.code
                     }
                     Err(super::compile_worker::CompileError::Preempted) => return Some(job),
