@@ -621,7 +621,8 @@ fn precompile(
 /// Issue 61 (1): native code compiled once for the cluster, attached to the version in the
 /// registry and signed with the operator's key, is what a node with that key loads (nothing
 /// compiled on the node). Every other kind of native artifact is refused, or does not load,
-/// with one line saying why, and the node compiles the version itself and serves it.
+/// with one line saying why, and the node compiles the version itself and serves it. The signed
+/// code streams into an unnamed file of the node's cache, checked against its digest as it comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_signed_native_code_is_loaded_and_every_other_artifact_falls_back_to_compiling() {
     let reg = Registry::start(false);
@@ -714,6 +715,16 @@ async fn operator_signed_native_code_is_loaded_and_every_other_artifact_falls_ba
     m7["annotations"]["x"] = serde_json::json!("y");
     raw.put_manifest(&tag_of(&d7), &m7).await;
     cases.push((7, "unsigned", d7));
+    // Tampered in the registry's storage: signed and bound, but its bytes are not its digest's.
+    let d8 = staged(8);
+    precompile(&reg, &staging, &op_key, &vendor_pub, &[]).unwrap();
+    let (m8, _) = raw.manifest(&tag_of(&d8)).await;
+    let stored = reg.blob_path(m8["layers"][0]["digest"].as_str().unwrap());
+    let mut bytes = std::fs::read(&stored).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&stored, bytes).unwrap();
+    cases.push((8, "tampered", d8));
 
     // Each staged push moved `staging` only: the node still serves version 1.
     assert_eq!(source_status(&addr).await["digest"], v1);
@@ -734,6 +745,7 @@ async fn operator_signed_native_code_is_loaded_and_every_other_artifact_falls_ba
             "another digest" => "not to this version's manifest",
             "another engine" => "compiled for engine",
             "truncated" => "signed",
+            "tampered" => "digest mismatch",
             _ => "is not signed",
         };
         assert!(said.contains(expect), "{what}: {said}");
@@ -741,6 +753,6 @@ async fn operator_signed_native_code_is_loaded_and_every_other_artifact_falls_ba
         assert_eq!(count(&d, &why), 1, "{what}: one line says why ({why})\n{}", d.log());
         served.push(k);
     }
-    assert_eq!(served, [2, 3, 4, 5, 6, 7]);
+    assert_eq!(served, [2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(count(&d, "cache=Signed"), 1, "only version 1 came from signed code\n{}", d.log());
 }

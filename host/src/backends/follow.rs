@@ -348,16 +348,17 @@ impl Follower {
         let Some(trust) = &self.native else { return Default::default() };
         let e = &self.entries[i];
         let component = format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&pulled.component)));
-        let found = crate::oci::native::fetch(
-            &self.fetcher,
-            auth,
-            pinned,
-            &pulled.digest,
-            &component,
-            &trust.fingerprint,
-            &trust.key,
-        )
-        .await;
+        let wanted = crate::oci::native::Wanted {
+            subject: &pulled.digest,
+            component: &component,
+            fingerprint: &trust.fingerprint,
+        };
+        // Into an unnamed file of the node's cache when there is one: tens of MB never held in
+        // memory on their way to the compile cache.
+        let scratch = self.cache.as_ref().and_then(|c| {
+            c.scratch().inspect_err(|err| tracing::warn!(backend = %e.backend, "no scratch file in the cache for native code ({err:#}); reading it into memory")).ok()
+        });
+        let found = crate::oci::native::fetch(&self.fetcher, auth, pinned, wanted, &trust.key, scratch).await;
         let (said, code) = match found {
             Ok(code) => {
                 tracing::info!(backend = %e.backend, digest = %pulled.digest, bytes = code.len(), "operator-signed native code found; it is loaded, not compiled");

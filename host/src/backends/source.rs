@@ -47,15 +47,15 @@ pub struct BackendSource {
 /// cache holds it, so the sources the follower keeps do not. A later load of the same version
 /// without it reads the compile cache (or compiles).
 #[derive(Clone, Default)]
-pub struct SignedNative(std::sync::Arc<std::sync::Mutex<Option<Vec<u8>>>>);
+pub struct SignedNative(std::sync::Arc<std::sync::Mutex<Option<crate::durable::Spooled>>>);
 
 impl SignedNative {
-    pub fn new(code: Vec<u8>) -> Self {
+    pub fn new(code: crate::durable::Spooled) -> Self {
         SignedNative(std::sync::Arc::new(std::sync::Mutex::new(Some(code))))
     }
 
     /// The code, once.
-    pub fn take(&self) -> Option<Vec<u8>> {
+    pub fn take(&self) -> Option<crate::durable::Spooled> {
         use crate::sync::Locked;
         self.0.locked().take()
     }
@@ -64,7 +64,7 @@ impl SignedNative {
 impl std::fmt::Debug for SignedNative {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         use crate::sync::Locked;
-        let len = self.0.locked().as_ref().map(Vec::len);
+        let len = self.0.locked().as_ref().map(crate::durable::Spooled::len);
         write!(f, "SignedNative({len:?} bytes)")
     }
 }

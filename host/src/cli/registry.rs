@@ -246,8 +246,13 @@ pub async fn precompile(args: PrecompileArgs) -> anyhow::Result<serde_json::Valu
         size: raw.len() as i64,
         ..Default::default()
     };
-    let attachment =
-        native::Attachment { subject, component: component.clone(), fingerprint: fingerprint.clone(), code };
+    let attachment = native::Attachment {
+        subject,
+        component: component.clone(),
+        fingerprint: fingerprint.clone(),
+        target: crate::runtime::native::target().to_owned(),
+        code,
+    };
     let (native_digest, tagged) = native::attach(&client, &auth, &r, attachment, &key).await?;
     let mut out = serde_json::json!({
         "reference": args.reference,

@@ -5,8 +5,10 @@
 //! State devplug alone may touch (the claim checkpoint, release markers, the instance lock)
 //! lives in a [`StateDir`].
 
+mod spooled;
 mod state_dir;
 
+pub use spooled::Spooled;
 pub use state_dir::{FileEntry, OWN_SUBDIR, StateDir};
 
 use std::fs;

@@ -44,6 +44,13 @@ impl Cache {
         Ok(StateDir::open(&self.root)?.subdir("sha256")?.subdir(hex)?)
     }
 
+    /// An unnamed file in the cache's own directory (gone when closed), for a download too large
+    /// to hold in memory before it is checked.
+    pub(crate) fn scratch(&self) -> anyhow::Result<std::fs::File> {
+        let dir = StateDir::open(&self.root)?;
+        Ok(tempfile::tempfile_in(dir.path())?)
+    }
+
     fn refs(&self) -> anyhow::Result<StateDir> {
         Ok(StateDir::open(&self.root)?.subdir("refs")?)
     }

@@ -37,6 +37,9 @@ pub enum FetchError {
     NotFound { what: String },
     #[error("{what}: the registry sent more than {max} bytes; refused")]
     TooLarge { what: String, max: usize },
+    /// A blob longer than its descriptor's `size`.
+    #[error("{what}: the registry sent more than the {max} bytes the descriptor announced; refused")]
+    LargerThanAnnounced { what: String, max: usize },
     #[error("{what}: digest mismatch: its bytes hash to {actual}, not {expected}")]
     DigestMismatch { what: String, expected: String, actual: String },
     #[error("{what}: {status} {message}")]
@@ -135,10 +138,7 @@ impl Fetcher {
         let url = format!("{}/blobs/{digest}", self.base(reference));
         let resp = self.send(reqwest::Method::GET, &url, reference, auth, &[], &what).await?;
         let body = read_capped(resp, max, &what).await.map_err(|e| match e {
-            FetchError::TooLarge { what, max } => FetchError::Other {
-                what,
-                message: format!("the registry sent more than the {max} bytes the descriptor announced; refused"),
-            },
+            FetchError::TooLarge { what, max } => FetchError::LargerThanAnnounced { what, max },
             e => e,
         })?;
         let actual = sha256(&body);
@@ -146,6 +146,42 @@ impl Fetcher {
             return Err(FetchError::DigestMismatch { what, expected: digest.to_owned(), actual });
         }
         Ok(body)
+    }
+
+    /// [`Fetcher::blob`] written into `out` as it arrives (never held whole in memory), at most
+    /// `max` bytes, checked against `digest`; on any error what was written is garbage.
+    pub async fn blob_to(
+        &self,
+        reference: &Reference,
+        auth: &RegistryAuth,
+        digest: &str,
+        max: usize,
+        out: &mut std::fs::File,
+    ) -> Result<(), FetchError> {
+        use std::io::Write;
+        let what = format!("{reference}: blob {digest}");
+        let url = format!("{}/blobs/{digest}", self.base(reference));
+        let mut resp = self.send(reqwest::Method::GET, &url, reference, auth, &[], &what).await?;
+        let too_large = || FetchError::LargerThanAnnounced { what: what.clone(), max };
+        if resp.content_length().is_some_and(|n| n > max as u64) {
+            return Err(too_large());
+        }
+        let (mut h, mut len) = (Sha256::new(), 0usize);
+        while let Some(chunk) =
+            resp.chunk().await.map_err(|e| FetchError::Other { what: what.clone(), message: plain(&e) })?
+        {
+            len += chunk.len();
+            if len > max {
+                return Err(too_large());
+            }
+            h.update(&chunk);
+            out.write_all(&chunk).map_err(|e| FetchError::Other { what: what.clone(), message: e.to_string() })?;
+        }
+        let actual = format!("sha256:{}", hex::encode(h.finalize()));
+        if actual != digest {
+            return Err(FetchError::DigestMismatch { what, expected: digest.to_owned(), actual });
+        }
+        Ok(())
     }
 
     /// One request, answering a `401` challenge once (Basic or Bearer).

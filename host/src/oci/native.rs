@@ -61,19 +61,29 @@ pub enum NoNative {
     Unreachable(String),
 }
 
-/// The operator-signed native code of the component `component_digest` (`sha256:…`) at
-/// manifest `subject` of `reference`'s repository, for engine `fingerprint`: found under
-/// [`tag`], its manifest bound to all three, signed by `key`, its one layer at most
-/// [`MAX_NATIVE`] bytes and matching its digest.
+/// What native code a node looks for.
+pub struct Wanted<'a> {
+    /// The version's manifest digest (`sha256:…`).
+    pub subject: &'a str,
+    /// `sha256:<hex>` of its component.
+    pub component: &'a str,
+    /// This node's engine fingerprint ([`crate::runtime::native::fingerprint`]).
+    pub fingerprint: &'a str,
+}
+
+/// The operator-signed native code of `wanted` in `reference`'s repository: found under
+/// [`tag`], its manifest bound to the version, component and engine, signed by `key`, its one
+/// layer at most [`MAX_NATIVE`] bytes and matching its digest. Streamed into `scratch` (an
+/// unnamed file of devplug's cache) when given, else read into memory.
 pub async fn fetch(
     fetcher: &Fetcher,
     auth: &RegistryAuth,
     reference: &Reference,
-    subject: &str,
-    component_digest: &str,
-    fingerprint: &str,
+    wanted: Wanted<'_>,
     key: &VerifyingKey,
-) -> Result<Vec<u8>, NoNative> {
+    scratch: Option<std::fs::File>,
+) -> Result<crate::durable::Spooled, NoNative> {
+    let Wanted { subject, component: component_digest, fingerprint } = wanted;
     let tag = tag(subject, fingerprint);
     let at = Reference::with_tag(reference.registry().to_owned(), reference.repository().to_owned(), tag.clone());
     let (raw, digest) = match fetcher.manifest(&at, auth, &[OCI_IMAGE_MEDIA_TYPE]).await {
@@ -94,10 +104,22 @@ pub async fn fetch(
         Ok(state) => return Err(NoNative::Refused(format!("{at} ({digest}): {state} (registry.operator_key)"))),
         Err(e) => return Err(NoNative::Unreachable(format!("{e:#}"))),
     }
-    fetcher.blob(&pinned, auth, &layer.digest, layer.size as usize).await.map_err(|e| match e {
-        FetchError::DigestMismatch { .. } | FetchError::TooLarge { .. } => NoNative::Refused(e.to_string()),
+    let failed = |e: FetchError| match e {
+        FetchError::DigestMismatch { .. } | FetchError::TooLarge { .. } | FetchError::LargerThanAnnounced { .. } => {
+            NoNative::Refused(e.to_string())
+        }
         e => NoNative::Unreachable(e.to_string()),
-    })
+    };
+    use crate::durable::Spooled;
+    match scratch {
+        Some(mut file) => {
+            fetcher.blob_to(&pinned, auth, &layer.digest, layer.size as usize, &mut file).await.map_err(failed)?;
+            Ok(Spooled::File(file))
+        }
+        None => {
+            fetcher.blob(&pinned, auth, &layer.digest, layer.size as usize).await.map(Spooled::Bytes).map_err(failed)
+        }
+    }
 }
 
 /// What in a native artifact's manifest must hold before its code is fetched: its type, the
@@ -145,8 +167,10 @@ pub struct Attachment {
     pub subject: oci_client::manifest::OciDescriptor,
     /// `sha256:<hex>` of the component it was compiled from.
     pub component: String,
-    /// The engine it was compiled for ([`crate::runtime::native::fingerprint`]).
+    /// The engine it was compiled for (the runtime's `native::fingerprint`).
     pub fingerprint: String,
+    /// The target triple it was compiled for (the runtime's `native::target`).
+    pub target: String,
     pub code: Vec<u8>,
 }
 
@@ -160,7 +184,7 @@ pub async fn attach(
     native: Attachment,
     key: &p256::ecdsa::SigningKey,
 ) -> anyhow::Result<(String, Reference)> {
-    let Attachment { subject, component: component_digest, fingerprint, code: native } = native;
+    let Attachment { subject, component: component_digest, fingerprint, target, code: native } = native;
     let fingerprint = fingerprint.as_str();
     let component_digest = component_digest.as_str();
     use sha2::Digest;
@@ -182,7 +206,7 @@ pub async fn attach(
     let annotations = std::collections::BTreeMap::from([
         (COMPONENT_ANNOTATION.to_owned(), component_digest.to_owned()),
         (ENGINE_ANNOTATION.to_owned(), fingerprint.to_owned()),
-        (TARGET_ANNOTATION.to_owned(), crate::runtime::native::target().to_owned()),
+        (TARGET_ANNOTATION.to_owned(), target),
     ]);
     let manifest = OciImageManifest {
         schema_version: 2,

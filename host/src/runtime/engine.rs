@@ -217,7 +217,7 @@ impl Runtime {
     /// a devplug standing by for the instance lock compiles every backend it will serve while
     /// the old one still serves, so it serves within moments of taking over. A component that
     /// fails to compile is left for that later compile to fail on, and say so. Blocking.
-    pub fn prepare(&self, backend: Option<&str>, bytes: &[u8], signed: Option<Vec<u8>>) {
+    pub fn prepare(&self, backend: Option<&str>, bytes: &[u8], signed: Option<crate::durable::Spooled>) {
         let digest = sha256_hex(bytes);
         if self.prepared.locked().contains_key(&digest) {
             return;
@@ -283,7 +283,7 @@ impl Runtime {
         &self,
         backend: Option<&str>,
         bytes: &[u8],
-        signed: Option<Vec<u8>>,
+        signed: Option<crate::durable::Spooled>,
     ) -> Result<Compiled, LoadError> {
         check_header(bytes)?;
         let digest = sha256_hex(bytes);
@@ -306,12 +306,13 @@ impl Runtime {
             if let Some(c) = cache.as_ref().and_then(|(state, dir)| self.cached(state, dir, &self.optimized, &digest)) {
                 return Ok(done(c, CacheOutcome::Hit, Tier::Optimized));
             }
-            if let (Some((state, dir)), Some(name)) = (&cache, &signed_entry)
-                && write_native(state, dir, name, &native)
-            {
+            if let (Some((state, dir)), Some(name)) = (&cache, &signed_entry) {
                 // Kept first, then mapped from there: the code pages in as it runs instead of
                 // a whole copy beside the download (37 MB for the 12 MB JavaScript example).
-                drop(native);
+                if let Err(e) = state.write_with(name, |f| native.write_into(f), false) {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not keep the operator-signed native code; compiling it here instead");
+                    return self.compile_for(backend, bytes, None);
+                }
                 super::heap::release_freed();
                 match self.mapped(state, name) {
                     Ok(component) => {
@@ -329,18 +330,20 @@ impl Runtime {
                     }
                 }
             }
+            // No compile cache to keep it in: loaded from memory.
+            let native = match native.into_bytes() {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the operator-signed native code; compiling it here instead");
+                    return self.compile_for(backend, bytes, None);
+                }
+            };
             // SAFETY: `native` is what the operator's key signed for this component's digest and
             // this engine's fingerprint (checked by `oci::native::fetch` before it got here): the
             // operator vouches that `devplug precompile` made it, which is the trust
             // `deserialize` asks for; deserialize still checks that it fits this engine and CPU.
             match unsafe { Component::deserialize(&self.optimized.engine, &native) } {
-                Ok(component) => {
-                    if let (Some((state, dir)), Some(name)) = (&cache, &signed_entry) {
-                        write_native(state, dir, name, &native);
-                        evict(state, dir, name, self.config.cache_max_bytes);
-                    }
-                    return Ok(done(component, CacheOutcome::Signed, Tier::Optimized));
-                }
+                Ok(component) => return Ok(done(component, CacheOutcome::Signed, Tier::Optimized)),
                 Err(e) => tracing::warn!(
                     digest = &digest[..12],
                     reason = %format!("{e:#}"),
@@ -810,9 +813,16 @@ mod tests {
             .unwrap()
         };
         let cut = native[..native.len() / 2].to_vec();
-        assert_eq!(rt("aa").compile_for(None, &wasm, Some(cut)).unwrap().cache, CacheOutcome::Miss, "compiled around");
+        assert_eq!(
+            rt("aa").compile_for(None, &wasm, Some(crate::durable::Spooled::Bytes(cut))).unwrap().cache,
+            CacheOutcome::Miss,
+            "compiled around"
+        );
         std::fs::remove_dir_all(dir.path().join("cache")).unwrap();
-        assert_eq!(rt("aa").compile_for(None, &wasm, Some(native)).unwrap().cache, CacheOutcome::Signed);
+        assert_eq!(
+            rt("aa").compile_for(None, &wasm, Some(crate::durable::Spooled::Bytes(native))).unwrap().cache,
+            CacheOutcome::Signed
+        );
         assert_eq!(rt("aa").compile(&wasm).unwrap().cache, CacheOutcome::Signed, "from the cache, same key");
         assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Miss, "another key: compiled here");
         assert_eq!(rt("bb").compile(&wasm).unwrap().cache, CacheOutcome::Hit, "and cached as compiled here");

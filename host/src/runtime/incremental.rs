@@ -149,7 +149,8 @@ pub(crate) fn parse_counts(stderr: &str) -> Option<(u64, u64)> {
 /// compatibility hash `hash` (the backend's name hashed: names are the operator's, files are
 /// devplug's).
 pub(crate) fn entry(backend: &str, hash: u64) -> String {
-    format!("{}-{hash:016x}.incr", &super::engine::sha256_hex(backend.as_bytes())[..16])
+    use sha2::Digest;
+    format!("{}-{hash:016x}.incr", &hex::encode(sha2::Sha256::digest(backend.as_bytes()))[..16])
 }
 
 #[cfg(test)]

@@ -159,7 +159,7 @@ impl BackendInstance {
     pub fn load_signed(
         runtime: &Arc<Runtime>,
         bytes: &[u8],
-        signed: Option<Vec<u8>>,
+        signed: Option<crate::durable::Spooled>,
         config: String,
         sandbox: Sandbox,
     ) -> Result<Self, LoadError> {
