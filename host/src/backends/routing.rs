@@ -84,10 +84,11 @@ impl ResourceCalls {
     ) -> Result<T, CallError> {
         let inst = self.slot.current.load_full();
         // Kubelet's calls are short (microseconds, bounded by the call deadline): run them on
-        // this worker and let tokio move its other tasks away, instead of paying a hop to the
-        // blocking pool on every Allocate. A current-thread runtime cannot do that: hop there.
+        // this worker, not with a hop to the blocking pool on every Allocate. The guest call
+        // holds the worker for one epoch tick at most and then goes on in `block_in_place`
+        // (`Runtime::run_until`). A current-thread runtime cannot do that: hop there.
         if tokio::runtime::Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread {
-            return tokio::task::block_in_place(|| f(&inst, &self.resource));
+            return f(&inst, &self.resource);
         }
         let resource = self.resource.clone();
         tokio::task::spawn_blocking(move || f(&inst, &resource))

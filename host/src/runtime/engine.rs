@@ -233,16 +233,35 @@ impl Runtime {
     }
 
     /// Run a guest call on this thread until it finishes or `deadline` (plus a little slack)
-    /// passes; `None` when it was cut off. Blocking: the caller is a blocking thread, the CLI's
-    /// main thread, or async code inside `block_in_place`.
+    /// passes; `None` when it was cut off. Its first slice runs right here: until it finishes,
+    /// waits in a host function, or yields at the next epoch tick (every [`EPOCH_TICK`](super::deadline::EPOCH_TICK) a
+    /// running guest gives its thread back, see [`yield_or_trap`](super::deadline::yield_or_trap)), so on one of the daemon's
+    /// async workers a call holds the worker for one tick at most. A call that is not done by
+    /// then goes on inside `block_in_place` there (the worker's other tasks move away), or
+    /// blocks a blocking thread or the CLI's main thread. Kubelet's calls take microseconds:
+    /// they finish in the first slice and never pay `block_in_place`'s hand-off of the worker
+    /// (a thread woken per call: a tenth of the unprepare round trip under CPU load).
     pub(crate) fn run_until<T>(&self, deadline: Duration, call: impl std::future::Future<Output = T>) -> Option<T> {
         let handle = self.timers.0.as_ref()?.handle();
         let _ticking = self.in_flight.enter();
-        let cutoff = Cutoff { at: std::time::Instant::now() + deadline + CUTOFF_SLACK, cutoffs: self.cutoffs.clone() };
+        let cutoff = Cutoff::at(std::time::Instant::now() + deadline + CUTOFF_SLACK, self.cutoffs.clone());
         let call = std::pin::pin!(call);
+        let cutoff = std::pin::pin!(cutoff);
         // `select` polls the call first: one that finishes without waiting never polls (and so
         // never registers) its cut-off.
-        match handle.block_on(futures::future::select(call, std::pin::pin!(cutoff))) {
+        let mut both = futures::future::select(call, cutoff);
+        let first = {
+            // The WASI clocks' timers are the engine's runtime's, whichever thread this is.
+            let _timers = handle.enter();
+            let waker = futures::task::noop_waker();
+            std::future::Future::poll(std::pin::Pin::new(&mut both), &mut std::task::Context::from_waker(&waker))
+        };
+        // `block_on` polls at once: nothing the first poll's waker missed is lost.
+        let done = match first {
+            std::task::Poll::Ready(done) => done,
+            std::task::Poll::Pending => super::deadline::off_the_worker(|| handle.block_on(both)),
+        };
+        match done {
             futures::future::Either::Left((out, _)) => Some(out),
             futures::future::Either::Right(((), _)) => None,
         }

@@ -20,7 +20,6 @@ use std::time::Duration;
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Bindings, GuestResult, Prepared};
-use super::deadline::ticks;
 use super::engine::{Runtime, Tier};
 use super::state::{HostState, Sandbox};
 use super::{CacheOutcome, CallError, LoadError};
@@ -279,7 +278,9 @@ impl BackendInstance {
         let code = self.code.load_full();
         let mut store = Store::new(&code.engine, HostState::new(self.sandbox.clone()));
         store.limiter(|s| &mut s.limiter);
-        store.set_epoch_deadline(ticks(deadline));
+        // Every tick: trap past the call's deadline, else give the thread back and run on.
+        store.epoch_deadline_callback(|ctx| Ok(super::deadline::yield_or_trap(ctx.data().meter.deadline())));
+        store.set_epoch_deadline(1);
         store.data_mut().begin_call(deadline);
         let (pre, config) = (&code.pre, self.config.as_str());
         let outcome = self.runtime.run_until(deadline, async {
@@ -368,8 +369,9 @@ impl BackendInstance {
         }
     }
 
-    /// Run one export on a pooled instance under `kind`'s deadline. Blocking: call from a
-    /// blocking thread (or inside `block_in_place`), never from async code directly.
+    /// Run one export on a pooled instance under `kind`'s deadline. May be called on an async
+    /// worker of a multi-thread runtime: the guest holds it for one epoch tick at most
+    /// (`Runtime::run_until`), and a new instance is made off it.
     fn call<T>(
         &self,
         kind: CallKind,
@@ -383,12 +385,13 @@ impl BackendInstance {
         let pooled = self.take();
         let mut live = match pooled {
             Some(live) => live,
-            None => match self.instantiate() {
+            // Instantiating copies the component's memory in (megabytes for an interpreter's).
+            None => match super::deadline::off_the_worker(|| self.instantiate()) {
                 Ok((live, _)) => live,
                 Err(e) => return Err(self.fault(kind, e)),
             },
         };
-        live.store.set_epoch_deadline(ticks(deadline));
+        live.store.set_epoch_deadline(1);
         live.store.data_mut().begin_call(deadline);
         let InitedInstance { store, bindings } = &mut live;
         let outcome = self.runtime.run_until(deadline, f(bindings, store));
@@ -595,6 +598,48 @@ mod tests {
         inst.discover().unwrap();
         assert!(!inst.breaker_open(), "a success closes it");
         assert!(inst.allocate("test.devplug.io/widget", &["widget-0".into()]).is_ok());
+    }
+
+    /// A guest that spins, called right on an async worker (as kubelet's calls are), holds it
+    /// for one epoch tick at most: on a runtime of one worker, another task runs while the call
+    /// is under way (it would not if the call kept the worker to its deadline), and the call
+    /// still ends at its deadline; a call that finishes never leaves the worker.
+    #[test]
+    fn a_spinning_call_on_an_async_worker_lets_the_workers_other_tasks_run() {
+        use std::sync::atomic::AtomicU8;
+        let (_dir, inst) = load(&chaos(), "devices=2", 10);
+        let inst = Arc::new(inst);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        // 0: before the call, 1: under way, 2: over; the watcher records what it saw.
+        let phase = Arc::new(AtomicU8::new(0));
+        let seen_under_way = Arc::new(AtomicBool::new(false));
+        let (p, seen) = (phase.clone(), seen_under_way.clone());
+        rt.block_on(async move {
+            let watcher = tokio::spawn(async move {
+                while p.load(Ordering::SeqCst) < 2 {
+                    if p.load(Ordering::SeqCst) == 1 {
+                        seen.store(true, Ordering::SeqCst);
+                    }
+                    tokio::task::yield_now().await;
+                }
+            });
+            let spinning = tokio::spawn({
+                let (inst, phase) = (inst.clone(), phase.clone());
+                async move {
+                    assert!(
+                        inst.allocate("test.devplug.io/widget", &["widget-0".into()]).is_ok(),
+                        "a call that finishes"
+                    );
+                    phase.store(1, Ordering::SeqCst);
+                    let out = inst.allocate("test.devplug.io/widget", &["spin-0".into()]);
+                    phase.store(2, Ordering::SeqCst);
+                    out
+                }
+            });
+            assert!(matches!(spinning.await.unwrap(), Err(CallError::Timeout(_))));
+            watcher.await.unwrap();
+        });
+        assert!(seen_under_way.load(Ordering::SeqCst), "the worker's other task ran while the guest spun");
     }
 
     /// A backend built against WIT 0.2.0 has no `dra` calls: `prepare` leaves the edits to

@@ -51,6 +51,11 @@ impl Meter {
         Meter { limit, spent: 0, deadline: Instant::now() + took, took, pool: None }
     }
 
+    /// When the call this meter is for must be over.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// [`Meter::new`], drawing on the backend's `pool` too: what the backend's other calls
     /// under way hold counts against this one.
     pub(crate) fn drawing_on(limit: usize, took: Duration, pool: Arc<HostWork>) -> Self {
