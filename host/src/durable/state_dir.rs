@@ -153,6 +153,23 @@ impl StateDir {
         Ok(File::from(fd))
     }
 
+    /// A new file in this directory with no name (gone when closed), opened through the
+    /// directory's descriptor: `O_TMPFILE` where the file system has it, else a fresh name
+    /// created exclusively and unlinked at once.
+    pub(crate) fn unnamed(&self) -> std::io::Result<File> {
+        let flags = OFlag::O_TMPFILE | OFlag::O_RDWR | OFlag::O_CLOEXEC;
+        match openat(&self.fd, ".", flags, Mode::from_bits_truncate(0o600)) {
+            Ok(fd) => Ok(File::from(fd)),
+            Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+                let tmp = format!(".unnamed.{}.{:x}.tmp", std::process::id(), rand_suffix());
+                let f = self.open_file(&tmp, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)?;
+                unlinkat(&self.fd, tmp.as_str(), UnlinkatFlags::NoRemoveDir).map_err(io_at(&self.shown(&tmp)))?;
+                Ok(f)
+            }
+            Err(e) => Err(io_at(&self.path)(e)),
+        }
+    }
+
     /// The bytes of `name`, `None` if there is no such file.
     pub fn read(&self, name: &str) -> std::io::Result<Option<Vec<u8>>> {
         // O_NONBLOCK: a FIFO planted at a state path cannot hang the open.
@@ -349,6 +366,34 @@ mod tests {
         assert!(StateDir::open(&link).is_err());
     }
     use std::os::unix::fs::{PermissionsExt, symlink};
+
+    /// A download spooled before it is checked goes into the directory devplug opened, never
+    /// through its path: after the directory is moved and a link planted at its old name, the
+    /// unnamed file is still made beside the moved directory's files, the link's target gets
+    /// nothing, and no name is left behind.
+    #[test]
+    fn an_unnamed_file_is_made_through_the_directory_not_its_path() {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::MetadataExt;
+        let d = tempfile::tempdir().unwrap();
+        let (at, moved, elsewhere) = (d.path().join("cache"), d.path().join("moved"), d.path().join("elsewhere"));
+        let state = StateDir::open(&at).unwrap();
+        std::fs::rename(&at, &moved).unwrap();
+        std::fs::create_dir(&elsewhere).unwrap();
+        symlink(&elsewhere, &at).unwrap();
+        let mut f = state.unnamed().unwrap();
+        f.write_all(b"native code").unwrap();
+        let meta = f.metadata().unwrap();
+        assert_eq!(meta.nlink(), 0, "no name");
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(meta.dev(), std::fs::metadata(&moved).unwrap().dev());
+        assert_eq!(std::fs::read_dir(&moved).unwrap().count(), 0);
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+        f.rewind().unwrap();
+        let mut back = String::new();
+        f.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "native code");
+    }
 
     #[test]
     fn state_is_created_private_and_written_whole() {

@@ -47,8 +47,7 @@ impl Cache {
     /// An unnamed file in the cache's own directory (gone when closed), for a download too large
     /// to hold in memory before it is checked.
     pub(crate) fn scratch(&self) -> anyhow::Result<std::fs::File> {
-        let dir = StateDir::open(&self.root)?;
-        Ok(tempfile::tempfile_in(dir.path())?)
+        Ok(StateDir::open(&self.root)?.unnamed()?)
     }
 
     fn refs(&self) -> anyhow::Result<StateDir> {
